@@ -1,0 +1,69 @@
+# parity_tracker — two commands on a fresh machine with only Python:
+#   make demo   the nightly parity pipeline on the built-in targets, into ./.parity
+#   make test   the whole test suite (CI runs exactly this)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,targets
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-fast demo bench bench-quick lint format browser clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, pinned: an unpinned torch pulled in by another package would be a CUDA build.
+$(VENV)/.torch-installed: | $(PY)
+	$(PIP) install "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch-installed
+	$(PIP) install -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# Headless Chromium for the dashboard tests: Debian's package, installed where it is missing
+# and the machine allows (root with apt); the browser tests skip with a reason otherwise.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "make: could not install chromium; browser tests will skip"; \
+	  else echo "make: chromium missing and apt-get unavailable; browser tests will skip"; fi; }
+
+test: install browser
+	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory bench-quick
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not server and not browser"
+
+demo: install
+	$(VENV)/bin/parity-tracker nightly --config pipelines/nightly.toml
+
+bench: install
+	$(PIP) install -q -e ".[$(EXTRAS),bench]"
+	$(PY) -m benchmarks --full
+
+bench-quick: install
+	$(PY) -m benchmarks --quick
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf .parity build dist *.egg-info

@@ -1,0 +1,183 @@
+"""The ``modules`` and ``ops`` tables: one explicit pyarrow schema each (design.md, "Tables").
+
+Every writer and reader of parity results goes through this module, so a column changes in one
+place. The schema version is stored in the parquet file metadata under ``schema_version``;
+``read_table`` migrates any earlier version forward (the pattern of asv's ``results.py``:
+a versioned on-disk format with explicit migrations).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+_I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_SHAPE = pa.list_(pa.int64())
+
+#: Columns shared by both tables, in order.
+COMMON_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("run_id", _STR),
+    pa.field("tag", _STR, nullable=False),
+    pa.field("module", _STR),
+    pa.field("kind", _STR),  # param | buffer | input | output | op | manual
+    pa.field("slot", _STR),
+    pa.field("call_index", _I32),
+    pa.field("exec_order", _I32),
+    pa.field("step", _I32),
+    pa.field("status", _STR, nullable=False),
+    pa.field("mode", _STR),
+    pa.field("numel", _I64),
+    pa.field("ref_shape", _SHAPE),
+    pa.field("cand_shape", _SHAPE),
+    pa.field("ref_dtype", _STR),
+    pa.field("cand_dtype", _STR),
+    pa.field("ref_device", _STR),
+    pa.field("cand_device", _STR),
+    pa.field("mismatch_count", _I64),
+    pa.field("max_abs_diff", _F64),
+    pa.field("max_abs_diff_index", _SHAPE),
+    pa.field("max_rel_diff", _F64),
+    pa.field("mean_abs_diff", _F64),
+    pa.field("cosine", _F64),
+    pa.field("sqnr_db", _F64),
+    pa.field("max_ulp", _F64),
+    pa.field("ref_nan", _I64),
+    pa.field("cand_nan", _I64),
+    pa.field("ref_inf", _I64),
+    pa.field("cand_inf", _I64),
+    pa.field("ref_hash", _STR),
+    pa.field("cand_hash", _STR),
+    pa.field("rtol", _F64),
+    pa.field("atol", _F64),
+    pa.field("dump_path", _STR),
+    pa.field("message", _STR),
+    pa.field("cache_hit", _BOOL),
+    pa.field("local_status", _STR),
+    pa.field("local_max_abs_diff", _F64),
+)
+
+MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
+
+OPS_SCHEMA = pa.schema(
+    [
+        *COMMON_FIELDS,
+        pa.field("op", _STR),
+        pa.field("op_index", _I32),
+        pa.field("inputs_status", _STR),  # passing | failing | unknown
+        pa.field("root_cause", _BOOL),  # failing op whose inputs all pass
+        pa.field("cause", _STR),  # seed case: A | B | C (null unless root_cause)
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {"modules": MODULES_SCHEMA, "ops": OPS_SCHEMA}
+
+
+def _clean(value: Any) -> Any:
+    """Map NaN to null (the contract: nulls where a value does not apply, never NaN)."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Build a table from dict rows; keys not in ``schema`` are ignored, missing ones are null.
+
+    Args:
+        rows: one mapping per row (e.g. ``{**tag_info, **comparison.to_dict()}``).
+        schema: ``MODULES_SCHEMA`` or ``OPS_SCHEMA``.
+
+    Returns:
+        A ``pyarrow.Table`` with exactly ``schema``'s columns and types.
+
+    Raises:
+        pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
+    """
+    rows = list(rows)
+    columns = {
+        f.name: pa.array([_clean(r.get(f.name)) for r in rows], type=f.type) for f in schema
+    }
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A zero-row table with ``schema``."""
+    return schema.empty_table()
+
+
+def write_table(table: pa.Table, path: str | os.PathLike[str]) -> Path:
+    """Write ``table`` as parquet (zstd) atomically: to a temporary name, then renamed.
+
+    The file metadata carries ``schema_version`` so ``read_table`` can migrate it later.
+    A crash mid-write never leaves a half-written file under ``path``.
+
+    Returns:
+        The final path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta[b"schema_version"] = str(SCHEMA_VERSION).encode()
+    table = table.replace_schema_metadata(meta)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def schema_version_of(path: str | os.PathLike[str]) -> int:
+    """The ``schema_version`` stored in a parquet file's metadata (0 when absent)."""
+    meta = pq.read_schema(path).metadata or {}
+    return int(meta.get(b"schema_version", b"0"))
+
+
+# Migrations: version -> function(table) returning the table at version + 1.
+MIGRATIONS: dict[int, Any] = {}
+
+
+def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
+    """Read a parity table written by any schema version and migrate it to the current one.
+
+    Args:
+        path: a parquet file written by ``write_table``.
+        kind: ``"modules"`` or ``"ops"``: which schema to conform to.
+
+    Raises:
+        ValueError: the file is from a newer schema version than this package knows.
+    """
+    table = pq.read_table(path)
+    version = schema_version_of(path)
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f"{path} has schema_version {version}, newer than this parity_tracker "
+            f"({SCHEMA_VERSION}); upgrade parity-tracker to read it"
+        )
+    while version < SCHEMA_VERSION:
+        table = MIGRATIONS[version](table)
+        version += 1
+    return conform(table, SCHEMAS[kind])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Reorder/cast ``table`` to ``schema``: missing columns become null, extras are dropped."""
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            cols.append(table.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, type=f.type))
+    return pa.Table.from_arrays(cols, schema=schema.remove_metadata())
