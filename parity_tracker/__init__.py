@@ -1,5 +1,6 @@
-"""parity_tracker: prove that a second implementation of a PyTorch model computes what PyTorch
-computes, find the first divergent module and operator, and keep the history in MLflow.
+"""parity_tracker: prove a second implementation of a PyTorch model computes what PyTorch does.
+
+It finds the first divergent module and operator, and keeps the history in MLflow.
 
 Public names are imported lazily so that ``import parity_tracker`` stays cheap (no mlflow import
 until a run is logged).

@@ -30,6 +30,10 @@ class ParityCase:
         settings: the settings the case was built with (recorded as MLflow params).
         notes: free text shown in the report (what the candidate is, which int8 scheme, ...).
         tolerances: optional per-tag tolerance overrides ``{glob: (rtol, atol)}``.
+        align: optional ``align(tag, reference, candidate) -> (reference, candidate)`` applied
+            before each comparison, for pairs that see the same positions in different layouts
+            (a KV-cache decode step against a full recompute: slice the recompute's last
+            position). Returning ``None`` keeps the pair as it is.
     """
 
     reference: Any
@@ -40,6 +44,7 @@ class ParityCase:
     settings: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
     tolerances: dict[str, tuple[float, float]] | None = None
+    align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.inputs is None) == (self.drive is None and self.candidate_drive is None):
@@ -50,6 +55,6 @@ class ParityCase:
                 f"drive={'set' if self.drive is not None else 'None'}"
             )
         if self.inputs is not None and not isinstance(self.inputs, tuple):
-            self.inputs = (self.inputs,) if isinstance(self.inputs, torch.Tensor) else tuple(
-                self.inputs
+            self.inputs = (
+                (self.inputs,) if isinstance(self.inputs, torch.Tensor) else tuple(self.inputs)
             )

@@ -115,10 +115,7 @@ def compare_tensors(
     rtol = 1.3e-6 if rtol is None else rtol
     atol = 1e-5 if atol is None else atol
     bad = ~torch.isclose(c.double(), r.double(), rtol=rtol, atol=atol, equal_nan=True)
-    if mode == "allclose" and not bad.any():
-        status = "close"
-    else:
-        status = "mismatch"
+    status = "close" if mode == "allclose" and not bad.any() else "mismatch"
     return Comparison(
         status=status,
         mismatch_count=int(bad.sum()),

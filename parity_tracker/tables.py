@@ -103,9 +103,7 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
     """
     rows = list(rows)
-    columns = {
-        f.name: pa.array([_clean(r.get(f.name)) for r in rows], type=f.type) for f in schema
-    }
+    columns = {f.name: pa.array([_clean(r.get(f.name)) for r in rows], type=f.type) for f in schema}
     return pa.Table.from_pydict(columns, schema=schema)
 
 
