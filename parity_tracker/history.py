@@ -1,0 +1,224 @@
+"""History of one configuration across commits: counts, output error, and the first bad commit.
+
+The stored nightlies become a bisection without re-running anything: per commit, the run's
+headline metrics come straight from one paged MLflow ``search_runs`` (no artifact download);
+only ``--tag`` downloads each run's ``tables/modules.parquet`` (in parallel threads).
+
+"First bad commit" is the first commit of the *current* failing streak: walking commits from
+newest to oldest while the tag (or the run) keeps failing, the oldest one reached.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
+
+PASSING = ("equal", "close")
+
+
+def _is_failing(run: Any) -> bool:
+    """A run fails when it did not finish or reported a failing tensor."""
+    return run.status != "FINISHED" or run.metrics.get("tensors_failing", 0) > 0
+
+
+def search_runs(
+    settings: Mapping[str, Any],
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+) -> list[Any]:
+    """``track.find_runs`` (params, tags and metrics from one paged search), newest first.
+
+    Raises:
+        InfrastructureError: the store could not be reached (names the URI).
+    """
+    from parity_tracker.store import resolve_tracking_uri
+    from parity_tracker.track import find_runs
+
+    try:
+        return find_runs(tracking_uri=tracking_uri, experiment=experiment, **settings)
+    except ParityTrackerError:
+        raise
+    except Exception as exc:
+        uri = resolve_tracking_uri(tracking_uri)
+        raise InfrastructureError(
+            f"cannot search runs in {uri}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def latest_per_commit(runs: Sequence[Any]) -> list[Any]:
+    """The newest run of each commit, ordered oldest commit first (by that run's start time)."""
+    newest: dict[str, Any] = {}
+    for run in runs:
+        key = run.commit or f"(no commit) {run.run_id}"
+        if key not in newest or run.start_time > newest[key].start_time:
+            newest[key] = run
+    return sorted(newest.values(), key=lambda r: r.start_time)
+
+
+def first_bad(failing: Sequence[bool | None]) -> int | None:
+    """Index of the first element of the trailing failing streak, or None when the last passes.
+
+    ``None`` entries (unknown, e.g. the tag absent at that commit) are skipped: they neither
+    extend nor break the streak.
+
+    >>> first_bad([False, True, False, True, None, True])
+    3
+    """
+    start = None
+    for i in range(len(failing) - 1, -1, -1):
+        if failing[i] is None:
+            continue
+        if not failing[i]:
+            break
+        start = i
+    return start
+
+
+def _tag_status(table: Any, tag: str) -> str | None:
+    """The tag's status in one modules table: the first failing status over steps, else passing."""
+    rows = table.filter(pc.equal(table.column("tag"), tag))
+    if rows.num_rows == 0:
+        return None
+    statuses = rows.column("status").to_pylist()
+    return next((s for s in statuses if s not in PASSING), statuses[0])
+
+
+def _download_modules(client: Any, run_id: str, dst: Path) -> Any:
+    from parity_tracker.store import retry
+    from parity_tracker.tables import read_table
+
+    local = retry(client.download_artifacts, run_id, "tables/modules.parquet", str(dst / run_id))
+    return read_table(local, "modules")
+
+
+def _modules_tables(run_ids: Sequence[str], tracking_uri: str | None) -> list[Any]:
+    """The ``modules`` table of each run (only that artifact), downloaded in 8 threads."""
+    from parity_tracker.store import get_client
+
+    client = get_client(tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda r: _download_modules(client, r, Path(tmp)), run_ids))
+
+
+@dataclass
+class CommitPoint:
+    """One commit of a history: its newest run's headline numbers (and the tag's status)."""
+
+    commit: str | None
+    run_id: str
+    start_time: int
+    status: str
+    tensors_compared: float | None
+    tensors_failing: float | None
+    output_max_abs_diff: float | None
+    output_sqnr_db: float | None
+    tag_status: str | None = None
+
+
+@dataclass
+class History:
+    """A configuration's history across commits, oldest first.
+
+    Attributes:
+        target: the target name.
+        settings: the settings filter used.
+        fingerprint: the config fingerprint followed (the newest matching run's).
+        points: one per commit, oldest first.
+        tag: the tag followed, or None.
+        first_bad_commit: first commit of the current failing streak (of the tag when given,
+            else of the run: failing tensors or an unfinished run), None when the newest passes.
+    """
+
+    target: str
+    settings: dict[str, str]
+    fingerprint: str | None
+    points: list[CommitPoint]
+    tag: str | None = None
+    first_bad_commit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def _point(run: Any) -> CommitPoint:
+    m = run.metrics
+    return CommitPoint(
+        commit=run.commit,
+        run_id=run.run_id,
+        start_time=run.start_time,
+        status=run.status,
+        tensors_compared=m.get("tensors_compared"),
+        tensors_failing=m.get("tensors_failing"),
+        output_max_abs_diff=m.get("output_max_abs_diff"),
+        output_sqnr_db=m.get("output_sqnr_db"),
+    )
+
+
+def build_history(
+    target: str,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    tag: str | None = None,
+    last: int | None = None,
+) -> History:
+    """The history of ``target`` with ``settings`` across commits.
+
+    Runs are matched on the ``target`` param and every given setting; when they carry several
+    config fingerprints (e.g. another device), the newest run's fingerprint is followed.
+
+    Args:
+        target: the target name (the ``target`` param).
+        settings: settings the runs must have (``{"quantization": "int8"}``).
+        tracking_uri: the store (default: ``store.resolve_tracking_uri``).
+        experiment: the MLflow experiment.
+        tag: also report this tag's status per commit (downloads each run's modules table).
+        last: keep only the newest ``last`` commits.
+
+    Raises:
+        InputError: no run matches (names the target and settings), or ``tag`` is in none of
+            the runs (shows some tags).
+        InfrastructureError: the store could not be reached.
+    """
+    wanted = {"target": target, **{str(k): str(v) for k, v in (settings or {}).items()}}
+    runs = search_runs(wanted, tracking_uri=tracking_uri, experiment=experiment)
+    if not runs:
+        raise InputError(f"no stored run of {target} matches {wanted} in experiment {experiment!r}")
+    fingerprint = runs[0].fingerprint
+    runs = [r for r in runs if r.fingerprint == fingerprint]
+    chosen = latest_per_commit(runs)
+    if last is not None:
+        chosen = chosen[-last:] if last > 0 else []
+    points = [_point(r) for r in chosen]
+    if tag is None:
+        failing = [_is_failing(r) for r in chosen]
+    else:
+        tables = _modules_tables([r.run_id for r in chosen], tracking_uri)
+        for point, table in zip(points, tables, strict=True):
+            point.tag_status = _tag_status(table, tag)
+        if points and all(p.tag_status is None for p in points):
+            sample = ", ".join(tables[-1].column("tag").to_pylist()[:8])
+            raise InputError(
+                f"tag {tag!r} is in none of the {len(points)} runs; tags look like: {sample}"
+            )
+        failing = [None if p.tag_status is None else p.tag_status not in PASSING for p in points]
+    index = first_bad(failing)
+    return History(
+        target=target,
+        settings=wanted,
+        fingerprint=fingerprint,
+        points=points,
+        tag=tag,
+        first_bad_commit=None if index is None else points[index].commit,
+    )
