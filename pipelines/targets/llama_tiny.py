@@ -1,0 +1,168 @@
+"""``llama-tiny``: transformers' ``LlamaForCausalLM`` from a small config, decoding real text.
+
+Reference: the model built from :func:`make_config` with seeded init (no download) and eager
+attention, recomputing the whole prefix at every decoding step (a fresh cache per step, so both
+sides return the same output structure). Candidate: a copy (one state_dict) changed only by the
+settings:
+
+- ``cache=kv``: incremental decoding with a ``DynamicCache`` — step 0 is the prefill of the
+  prompt, each later step feeds one new token. The recompute sees ``P + k`` positions at step
+  ``k``, the cached step one; :func:`pipelines.targets._common.sequence_align` slices the
+  recompute's last position(s) on the query-position dimension of each pair whose shapes differ
+  only there (hidden states and logits ``(B, T, ·)`` on dim 1, attention weights and masks
+  ``(B, ·, T, T)`` on dim 2, ``cache_position`` on dim 0). Parameters and the keys dimension
+  are never sliced.
+- ``attention=sdpa``: the candidate runs ``attn_implementation="sdpa"`` (PyTorch's
+  ``scaled_dot_product_attention``) against the reference's eager attention. SDPA returns no
+  attention weights and may pass no mask tensor, so those tags exist on the reference only.
+- ``quantization=bf16``: the candidate is cast to bfloat16.
+
+Token ids are the UTF-8 bytes of :data:`TEXT` (vocab 256: no tokenizer, no download); decoding
+is teacher-forced on the text, so both sides see the same tokens at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity_tracker.case import ParityCase
+from pipelines.targets import _common
+
+NAME = "llama-tiny"
+DESCRIPTION = (
+    "transformers LlamaForCausalLM (2 layers, hidden 64, 4 heads / 2 KV heads, byte vocab) "
+    "decoding real English text; candidate = KV-cache decoding, SDPA attention or a bf16 copy"
+)
+SETTINGS: dict[str, list[str]] = {
+    "cache": ["off", "kv"],
+    "attention": ["eager", "sdpa"],
+    "quantization": ["none", "bf16"],
+}
+
+#: The opening of Lewis Carroll's *Alice's Adventures in Wonderland* (1865, public domain).
+TEXT = (
+    "Alice was beginning to get very tired of sitting by her sister on the bank, and of having "
+    "nothing to do: once or twice she had peeped into the book her sister was reading, but it "
+    "had no pictures or conversations in it."
+)
+PROMPT_LEN = 24
+STEPS = 8
+SEED = 0
+
+
+def make_config(attention: str = "eager") -> Any:
+    """The small ``LlamaConfig``: 2 layers, hidden 64, MLP 128, 4 heads, 2 KV heads, vocab 256."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attn_implementation=attention,
+    )
+
+
+def token_ids(text: str = TEXT, length: int = PROMPT_LEN + STEPS - 1) -> torch.Tensor:
+    """The first ``length`` UTF-8 bytes of ``text`` as token ids ``(1, length)`` int64."""
+    data = list(text.encode("utf-8"))[:length]
+    return torch.tensor([data], dtype=torch.long)
+
+
+def make_model() -> torch.nn.Module:
+    """The reference model: seeded init, eager attention, eval mode, fp32."""
+    from transformers import LlamaForCausalLM
+
+    with _common.seeded(SEED):
+        model = LlamaForCausalLM(make_config("eager"))
+    model.eval().requires_grad_(False)
+    return model
+
+
+def recompute_drive(ids: torch.Tensor, prompt_len: int, steps: int) -> Callable[..., None]:
+    """A drive that recomputes the whole prefix ``ids[:, :prompt_len + k]`` at step ``k``."""
+    from transformers import DynamicCache
+
+    def drive(model: torch.nn.Module, rec: Callable[[int], Any]) -> None:
+        for k in range(steps):
+            rec(k)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, : prompt_len + k], cache=cache, use_cache=True)
+
+    return drive
+
+
+def kv_drive(ids: torch.Tensor, prompt_len: int, steps: int) -> Callable[..., None]:
+    """A drive that prefills ``ids[:, :prompt_len]`` at step 0, then feeds one token per step."""
+    from transformers import DynamicCache
+
+    def drive(model: torch.nn.Module, rec: Callable[[int], Any]) -> None:
+        cache = DynamicCache(config=model.config)
+        rec(0)
+        model(input_ids=ids[:, :prompt_len], cache=cache, use_cache=True)
+        for k in range(1, steps):
+            rec(k)
+            pos = prompt_len + k - 1
+            model(input_ids=ids[:, pos : pos + 1], cache=cache, use_cache=True)
+
+    return drive
+
+
+def build(settings: dict[str, Any] | None = None) -> ParityCase:
+    """Build the llama-tiny case.
+
+    Args:
+        settings: ``cache`` (off | kv), ``attention`` (eager | sdpa), ``quantization``
+            (none | bf16); missing keys take the first value.
+
+    Returns:
+        A multi-step :class:`ParityCase` (``STEPS`` = 8 decoding steps over a 24-byte prompt)
+        with ``drive`` (full recompute) and ``candidate_drive`` (recompute, or KV-cache decoding
+        when ``cache=kv``); ``align`` is set for ``cache=kv``.
+
+    Raises:
+        InputError: an unknown setting or value.
+    """
+    chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    reference = make_model()
+    candidate = _common.frozen_copy(reference)
+    if chosen["attention"] != "eager":
+        candidate.set_attn_implementation(chosen["attention"])
+    cast = _common.CAST_DTYPES.get(chosen["quantization"])
+    if cast is not None:
+        candidate = candidate.to(cast)
+    ids = token_ids()
+    kv = chosen["cache"] == "kv"
+    parts = (
+        [chosen["attention"]]
+        + (["kv-cache"] if kv else [])
+        + ([chosen["quantization"]] * bool(cast))
+    )
+    recorded = _common.recorded_settings(
+        NAME,
+        chosen,
+        candidate="+".join(parts) if parts != ["eager"] else "copy",
+        dtype=str(cast or torch.float32).removeprefix("torch."),
+        implementation="same" if chosen["attention"] == "eager" else chosen["attention"],
+    )
+    return ParityCase(
+        reference=reference,
+        candidate=candidate,
+        drive=recompute_drive(ids, PROMPT_LEN, STEPS),
+        candidate_drive=(kv_drive if kv else recompute_drive)(ids, PROMPT_LEN, STEPS),
+        settings=recorded,
+        notes=(
+            f"teacher-forced decoding of {STEPS} steps after a {PROMPT_LEN}-byte prompt of "
+            "Alice's Adventures in Wonderland; reference = eager full recompute per step"
+            + ("; kv steps aligned to the recompute's last position" if kv else "")
+        ),
+        align=_common.sequence_align if kv else None,
+    )

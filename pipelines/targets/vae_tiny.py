@@ -1,0 +1,113 @@
+"""``vae-tiny``: diffusers' ``AutoencoderKL`` from a small config, on real photographs.
+
+Reference: the model built from :data:`CONFIG` with seeded init (no download). Candidate: a copy
+(one state_dict) cast to fp16/bf16 with its input cast by a pre-hook, or the plain copy for
+``quantization=none``. The module names are diffusers' own — ``encoder.conv_in``,
+``encoder.down_blocks.0.downsamplers.0``, ``decoder.conv_out`` — the names of the seed's example.
+
+Inputs: four of scikit-image's bundled photographs (astronaut, chelsea, coffee, rocket), centre
+cropped to a square, resized to 64×64 with anti-aliasing and scaled to [-1, 1]:
+``(4, 3, 64, 64)`` float32, NCHW. The forward encodes, takes the posterior's mode
+(``sample_posterior=False``, deterministic) and decodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from parity_tracker.case import ParityCase
+from pipelines.targets import _common
+
+NAME = "vae-tiny"
+DESCRIPTION = (
+    "diffusers AutoencoderKL (2 down/up blocks, 32/64 channels, seeded init) encoding and "
+    "decoding four scikit-image photographs at 64x64; candidate = a copy cast to fp16/bf16"
+)
+SETTINGS: dict[str, list[str]] = {"quantization": ["none", "fp16", "bf16"]}
+
+#: AutoencoderKL config (diffusers' argument names); the smallest that keeps the real structure:
+#: two down blocks (so one downsampler), a mid block with attention, two up blocks.
+CONFIG: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+    "block_out_channels": (32, 64),
+    "layers_per_block": 1,
+    "latent_channels": 4,
+    "norm_num_groups": 8,
+    "sample_size": 64,
+}
+SEED = 0
+IMAGES = ("astronaut", "chelsea", "coffee", "rocket")
+SIZE = 64
+
+
+def photographs(names: tuple[str, ...] = IMAGES, size: int = SIZE) -> torch.Tensor:
+    """scikit-image's bundled photographs as a batch ``(N, 3, size, size)`` float32 in [-1, 1].
+
+    Each RGB image is centre-cropped to a square and resized with anti-aliasing
+    (``skimage.transform.resize``, which returns floats in [0, 1]); then ``x * 2 - 1``.
+    """
+    from skimage import data
+    from skimage.transform import resize
+
+    batch = []
+    for name in names:
+        img = getattr(data, name)()[..., :3]
+        h, w = img.shape[:2]
+        side = min(h, w)
+        top, left = (h - side) // 2, (w - side) // 2
+        square = img[top : top + side, left : left + side]
+        small = resize(square, (size, size), anti_aliasing=True, preserve_range=False)
+        batch.append(np.transpose(small.astype(np.float32), (2, 0, 1)))
+    return torch.from_numpy(np.stack(batch) * 2.0 - 1.0).float()
+
+
+def make_model() -> torch.nn.Module:
+    """The reference AutoencoderKL from :data:`CONFIG`, seeded init, eval mode, fp32."""
+    from diffusers import AutoencoderKL
+
+    with _common.seeded(SEED):
+        model = AutoencoderKL(**CONFIG)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def build(settings: dict[str, Any] | None = None) -> ParityCase:
+    """Build the vae-tiny case.
+
+    Args:
+        settings: ``quantization`` (none | fp16 | bf16); missing keys take the first value.
+
+    Returns:
+        A single-forward :class:`ParityCase`, ``inputs=(images,)`` with ``images``
+        ``(4, 3, 64, 64)`` float32 in [-1, 1].
+
+    Raises:
+        InputError: an unknown setting or value.
+    """
+    chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    reference = make_model()
+    candidate = _common.frozen_copy(reference)
+    cast = _common.CAST_DTYPES.get(chosen["quantization"])
+    if cast is not None:
+        # nn.Module.to: diffusers' ModelMixin.to warns about fp32-kept modules (there are none here)
+        candidate = _common.cast_inputs(torch.nn.Module.to(candidate, cast), dtype=cast)
+    recorded = _common.recorded_settings(
+        NAME,
+        chosen,
+        candidate="copy" if cast is None else f"{chosen['quantization']}-cast",
+        dtype=str(cast or torch.float32).removeprefix("torch."),
+        implementation="same",
+    )
+    return ParityCase(
+        reference=reference,
+        candidate=candidate,
+        inputs=(photographs(),),
+        settings=recorded,
+        notes=f"seeded AutoencoderKL {CONFIG['block_out_channels']}; images: {', '.join(IMAGES)}",
+    )
