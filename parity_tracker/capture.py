@@ -1,0 +1,231 @@
+"""Capture: turn what a module sees in a forward into tagged tensor snapshots.
+
+This module knows the tag grammar of the contract (design.md, "Public names") and how to take a
+snapshot of a tensor that later in-place operations cannot rewrite. It does not compare
+anything; ``parity_tracker.tensor_checker`` owns the groups of captures and the comparisons.
+
+Tag grammar (prefix ``checker_``, the root module named ``model``):
+
+- output, a single tensor: ``checker_{module}``; structured outputs (tuple, list, dict,
+  dataclass, Hugging Face ``ModelOutput``): ``checker_{module}_output_{path}`` with the
+  flattened key path joined by ``.``;
+- positional input ``i``: ``checker_{module}_input_{i}``; keyword input
+  ``checker_{module}_input_{name}`` (a structured input adds ``.{path}``);
+- a parameter or buffer: ``checker_{qualified name}``;
+- the k-th call (k >= 1) of a module called more than once in one forward (one step):
+  ``{module}@{k}`` in place of ``{module}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from parity_tracker.errors import InputError
+
+TAG_PREFIX = "checker_"
+ROOT_NAME = "model"
+_MAX_DEPTH = 32
+
+
+class NonTensor:
+    """A leaf of an input or output structure that is neither a tensor nor ``None``.
+
+    Kept only so that a tensor on one side against something else on the other is reported as
+    a structure difference. Two non-tensor leaves are not compared.
+
+    Attributes:
+        type_name: the leaf's type name, e.g. ``"int"`` or ``"DynamicCache"``.
+    """
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
+
+
+def module_display_name(name: str) -> str:
+    """The module name used in tags: ``named_modules()``'s name, ``"model"`` for the root."""
+    return name if name else ROOT_NAME
+
+
+def call_base(module: str, call_index: int) -> str:
+    """``module`` for the first call of a step, ``module@k`` for the k-th repeated call."""
+    return module if call_index == 0 else f"{module}@{call_index}"
+
+
+def param_tag(qualified_name: str) -> str:
+    """The tag of a parameter or buffer: ``checker_{qualified name}``."""
+    return f"{TAG_PREFIX}{qualified_name}"
+
+
+def is_tensor_like(obj: Any) -> bool:
+    """True for torch tensors, numpy arrays and objects exposing ``__dlpack__``."""
+    return isinstance(obj, (torch.Tensor, np.ndarray)) or hasattr(obj, "__dlpack__")
+
+
+def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Yield ``(key path, leaf)`` for every leaf of a nested structure, in a stable order.
+
+    Tuples and lists are keyed by index, mappings by ``str(key)`` (insertion order), dataclass
+    instances (Hugging Face ``ModelOutput`` included, so ``None`` fields are kept) by field
+    name. A leaf is a tensor-like object, ``None``, or a :class:`NonTensor` marker.
+
+    Args:
+        obj: the structure (an output, an input, a keyword argument).
+        path: the key path of ``obj`` itself.
+        depth: recursion depth so far; structures deeper than 32 levels become a leaf.
+
+    Yields:
+        ``(path, leaf)`` with the path's keys joined by ``.`` (``""`` for ``obj`` itself).
+    """
+    key = ".".join(path)
+    if obj is None or is_tensor_like(obj):
+        yield key, obj
+    elif depth >= _MAX_DEPTH:
+        yield key, NonTensor(type(obj).__name__)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from flatten(getattr(obj, f.name, None), (*path, f.name), depth + 1)
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from flatten(v, (*path, str(k)), depth + 1)
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            yield from flatten(v, (*path, str(i)), depth + 1)
+    else:
+        yield key, NonTensor(type(obj).__name__)
+
+
+def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
+    """``(tag, slot, leaf)`` for a module output.
+
+    A single tensor (or ``None``) is ``checker_{base}`` with slot ``output``; anything else is
+    flattened to ``checker_{base}_output_{path}`` with slot ``output.{path}``.
+    """
+    if output is None or is_tensor_like(output):
+        return [(f"{TAG_PREFIX}{base}", "output", output)]
+    return [(f"{TAG_PREFIX}{base}_output_{p}", f"output.{p}", leaf) for p, leaf in flatten(output)]
+
+
+def input_leaves(
+    base: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
+) -> list[tuple[str, str, Any]]:
+    """``(tag, slot, leaf)`` for a call's positional and keyword inputs, positional first.
+
+    Positional input ``i`` is ``checker_{base}_input_{i}``, keyword input ``name`` is
+    ``checker_{base}_input_{name}``; a structured input appends its key path with ``.``.
+    """
+    items = [(str(i), a) for i, a in enumerate(args)]
+    items += [(str(k), v) for k, v in (kwargs or {}).items()]
+    leaves = []
+    for name, value in items:
+        for p, leaf in flatten(value):
+            suffix = f"{name}.{p}" if p else name
+            leaves.append((f"{TAG_PREFIX}{base}_input_{suffix}", f"input.{suffix}", leaf))
+    return leaves
+
+
+def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
+    """View a registered object as a torch tensor without copying where possible.
+
+    Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
+    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
+    with ``__array__`` (``numpy.asarray``).
+
+    Raises:
+        InputError: the object is none of these, or its numpy dtype has no torch equivalent.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
+        return torch.from_dlpack(obj)
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
+        obj = np.asarray(obj)
+    if isinstance(obj, np.ndarray):
+        try:
+            if not obj.flags.writeable or any(s < 0 for s in obj.strides):
+                obj = np.array(obj, copy=True)
+            return torch.from_numpy(obj)
+        except TypeError as exc:
+            raise InputError(
+                f"tensor for tag {tag!r}: numpy dtype {obj.dtype} has no torch equivalent; "
+                "convert it to a numeric dtype first"
+            ) from exc
+    raise InputError(
+        f"register_tensor({tag!r}, ...) got a {type(obj).__name__}; pass a torch.Tensor, a "
+        "numpy array, or an object exposing __dlpack__ or __array__"
+    )
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter, or ``None`` for inference tensors (which have none)."""
+    if t.is_inference():
+        return None
+    return t._version
+
+
+class Snapshotter:
+    """Detach-and-clone snapshots, taken once per unchanged tensor.
+
+    A module's input is usually the previous module's output: the same tensor object, not
+    modified in between. Cloning it once and handing out the same clone halves the memory and
+    copy time of a module-level capture. Reuse is safe because the key is the object's identity
+    (held by a weak reference, so a freed object cannot alias a new one) plus its version
+    counter, which every in-place operation bumps (views share it).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """A detached copy of ``t`` that no later in-place operation on ``t`` can change."""
+        version = _version(t)
+        hit = self._seen.get(id(t)) if version is not None else None
+        if hit is not None and hit[0]() is t and hit[1] == version:
+            return hit[2]
+        with torch.no_grad():
+            copy = t.detach().clone()
+        if version is not None:
+            # an object that refuses weak references gets no reuse
+            with contextlib.suppress(TypeError):
+                self._seen[id(t)] = (weakref.ref(t), version, copy)
+        return copy
+
+    def clear(self) -> None:
+        """Forget every snapshot (they stay alive where someone else holds them)."""
+        self._seen.clear()
+
+
+def own_tensors(model: torch.nn.Module) -> dict[int, list[tuple[str, str, str, str]]]:
+    """Each module object's own parameters and buffers under every qualified name.
+
+    Args:
+        model: the hooked model.
+
+    Returns:
+        ``{id(module): [(qualified name, owner module display name, local name, kind), ...]}``
+        where kind is ``"param"`` or ``"buffer"``. A module reachable under several names (a
+        shared submodule) lists its tensors under each name, once per qualified name.
+    """
+    table: dict[int, list[tuple[str, str, str, str]]] = {}
+    seen: set[str] = set()
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        entries = table.setdefault(id(mod), [])
+        for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
+            for local, value in store.items():
+                qname = f"{mname}.{local}" if mname else local
+                if value is None or qname in seen:
+                    continue
+                seen.add(qname)
+                entries.append((qname, module_display_name(mname), local, kind))
+    return table

@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m parity_tracker.examples.seed_demo``."""
