@@ -1,7 +1,25 @@
 """Compare one reference tensor with one candidate tensor (design.md, "Comparison semantics").
 
-PROVISIONAL minimal implementation: the full comparison core (issue 2) replaces the body of
-``compare_tensors`` but keeps ``Comparison``'s fields (new fields may be added at the end).
+One public function, :func:`compare_tensors`, read top to bottom (the layout of
+``torch/testing/_comparison.py``): normalise both sides (:mod:`parity_tracker.convert`), check
+shapes, run the ``equal`` fast path (content hashes and a bitwise check chunk by chunk, one read
+of each input), and only for pairs that are not bitwise identical compute every metric in one
+chunked pass (:mod:`parity_tracker.metrics`). Tolerances come from
+:mod:`parity_tracker.tolerances`.
+
+Semantics:
+
+- ``equal``: same shape, same dtype and equal values — ``torch.equal`` semantics, so
+  ``-0.0 == 0.0`` (the content hashes still differ and the message says so), plus NaN matching
+  NaN at the same position.
+- ``allclose``: ``|c − r| ≤ atol + rtol·|r|`` elementwise (``torch.isclose``; complex by the
+  modulus of the difference), defaults per dtype from ``torch.testing.assert_close`` for the
+  lower-precision side, integers and bools always exact, NaN/inf matched by position. A pair
+  whose values are equal and whose dtypes match is reported ``equal`` in this mode too;
+  otherwise ``close`` or ``mismatch``. A dtype difference is named in the message.
+- Shapes that differ give ``shape_mismatch`` (never broadcast); an input without data (meta)
+  gives ``skipped``; ``None`` or an unsupported type gives ``error``. No pair raises and no
+  metric is NaN.
 """
 
 from __future__ import annotations
@@ -11,6 +29,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
+
+from parity_tracker.convert import Converted, to_tensor
+from parity_tracker.errors import InputError
+from parity_tracker.hashing import StreamHasher
+from parity_tracker.metrics import DiffStats, diff_stats, flat, nonfinite_counts, ulp_spec
+from parity_tracker.tolerances import Tolerances, check_pair
+
+MODES = ("equal", "allclose")
+EQUAL_CHUNK = 1 << 18
+"""Elements per chunk of the equal fast path (1 MiB of float32: hashed, then compared in cache)."""
 
 Status = Literal[
     "equal",
@@ -87,6 +115,248 @@ def missing(side: str, mode: str, other: Any = None) -> Comparison:
     return Comparison(status=status, mode=mode, message=f"no {side} tensor registered")
 
 
+def _base(mode: str, ref: Converted, cand: Converted) -> dict[str, Any]:
+    return dict(
+        mode=mode,
+        numel=ref.tensor.numel() if ref.tensor is not None else None,
+        ref_shape=ref.shape,
+        cand_shape=cand.shape,
+        ref_dtype=ref.dtype,
+        cand_dtype=cand.dtype,
+        ref_device=ref.device,
+        cand_device=cand.device,
+    )
+
+
+def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """C-order multi-index of a flat index (as ``torch.testing``'s ``unravel_flat_index``)."""
+    if flat_index is None:
+        return None
+    out = []
+    for size in reversed(shape):
+        flat_index, rem = divmod(flat_index, size)
+        out.append(rem)
+    return tuple(reversed(out))
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    size = t.element_size()
+    return t.view(ints[size]) if size in ints else t.view(torch.int64)
+
+
+def _side_counts(t: torch.Tensor) -> tuple[int, int]:
+    """NaN/inf counts of a chunk, with one cheap reduction when the chunk is all finite."""
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return 0, 0
+    x = torch.view_as_real(t).reshape(-1) if t.dtype.is_complex else t
+    if x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if math.isfinite(float(torch.sum(x, dtype=wide))):
+            return 0, 0
+    return nonfinite_counts(t)
+
+
+@dataclass(frozen=True)
+class _Scan:
+    stats: DiffStats | None  # None: bitwise identical, no metrics needed
+    ref_hash: str
+    cand_hash: str
+    ref_nan: int = 0
+    ref_inf: int = 0
+
+
+def _scan(r: torch.Tensor, c: torch.Tensor, ref: Converted, cand: Converted, tol) -> _Scan:
+    """Hash both sides and test bitwise identity chunk by chunk; metrics from the first diff."""
+    shape = tuple(r.shape)
+    hr, hc = StreamHasher(ref.dtype, shape), StreamHasher(cand.dtype, shape)
+    rf, cf = flat(r), flat(c)
+    n, lo, nan, inf = rf.numel(), 0, 0, 0
+    if ref.dtype == cand.dtype and r.dtype == c.dtype:
+        for lo in range(0, n, EQUAL_CHUNK):
+            rs, cs = rf[lo : lo + EQUAL_CHUNK], cf[lo : lo + EQUAL_CHUNK]
+            hr.update(rs)
+            hc.update(cs)
+            if not torch.equal(_int_view(rs), _int_view(cs)):
+                lo += EQUAL_CHUNK
+                break
+            k_nan, k_inf = _side_counts(rs)
+            nan, inf = nan + k_nan, inf + k_inf
+        else:
+            if n == 0:
+                hr.update(rf)
+                hc.update(cf)
+            return _Scan(None, hr.hexdigest(), hc.hexdigest(), nan, inf)
+    stats = diff_stats(r, c, rtol=tol[0], atol=tol[1], hashers=(hr, hc), start=lo)
+    return _Scan(stats, hr.hexdigest(), hc.hexdigest())
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _failure_message(mode: str, s: DiffStats, shape, tol) -> str:
+    """``torch.testing``-style summary on one line: count, greatest abs/rel diff with index."""
+    equality = mode == "equal"
+    pct = 100.0 * s.mismatch_count / s.numel if s.numel else 0.0
+    allowed = ("", "") if equality else (f" (up to {tol[1]} allowed)", f" (up to {tol[0]} allowed)")
+    return (
+        f"Tensor-likes are not {'equal' if equality else 'close'}! "
+        f"Mismatched elements: {s.mismatch_count} / {s.numel} ({pct:.1f}%). "
+        f"Greatest absolute difference: {_fmt(s.max_abs_diff)} at index "
+        f"{_unravel(s.max_abs_diff_index, shape)}{allowed[0]}. "
+        f"Greatest relative difference: {_fmt(s.max_rel_diff)} at index "
+        f"{_unravel(s.max_rel_diff_index, shape)}{allowed[1]}."
+    )
+
+
+def _quant_notes(ref: Converted, cand: Converted) -> list[str]:
+    """Name differing quantization parameters and int_repr (values compare dequantized)."""
+    rq, cq = ref.quant, cand.quant
+    if rq is None and cq is None:
+        return []
+    if rq is None or cq is None:
+        side = "reference" if rq is not None else "candidate"
+        return [f"only the {side} is quantized; compared dequantized"]
+    notes = []
+    for name in ("qscheme", "scale", "zero_point", "axis"):
+        a, b = getattr(rq, name), getattr(cq, name)
+        same = (
+            torch.equal(a, b)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            else (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+        )
+        if not same:
+            notes.append(f"{name} differs: reference {_short(a)}, candidate {_short(b)}")
+    if rq.int_repr.shape == cq.int_repr.shape:
+        k = int(torch.count_nonzero(rq.int_repr.long() != cq.int_repr.long()))
+        if k:
+            notes.append(f"int_repr differs at {k} / {rq.int_repr.numel()} elements")
+    return notes
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        vals = v.flatten()[:4].tolist()
+        return f"{vals}{'...' if v.numel() > 4 else ''}"
+    return str(v)
+
+
+def _notes(ref: Converted, cand: Converted, s_nan: tuple[int, int] | None) -> list[str]:
+    notes = []
+    if ref.dtype != cand.dtype:
+        notes.append(f"dtypes differ: reference {ref.dtype}, candidate {cand.dtype}")
+    if ref.device != cand.device:
+        notes.append(f"devices differ: reference {ref.device}, candidate {cand.device}")
+    notes += _quant_notes(ref, cand)
+    if s_nan is not None and (s_nan[0] or s_nan[1]):
+        notes.append(f"NaN count: reference {s_nan[0]}, candidate {s_nan[1]}")
+    return notes
+
+
+def _join(*parts: str) -> str:
+    return " ".join(p if p.endswith(".") else p + "." for p in parts if p)
+
+
+def _shape_mismatch(ref: Converted, cand: Converted, base: dict[str, Any]) -> Comparison:
+    r, c = ref.tensor, cand.tensor
+    (rn, ri), (cn, ci) = nonfinite_counts(r), nonfinite_counts(c)
+    msg = f"shapes differ: reference {tuple(r.shape)}, candidate {tuple(c.shape)}; not broadcast"
+    return Comparison(
+        status="shape_mismatch",
+        ref_nan=rn,
+        cand_nan=cn,
+        ref_inf=ri,
+        cand_inf=ci,
+        ref_hash=_hash(r, ref.dtype),
+        cand_hash=_hash(c, cand.dtype),
+        message=_join(msg, *_notes(ref, cand, None)),
+        **base,
+    )
+
+
+def _hash(t: torch.Tensor, dtype: str | None) -> str:
+    hasher = StreamHasher(dtype or t.dtype, tuple(t.shape))
+    hasher.update(flat(t))
+    return hasher.hexdigest()
+
+
+def _identical(scan: _Scan, ref: Converted, cand: Converted, base, tol) -> Comparison:
+    exact_ulp = None if ulp_spec(ref.tensor.dtype) is None else 0.0
+    return Comparison(
+        status="equal",
+        mismatch_count=0,
+        max_abs_diff=0.0,
+        max_rel_diff=0.0,
+        mean_abs_diff=0.0,
+        cosine=1.0,
+        sqnr_db=math.inf,
+        max_ulp=exact_ulp,
+        ref_nan=scan.ref_nan,
+        cand_nan=scan.ref_nan,
+        ref_inf=scan.ref_inf,
+        cand_inf=scan.ref_inf,
+        ref_hash=scan.ref_hash,
+        cand_hash=scan.cand_hash,
+        rtol=tol[0] if base["mode"] == "allclose" else None,
+        atol=tol[1] if base["mode"] == "allclose" else None,
+        message=_join(*_notes(ref, cand, None)),
+        **base,
+    )
+
+
+def _verdict(mode: str, s: DiffStats, same_dtype: bool) -> str:
+    if s.max_abs_diff == 0.0 and same_dtype:
+        return "equal"
+    if mode == "equal":
+        return "mismatch"
+    return "close" if s.mismatch_count == 0 else "mismatch"
+
+
+def _from_stats(scan: _Scan, ref: Converted, cand: Converted, base, tol) -> Comparison:
+    s = scan.stats
+    shape = tuple(ref.tensor.shape)
+    mode = base["mode"]
+    status = _verdict(mode, s, ref.dtype == cand.dtype)
+    parts = []
+    if status == "mismatch" and s.mismatch_count:
+        parts.append(_failure_message(mode, s, shape, tol))
+    elif status == "mismatch":
+        parts.append("Tensor-likes are not equal! Values are equal but the dtypes differ")
+    if status == "equal":
+        parts.append("values equal but not bitwise identical (-0.0 vs 0.0 or NaN payloads)")
+    parts += _notes(ref, cand, (s.ref_nan, s.cand_nan) if s.ref_nan or s.cand_nan else None)
+    allclose = mode == "allclose"
+    return Comparison(
+        status=status,
+        mismatch_count=s.mismatch_count,
+        max_abs_diff=s.max_abs_diff,
+        max_abs_diff_index=_unravel(s.max_abs_diff_index, shape),
+        max_rel_diff=s.max_rel_diff,
+        max_rel_diff_index=_unravel(s.max_rel_diff_index, shape),
+        mean_abs_diff=s.mean_abs_diff,
+        cosine=s.cosine,
+        sqnr_db=s.sqnr_db,
+        max_ulp=s.max_ulp,
+        ref_nan=s.ref_nan,
+        cand_nan=s.cand_nan,
+        ref_inf=s.ref_inf,
+        cand_inf=s.cand_inf,
+        ref_hash=scan.ref_hash,
+        cand_hash=scan.cand_hash,
+        rtol=tol[0] if allclose else None,
+        atol=tol[1] if allclose else None,
+        message=_join(*parts),
+        **base,
+    )
+
+
+def _unusable(ref: Converted, cand: Converted, base: dict[str, Any]) -> Comparison:
+    status = "error" if "error" in (ref.status, cand.status) else "skipped"
+    msg = _join(*(side.message for side in (ref, cand) if side.status))
+    return Comparison(status=status, message=msg, **base)
+
+
 def compare_tensors(
     reference: Any,
     candidate: Any,
@@ -94,33 +364,56 @@ def compare_tensors(
     mode: str = "equal",
     rtol: float | None = None,
     atol: float | None = None,
+    tag: str | None = None,
+    tolerances: Tolerances | None = None,
 ) -> Comparison:
-    """PROVISIONAL: equal / allclose on plain CPU tensors; replaced by the comparison core."""
-    r = torch.as_tensor(reference).detach().cpu()
-    c = torch.as_tensor(candidate).detach().cpu()
-    base = dict(
-        mode=mode,
-        numel=r.numel(),
-        ref_shape=tuple(r.shape),
-        cand_shape=tuple(c.shape),
-        ref_dtype=str(r.dtype).removeprefix("torch."),
-        cand_dtype=str(c.dtype).removeprefix("torch."),
-    )
+    """Compare a candidate tensor with its reference and return the verdict with all metrics.
+
+    Args:
+        reference: the reference side: a torch tensor of any dtype/device/layout, a numpy
+            array, an object with ``__dlpack__`` or ``__array__``, or a Python number
+            (see :mod:`parity_tracker.convert`).
+        candidate: the candidate side, same kinds; must have the reference's shape.
+        mode: ``"equal"`` (identical values, dtype and shape) or ``"allclose"``.
+        rtol: relative tolerance for ``allclose``; give together with ``atol`` or neither
+            (then the per-dtype defaults of ``torch.testing.assert_close`` apply).
+        atol: absolute tolerance for ``allclose``, in the tensors' units.
+        tag: the tag, used to look up per-tag overrides in ``tolerances``.
+        tolerances: per-tag tolerance overrides (:class:`parity_tracker.tolerances.Tolerances`).
+
+    Returns:
+        A frozen :class:`Comparison`. Its ``status`` is one of :data:`STATUSES`; metrics are
+        ``None`` where they do not apply and never NaN; ``message`` says what failed
+        (mismatched elements ``k / n (p%)``, greatest absolute and relative difference with
+        index and allowed tolerance, differing dtypes/devices/quantization parameters).
+
+    Raises:
+        InputError: (a ``ValueError``) for an unknown ``mode`` or when only one of ``rtol``
+            and ``atol`` is given. A bad PAIR never raises: it gets status ``error``.
+    """
+    if mode not in MODES:
+        raise InputError(f"unknown comparison mode {mode!r}; use one of {', '.join(MODES)}")
+    explicit = check_pair(rtol, atol)
+    ref, cand = to_tensor(reference, "reference"), to_tensor(candidate, "candidate")
+    base = _base(mode, ref, cand)
+    if ref.status or cand.status:
+        return _unusable(ref, cand, base)
+    try:
+        return _compare(ref, cand, base, explicit, tag, tolerances)
+    except Exception as exc:  # never abort a whole check for one pair
+        msg = f"comparison failed: {type(exc).__name__}: {exc}"
+        return Comparison(status="error", message=msg, **base)
+
+
+def _compare(ref, cand, base, explicit, tag, tolerances) -> Comparison:
+    if base["mode"] == "equal":
+        tol = (0.0, 0.0)
+    else:
+        tol = (tolerances or Tolerances()).resolve(tag, ref.dtype, cand.dtype, *(explicit or ()))
+    r, c = ref.tensor, cand.tensor
     if r.shape != c.shape:
-        return Comparison(status="shape_mismatch", message="shapes differ", **base)
-    if r.dtype == c.dtype and torch.equal(r, c):
-        return Comparison(status="equal", mismatch_count=0, max_abs_diff=0.0, **base)
-    d = (r.double() - c.double()).abs()
-    mx = float(d.max()) if d.numel() else 0.0
-    rtol = 1.3e-6 if rtol is None else rtol
-    atol = 1e-5 if atol is None else atol
-    bad = ~torch.isclose(c.double(), r.double(), rtol=rtol, atol=atol, equal_nan=True)
-    status = "close" if mode == "allclose" and not bad.any() else "mismatch"
-    return Comparison(
-        status=status,
-        mismatch_count=int(bad.sum()),
-        max_abs_diff=0.0 if math.isnan(mx) else mx,
-        rtol=rtol,
-        atol=atol,
-        **base,
-    )
+        return _shape_mismatch(ref, cand, base)
+    scan = _scan(r, c, ref, cand, tol)
+    if scan.stats is None:
+        return _identical(scan, ref, cand, base, tol)
+    return _from_stats(scan, ref, cand, base, tol)

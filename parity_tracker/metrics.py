@@ -1,0 +1,445 @@
+"""Difference metrics between a reference and a candidate tensor, computed in one chunked pass.
+
+Every metric is a pure function ``f(reference, candidate)`` (the torchmetrics ``functional``
+style); they share one engine, :func:`diff_stats`, which walks both tensors in flat chunks of
+:data:`CHUNK` elements, converts each chunk into reused float64 (complex128) buffers and
+accumulates every metric at once, so a comparison reads each input from memory once and needs
+at most ``CHUNK``-sized scratch buffers (no whole-tensor temporaries).
+
+Element-wise difference ``d_i`` (the basis of every metric), ``r`` = reference, ``c`` =
+candidate, both converted exactly to float64 / complex128 (int64 differences are taken in
+int64, so ids ``2**62`` and ``2**62 + 512`` are 512 apart):
+
+- both finite: ``d_i = |c_i − r_i|`` (complex: the modulus of the difference, as
+  ``torch.isclose``);
+- NaN on both sides, or the same infinity on both sides: ``d_i = 0`` (matched by position);
+- otherwise (NaN or inf on one side only, or ``+inf`` vs ``-inf``): ``d_i = +inf``.
+
+So no metric is ever NaN: an unmatched NaN makes ``max_abs_diff`` ``inf`` and points at it.
+``-0.0`` vs ``0.0`` has ``d_i = 0`` (``torch.equal`` semantics; their content hashes differ).
+Sums for SQNR and cosine run over the positions finite on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from parity_tracker.hashing import StreamHasher
+
+CHUNK = 1 << 16
+"""Elements per chunk: float64 scratch buffers of 512 KiB each stay in the L2/L3 cache."""
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class DiffStats:
+    """All metrics of one same-shape pair (see the module docstring for ``d_i``).
+
+    Attributes:
+        numel: number of elements compared.
+        mismatch_count: elements with ``d_i > atol + rtol·|r_i|``.
+        max_abs_diff: ``max_i d_i`` (0.0 for empty tensors), in the inputs' units.
+        max_abs_diff_index: flat (C-order) index of the first maximum, ``None`` if no element
+            differs.
+        max_rel_diff: ``max_i d_i / |r_i|`` with ``0/0 = 0`` and ``x/0 = inf`` for ``x > 0``.
+        max_rel_diff_index: flat index of the first maximum, ``None`` if no element differs.
+        mean_abs_diff: ``Σ d_i / n`` (0.0 if empty).
+        cosine: see :func:`cosine_from_sums`.
+        sqnr_db: see :func:`sqnr_from_sums`.
+        max_ulp: see :func:`max_ulp`; ``None`` for integer/bool references.
+        ref_nan: NaN count of the reference (complex: either component NaN).
+        cand_nan: NaN count of the candidate.
+        ref_inf: ±inf count of the reference (complex: a component infinite, none NaN).
+        cand_inf: ±inf count of the candidate.
+    """
+
+    numel: int
+    mismatch_count: int
+    max_abs_diff: float
+    max_abs_diff_index: int | None
+    max_rel_diff: float
+    max_rel_diff_index: int | None
+    mean_abs_diff: float
+    cosine: float | None
+    sqnr_db: float | None
+    max_ulp: float | None
+    ref_nan: int
+    cand_nan: int
+    ref_inf: int
+    cand_inf: int
+
+
+def sqnr_from_sums(signal: float, noise: float) -> float | None:
+    """Signal-to-quantization-noise ratio in dB from ``Σ r²`` and ``Σ (r − c)²``.
+
+    Formula: ``SQNR = 10·log10(Σ r_i² / Σ (r_i − c_i)²)`` (the ratio
+    ``torch.ao.ns.fx.utils.compute_sqnr`` reports, there as ``20·log10(‖r‖/‖r − c‖)``).
+
+    Defined cases (never NaN): no noise → ``+inf`` (identical, including two all-zero
+    tensors); noise but an all-zero reference → ``-inf``; infinite noise (an unmatched
+    NaN/inf) → ``-inf``; both sums overflowing float64 → ``None``.
+    """
+    if noise == 0.0:
+        return INF
+    if signal == 0.0 or noise == INF:
+        return -INF if signal != INF else None
+    if signal == INF:
+        return INF
+    return 10.0 * (math.log10(signal) - math.log10(noise))
+
+
+def cosine_from_sums(dot: float, ref_sq: float, cand_sq: float) -> float | None:
+    """Cosine similarity from ``Σ r·c``, ``Σ r²`` and ``Σ c²``, clamped to ``[-1, 1]``.
+
+    Formula: ``cos = Σ r_i c_i / (sqrt(Σ r_i²) · sqrt(Σ c_i²))`` (as
+    ``torch.nn.functional.cosine_similarity`` over the flattened tensors, without its eps).
+    Complex tensors count as real vectors of their (real, imag) pairs.
+
+    Defined cases (never NaN): both vectors all zero → ``1.0`` (identical); exactly one all
+    zero → ``0.0``; a sum overflowing float64 → ``None``.
+    """
+    if not (math.isfinite(dot) and math.isfinite(ref_sq) and math.isfinite(cand_sq)):
+        return None
+    if ref_sq == 0.0 and cand_sq == 0.0:
+        return 1.0
+    if ref_sq == 0.0 or cand_sq == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, dot / (math.sqrt(ref_sq) * math.sqrt(cand_sq))))
+
+
+@dataclass(frozen=True)
+class _UlpSpec:
+    int_dtype: torch.dtype
+    mask: int
+    eps: float
+    tiny: float
+
+
+def ulp_spec(dtype: torch.dtype) -> _UlpSpec | None:
+    """Exponent-field mask, eps and tiny of an IEEE-like float dtype (None: not applicable)."""
+    if dtype.is_complex:
+        dtype = dtype.to_real()
+    if not dtype.is_floating_point or "e8m0" in str(dtype):
+        return None
+    info = torch.finfo(dtype)
+    nmant = round(-math.log2(info.eps))
+    exp_bits = info.bits - 1 - nmant
+    ints = {8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+    return _UlpSpec(ints[info.bits], ((1 << exp_bits) - 1) << nmant, info.eps, info.tiny)
+
+
+class DiffAccumulator:
+    """Accumulates :class:`DiffStats` over consecutive flat chunks of one pair.
+
+    Args:
+        ref_dtype: dtype of the reference chunks (sets the ULP unit and the int64 path).
+        cand_dtype: dtype of the candidate chunks.
+        chunk: largest chunk that :meth:`add` will get (sizes the scratch buffers).
+        rtol: relative tolerance (dimensionless), ``0`` for exact comparison.
+        atol: absolute tolerance (inputs' units), ``0`` for exact comparison.
+    """
+
+    def __init__(
+        self,
+        ref_dtype: torch.dtype,
+        cand_dtype: torch.dtype,
+        chunk: int,
+        rtol: float = 0.0,
+        atol: float = 0.0,
+    ) -> None:
+        self.rtol, self.atol = float(rtol), float(atol)
+        self.complex = ref_dtype.is_complex or cand_dtype.is_complex
+        ints = (torch.int64, torch.uint64)
+        self.int64 = not _floaty(ref_dtype) and not _floaty(cand_dtype)
+        self.int64 = self.int64 and (ref_dtype in ints or cand_dtype in ints)
+        self.ulp = ulp_spec(ref_dtype)
+        work = torch.complex128 if self.complex else torch.float64
+        size = max(chunk, 1)
+        self._rd = torch.empty(size, dtype=work)
+        self._cd = torch.empty(size, dtype=work)
+        self._dc = torch.empty(size, dtype=work) if self.complex else None
+        self._d = torch.empty(size, dtype=torch.float64)
+        self._a = torch.empty(size, dtype=torch.float64)
+        self._q = torch.empty(size, dtype=torch.float64)
+        self._b = torch.empty(size, dtype=torch.bool)
+        self._di = torch.empty(size, dtype=torch.int64) if self.int64 else None
+        self._ib = torch.empty(size, dtype=self.ulp.int_dtype) if self.ulp else None
+        self.n = self.mismatch = 0
+        self.nan_r = self.nan_c = self.inf_r = self.inf_c = 0
+        self.max_abs, self.max_abs_idx = -1.0, None
+        self.max_rel, self.max_rel_idx = -1.0, None
+        self.max_q = 0.0
+        self.sum_abs = self.rr = self.cc = self.rc = self.dd = 0.0
+
+    def add(self, r: torch.Tensor, c: torch.Tensor, offset: int) -> None:
+        """Fold in one chunk: 1-D contiguous CPU slices of equal length starting at ``offset``."""
+        n = r.numel()
+        if n == 0:
+            return
+        rd, cd, d = self._rd[:n], self._cd[:n], self._d[:n]
+        rd.copy_(r)
+        cd.copy_(c)
+        rr, cc = _sq(rd), _sq(cd)
+        unmatched = None
+        if not (math.isfinite(rr) and math.isfinite(cc)):
+            unmatched = self._mask_nonfinite(rd, cd, n)
+            rr, cc = _sq(rd), _sq(cd)
+        self._abs_diff(r, c, rd, cd, d, n)
+        if unmatched is not None:
+            d.masked_fill_(unmatched, INF)
+        self.n += n
+        self.rr += rr
+        self.cc += cc
+        self.rc += _dot(rd, cd)
+        self.dd += float(torch.dot(d, d))
+        self.sum_abs += float(d.sum())
+        self._track_max(d, offset, "abs")
+        absr = self._a[:n]
+        torch.abs(rd, out=absr)
+        rel = self._q[:n]
+        torch.div(d, absr, out=rel)
+        rel.nan_to_num_(nan=0.0, posinf=INF)
+        self._track_max(rel, offset, "rel")
+        self._count_mismatch(d, absr, n)
+        self._ulp(r, c, rd, cd, d, n, unmatched)
+
+    def _mask_nonfinite(self, rd: torch.Tensor, cd: torch.Tensor, n: int) -> torch.Tensor:
+        """Count NaN/inf, zero non-finite positions in rd/cd; return the unmatched-position mask."""
+        rn, cn = torch.isnan(rd), torch.isnan(cd)
+        rf, cf = torch.isfinite(rd), torch.isfinite(cd)
+        ri, ci = ~(rf | rn), ~(cf | cn)
+        self.nan_r += int(rn.sum())
+        self.nan_c += int(cn.sum())
+        self.inf_r += int(ri.sum())
+        self.inf_c += int(ci.sum())
+        both = rf & cf
+        matched = both | (rn & cn) | (ri & ci & (rd == cd))
+        rd.masked_fill_(~both, 0)
+        cd.masked_fill_(~both, 0)
+        return ~matched
+
+    def _abs_diff(self, r, c, rd, cd, d, n) -> None:
+        if self.complex:
+            dc = self._dc[:n]
+            torch.sub(cd, rd, out=dc)
+            torch.abs(dc, out=d)
+            return
+        if not self.int64:
+            torch.sub(cd, rd, out=d)
+            d.abs_()
+            return
+        di = self._di[:n]
+        torch.sub(c.to(torch.int64), r.to(torch.int64), out=di)
+        d.copy_(di)
+        d.abs_()
+        wrapped = torch.gt(c, r) != torch.gt(di, 0)
+        if bool(wrapped.any()):  # int64 overflow: |c - r| >= 2**63, float64 is accurate there
+            d[wrapped] = (cd - rd).abs()[wrapped]
+
+    def _track_max(self, x: torch.Tensor, offset: int, which: str) -> None:
+        value, index = torch.max(x, 0)
+        value = float(value)
+        if which == "abs" and value > self.max_abs:
+            self.max_abs, self.max_abs_idx = value, offset + int(index)
+        elif which == "rel" and value > self.max_rel:
+            self.max_rel, self.max_rel_idx = value, offset + int(index)
+
+    def _count_mismatch(self, d: torch.Tensor, absr: torch.Tensor, n: int) -> None:
+        if self.rtol == 0.0 and self.atol == 0.0:
+            self.mismatch += int(torch.count_nonzero(d))
+            return
+        tol = absr.mul_(self.rtol).add_(self.atol)
+        torch.gt(d, tol, out=self._b[:n])
+        self.mismatch += int(torch.count_nonzero(self._b[:n]))
+
+    def _ulp(self, r, c, rd, cd, d, n, unmatched) -> None:
+        spec = self.ulp
+        if spec is None:
+            return
+        if self.complex:
+            self._ulp_complex(r, c, rd, cd, unmatched)
+            return
+        u, q = self._a[:n], self._q[:n]
+        torch.bitwise_and(r.view(spec.int_dtype), spec.mask, out=self._ib[:n])
+        u.copy_(self._ib[:n].view(r.dtype))
+        u.clamp_min_(spec.tiny)
+        torch.div(d, u, out=q)
+        if unmatched is not None:
+            q.nan_to_num_(nan=0.0, posinf=INF).masked_fill_(unmatched, INF)
+        self.max_q = max(self.max_q, float(q.max()) / spec.eps)
+
+    def _ulp_complex(self, r, c, rd, cd, unmatched) -> None:
+        spec = self.ulp
+        rr = torch.view_as_real(r.to(_complex_of(r.dtype))).reshape(-1)
+        diff = (torch.view_as_real(cd) - torch.view_as_real(rd)).abs().reshape(-1)
+        bits = torch.bitwise_and(rr.view(spec.int_dtype), spec.mask).view(rr.dtype)
+        q = diff / bits.double().clamp_min(spec.tiny)
+        q = q.reshape(-1, 2).amax(1)
+        if unmatched is not None:
+            q = q.nan_to_num(nan=0.0, posinf=INF).masked_fill(unmatched, INF)
+        self.max_q = max(self.max_q, float(q.max()) / spec.eps)
+
+    def result(self) -> DiffStats:
+        """The metrics of everything added so far."""
+        empty = self.n == 0
+        return DiffStats(
+            numel=self.n,
+            mismatch_count=self.mismatch,
+            max_abs_diff=0.0 if empty else self.max_abs,
+            max_abs_diff_index=self.max_abs_idx if self.max_abs > 0 else None,
+            max_rel_diff=0.0 if empty else self.max_rel,
+            max_rel_diff_index=self.max_rel_idx if self.max_rel > 0 else None,
+            mean_abs_diff=0.0 if empty else self.sum_abs / self.n,
+            cosine=cosine_from_sums(self.rc, self.rr, self.cc),
+            sqnr_db=sqnr_from_sums(self.rr, self.dd),
+            max_ulp=None if self.ulp is None else self.max_q,
+            ref_nan=self.nan_r,
+            cand_nan=self.nan_c,
+            ref_inf=self.inf_r,
+            cand_inf=self.inf_c,
+        )
+
+
+def _floaty(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _complex_of(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype.is_complex else torch.complex128
+
+
+def _sq(x: torch.Tensor) -> float:
+    """Σ |x_i|² in float64 (complex: over the real and imaginary parts)."""
+    if x.is_complex():
+        x = torch.view_as_real(x).reshape(-1)
+    return float(torch.dot(x, x))
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.is_complex():
+        a, b = torch.view_as_real(a).reshape(-1), torch.view_as_real(b).reshape(-1)
+    return float(torch.dot(a, b))
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D contiguous view (or copy, for non-contiguous input) of a CPU tensor."""
+    return t.contiguous().reshape(-1)
+
+
+def diff_stats(
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    chunk: int = CHUNK,
+    hashers: tuple[StreamHasher, StreamHasher] | None = None,
+    start: int = 0,
+) -> DiffStats:
+    """All metrics of a same-shape pair in one chunked pass.
+
+    Args:
+        reference: dense CPU tensor, any dtype (not quantized), any shape.
+        candidate: dense CPU tensor of the same shape, any dtype.
+        rtol: relative tolerance of the mismatch count.
+        atol: absolute tolerance of the mismatch count.
+        chunk: elements per chunk.
+        hashers: optional content hashers fed with the chunks from flat index ``start`` on
+            (so hashing shares the pass).
+        start: first flat index to feed to ``hashers``.
+
+    Returns:
+        :class:`DiffStats`.
+
+    Raises:
+        ValueError: if the shapes differ (callers report ``shape_mismatch`` before this).
+    """
+    if reference.shape != candidate.shape:
+        raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(candidate.shape)}")
+    r, c = flat(reference), flat(candidate)
+    n = r.numel()
+    acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol)
+    for lo in range(0, n, chunk):
+        rs, cs = r[lo : lo + chunk], c[lo : lo + chunk]
+        if hashers is not None and lo + chunk > start:
+            k = max(start - lo, 0)
+            hashers[0].update(rs[k:])
+            hashers[1].update(cs[k:])
+        acc.add(rs, cs, lo)
+    return acc.result()
+
+
+# --- the metrics as pure functions f(reference, candidate) -----------------------------------
+
+
+def max_abs_diff(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, int | None]:
+    """Greatest ``d_i = |c_i − r_i|`` and its flat index (module docstring: NaN/inf rules).
+
+    Source: ``torch.testing._comparison._make_tensor_mismatch_msg`` (greatest absolute
+    difference). Returns ``(0.0, None)`` for empty tensors.
+    """
+    s = diff_stats(reference, candidate)
+    return s.max_abs_diff, s.max_abs_diff_index
+
+
+def max_rel_diff(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, int | None]:
+    """Greatest ``d_i / |r_i|`` and its flat index; ``0/0 = 0``, ``x/0 = inf`` for ``x > 0``.
+
+    Source: ``torch.testing`` (greatest relative difference, divided by the expected value).
+    """
+    s = diff_stats(reference, candidate)
+    return s.max_rel_diff, s.max_rel_diff_index
+
+
+def mean_abs_diff(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """``Σ d_i / n`` (mean absolute error, as ``torchmetrics.functional.mean_absolute_error``)."""
+    return diff_stats(reference, candidate).mean_abs_diff
+
+
+def mismatch_count(
+    reference: torch.Tensor, candidate: torch.Tensor, *, rtol: float = 0.0, atol: float = 0.0
+) -> int:
+    """Number of elements with ``d_i > atol + rtol·|r_i|`` (the complement of ``torch.isclose``).
+
+    With ``rtol = atol = 0`` this counts elements that differ (NaN matching NaN by position).
+    """
+    return diff_stats(reference, candidate, rtol=rtol, atol=atol).mismatch_count
+
+
+def sqnr_db(reference: torch.Tensor, candidate: torch.Tensor) -> float | None:
+    """SQNR in dB: ``10·log10(Σ r_i² / Σ (r_i − c_i)²)``; see :func:`sqnr_from_sums`."""
+    return diff_stats(reference, candidate).sqnr_db
+
+
+def cosine_similarity(reference: torch.Tensor, candidate: torch.Tensor) -> float | None:
+    """``Σ r_i c_i / (‖r‖·‖c‖)`` over the flattened tensors; see :func:`cosine_from_sums`."""
+    return diff_stats(reference, candidate).cosine
+
+
+def max_ulp(reference: torch.Tensor, candidate: torch.Tensor) -> float | None:
+    """Greatest difference measured in units in the last place (ULP) of the reference dtype.
+
+    Formula: ``max_i |c_i − r_i| / ulp(r_i)`` with ``ulp(x) = 2**e(x) · eps`` for normal ``x``
+    (``2**e(x)`` read from the exponent field of ``x``'s integer bit pattern in the reference
+    dtype, ``eps = torch.finfo(dtype).eps``) and ``ulp(x) = tiny · eps`` (the subnormal spacing)
+    for zero and subnormal ``x``; the same as ``numpy.spacing`` for float16/32/64 and extended
+    to bfloat16 and float8. Cross-dtype pairs are measured in the reference's ULP. Complex:
+    the larger of the real and imaginary parts' ULP distances. ``None`` for integer and bool
+    references, where the difference itself is exact.
+    """
+    return diff_stats(reference, candidate).max_ulp
+
+
+def nonfinite_counts(tensor: torch.Tensor) -> tuple[int, int]:
+    """``(NaN count, ±inf count)`` of one tensor (complex: per element, NaN winning)."""
+    if not _floaty(tensor.dtype):
+        return 0, 0
+    t = flat(tensor)
+    if t.dtype.itemsize == 1 or t.dtype in (torch.complex32,):
+        t = t.to(torch.float64 if not t.dtype.is_complex else torch.complex128)
+    nan = torch.isnan(t)
+    return int(nan.sum()), int((~(torch.isfinite(t) | nan)).sum())
