@@ -143,8 +143,29 @@ def schema_version_of(path: str | os.PathLike[str]) -> int:
     return int(meta.get(b"schema_version", b"0"))
 
 
+def _migrate_v0(table: pa.Table) -> pa.Table:
+    """Migrate a v0 table to v1.
+
+    v0 files (no ``schema_version`` in the metadata) hold the seed's printout as a table, from
+    before multi-step runs: no ``step`` column and ``status`` as the seed prints it
+    (``equal``, ``close``, ``not equal``, ``not close``). v1 adds ``step`` (0: one forward) and
+    uses the contract's statuses (``not equal`` / ``not close`` → ``mismatch``); columns v0 did
+    not have (``cache_hit``, ``local_*``, ...) become null in ``conform``.
+    """
+    import pyarrow.compute as pc
+
+    if "step" not in table.column_names:
+        table = table.append_column("step", pa.array([0] * table.num_rows, pa.int32()))
+    if "status" in table.column_names:
+        status = table.column("status")
+        for old in ("not equal", "not close"):
+            status = pc.if_else(pc.equal(status, old), "mismatch", status)
+        table = table.set_column(table.schema.get_field_index("status"), "status", status)
+    return table
+
+
 # Migrations: version -> function(table) returning the table at version + 1.
-MIGRATIONS: dict[int, Any] = {}
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0}
 
 
 def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
@@ -155,12 +176,15 @@ def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
         kind: ``"modules"`` or ``"ops"``: which schema to conform to.
 
     Raises:
-        ValueError: the file is from a newer schema version than this package knows.
+        InputError: (a ``ValueError``) the file is from a newer schema version than this
+            package knows.
     """
     table = pq.read_table(path)
     version = schema_version_of(path)
     if version > SCHEMA_VERSION:
-        raise ValueError(
+        from parity_tracker.errors import InputError
+
+        raise InputError(
             f"{path} has schema_version {version}, newer than this parity_tracker "
             f"({SCHEMA_VERSION}); upgrade parity-tracker to read it"
         )
@@ -171,11 +195,19 @@ def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Reorder/cast ``table`` to ``schema``: missing columns become null, extras are dropped."""
+    """Reorder/cast ``table`` to ``schema``: missing columns become null, extras are dropped.
+
+    NaN in a float column becomes null (the contract: nulls, never NaN as a stand-in).
+    """
+    import pyarrow.compute as pc
+
     cols = []
     for f in schema:
         if f.name in table.column_names:
-            cols.append(table.column(f.name).cast(f.type))
+            col = table.column(f.name).cast(f.type)
+            if pa.types.is_floating(f.type):  # NaN written by other tools -> null
+                col = pc.if_else(pc.is_nan(col), pa.scalar(None, f.type), col)
+            cols.append(col)
         else:
             cols.append(pa.nulls(table.num_rows, type=f.type))
     return pa.Table.from_arrays(cols, schema=schema.remove_metadata())

@@ -1,10 +1,121 @@
-"""Shared test set-up: no telemetry, no network, tracking stores only under tmp paths."""
+"""Shared test set-up: no telemetry, no network, tracking stores only under tmp paths.
+
+Fixtures any test may use (mlflow is imported only when one of them is requested):
+
+- ``sqlite_template`` (session): a SQLite MLflow database created and migrated once per
+  session; never written to by tests, only copied.
+- ``sqlite_tracking_uri`` (function): ``sqlite:///<tmp_path>/mlflow.db``, a fresh copy of the
+  template, so each test starts from an empty, already-migrated store in well under a second.
+  Experiments created through ``parity_tracker.store`` put their artifacts in
+  ``<tmp_path>/artifacts``.
+- ``mlflow_server`` (session, mark your test ``@pytest.mark.server``): a real ``mlflow server``
+  on 127.0.0.1 at a free port, backend a copy of the template, artifacts proxied
+  (``--serve-artifacts``) into a tmp folder, waited for on ``/health`` and stopped by its pid at
+  the end of the session. Yields its ``http://127.0.0.1:PORT`` URI. Runs from all tests share
+  it: use a unique experiment name per test (e.g. from ``request.node.name``).
+- ``in_tmp_cwd`` (function): ``chdir`` into ``tmp_path`` so the embedded default store,
+  ``./.parity/spool`` and ``./.parity/cache`` land there.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# A refused connection to a test server must fail fast, not after MLflow's default retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a migrated, empty SQLite MLflow database (made once per session; copy it)."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "template.db"
+    client = MlflowClient(tracking_uri=f"sqlite:///{path}")
+    client.search_experiments(max_results=1)  # creates and migrates the schema
+    return path
+
+
+@pytest.fixture
+def sqlite_tracking_uri(sqlite_template: Path, tmp_path: Path) -> str:
+    """``sqlite:///<tmp_path>/mlflow.db``: a private copy of the migrated template."""
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(sqlite_template, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.fixture
+def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test with ``tmp_path`` as working directory; returns it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"mlflow server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"mlflow server not healthy after {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real ``mlflow server`` on 127.0.0.1 for the session; yields its http URI."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    db = root / "server.db"
+    shutil.copyfile(sqlite_template, db)
+    port = _free_port()
+    log = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{db}",
+        "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group led by our server's pid
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,693 @@
+"""Parity runs as MLflow runs: log, load back, find, and never lose one (design.md, "Tracking").
+
+One parity run becomes one MLflow run, written through ``MlflowClient`` with its explicit run id
+and batched calls:
+
+- params: every setting (``str(value)``), the environment (``env.ENV_KEYS``), ``mode``,
+  ``mode_reason`` and ``config_fingerprint``;
+- tags: ``mlflow.source.git.commit`` and ``mlflow.source.git.branch`` (set explicitly),
+  ``mlflow.parentRunId`` when nested, ``parity.run_id``, ``parity.status``, ``parity.passed``,
+  ``parity.config_fingerprint``; ``parity.complete`` = ``true`` last, once everything is stored;
+- metrics (step 0): ``tensors_compared``, ``tensors_passing``, ``tensors_failing``,
+  ``first_divergence_order``, ``output_max_abs_diff``, ``output_sqnr_db``, plus
+  ``tensors_skipped``, ``ops_compared`` and ``ops_failing``. A metric whose value is None is
+  not logged: ``first_divergence_order`` when nothing diverged, ``output_*`` when no root
+  output was compared, and ``output_sqnr_db`` when the outputs are identical (infinite SQNR;
+  MLflow's SQL store cannot keep inf — the summary says ``output_equal: true``);
+- artifacts: ``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``,
+  ``report.html`` and the dumped tensors with their index under ``tensors/`` (one
+  ``log_artifacts`` call per folder).
+
+The run ends FINISHED, FAILED when a forward raised (``summary["status"] == "failed"``), or
+KILLED when the run was interrupted.
+
+Nothing lost: everything to be logged is first written to a local staging folder. When the store
+cannot be reached, that folder is moved whole to ``./.parity/spool/<parity run id>/`` and
+``log_run`` raises ``SpooledError`` (an ``InfrastructureError``, CLI exit 3) carrying
+``spool_path``. ``sync_spool()`` uploads spooled runs later, exactly once: a run already in the
+store with the same ``parity.run_id`` and ``parity.complete`` tag is not uploaded again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity_tracker.env import ENV_KEYS
+from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.run import RUN_STATUSES, RunResult
+from parity_tracker.store import (
+    get_client,
+    get_or_create_experiment,
+    parity_home,
+    resolve_tracking_uri,
+    retry,
+)
+from parity_tracker.tables import read_table, write_table
+
+#: The contract's metrics (design.md), then this module's extras.
+CONTRACT_METRICS = (
+    "tensors_compared",
+    "tensors_passing",
+    "tensors_failing",
+    "first_divergence_order",
+    "output_max_abs_diff",
+    "output_sqnr_db",
+)
+EXTRA_METRICS = ("tensors_skipped", "ops_compared", "ops_failing")
+#: Params derived by the run, logged next to the settings and environment.
+DERIVED_PARAMS = ("mode", "mode_reason", "config_fingerprint")
+TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
+_PARAM_MAX = 6000  # MLflow's limit on a param value's length
+_KEY_BAD = re.compile(r"[^\w./\- ]")
+_BATCH = 100  # MLflow's log_batch limit on params (and tags) per call
+
+
+class SpooledError(InfrastructureError):
+    """The tracking store could not be reached; the run was written whole to the local spool.
+
+    Attributes:
+        spool_path: the folder holding the run (upload it later with ``sync_spool()``).
+        cause: the exception the store raised.
+    """
+
+    def __init__(self, spool_path: Path, cause: BaseException) -> None:
+        self.spool_path = Path(spool_path)
+        self.cause = cause
+        super().__init__(
+            f"tracking store unreachable ({type(cause).__name__}: {str(cause)[:300]}); "
+            f"run spooled to {self.spool_path}; upload it with `parity-tracker sync` / sync_spool()"
+        )
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored parity run as ``find_runs`` lists it.
+
+    Attributes:
+        run_id: the MLflow run id.
+        start_time: milliseconds since the epoch (MLflow's unit).
+        commit: ``mlflow.source.git.commit`` tag (None if unknown).
+        branch: ``mlflow.source.git.branch`` tag (None if unknown).
+        settings: the params minus environment and derived keys.
+        fingerprint: the ``config_fingerprint`` param.
+        metrics: the logged metrics (latest values).
+        status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
+        parity_run_id: the ``parity.run_id`` tag (the ``run_id`` column of the tables).
+        params: every param, as stored (strings).
+    """
+
+    run_id: str
+    start_time: int
+    commit: str | None
+    branch: str | None
+    settings: dict[str, str]
+    fingerprint: str | None
+    metrics: dict[str, float]
+    status: str
+    parity_run_id: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_mlflow(cls, run: Any) -> RunInfo:
+        """Build from an ``mlflow.entities.Run``."""
+        params, tags = dict(run.data.params), dict(run.data.tags)
+        skip = {*ENV_KEYS, *DERIVED_PARAMS}
+        return cls(
+            run_id=run.info.run_id,
+            start_time=int(run.info.start_time or 0),
+            commit=tags.get("mlflow.source.git.commit"),
+            branch=tags.get("mlflow.source.git.branch"),
+            settings={k: v for k, v in params.items() if k not in skip},
+            fingerprint=params.get("config_fingerprint"),
+            metrics=dict(run.data.metrics),
+            status=run.info.status,
+            parity_run_id=tags.get(TAG_RUN_ID),
+            params=params,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# what gets logged
+
+
+def _param_key(key: str) -> str:
+    """A valid MLflow param key: characters other than word, ``./- `` become ``_``."""
+    return _KEY_BAD.sub("_", str(key))[:250]
+
+
+def _param_value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _PARAM_MAX else text[: _PARAM_MAX - 3] + "..."
+
+
+def run_params(result: RunResult) -> dict[str, str]:
+    """The params of a run: settings, environment, mode, mode_reason, config_fingerprint."""
+    s = result.summary
+    params = {_param_key(k): _param_value(v) for k, v in result.settings.items()}
+    params.update({k: _param_value(result.environment.get(k)) for k in ENV_KEYS})
+    params["mode"] = s["mode"]
+    params["mode_reason"] = _param_value(s["mode_reason"])
+    params["config_fingerprint"] = s["config_fingerprint"]
+    return params
+
+
+def run_metrics(result: RunResult) -> dict[str, float]:
+    """The metrics of a run; a metric whose value is None is left out (see module docstring)."""
+    s = result.summary
+    fd = s.get("first_divergence") or {}
+    values = {
+        "tensors_compared": s["tensors_compared"],
+        "tensors_passing": s["tensors_passing"],
+        "tensors_failing": s["tensors_failing"],
+        "first_divergence_order": fd.get("exec_order"),
+        "output_max_abs_diff": s.get("output_max_abs_diff"),
+        "output_sqnr_db": s.get("output_sqnr_db"),
+        **{k: s.get(k) for k in EXTRA_METRICS},
+    }
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
+    """The tags of a run (without ``parity.complete``, which is set once all is stored)."""
+    env, s = result.environment, result.summary
+    tags = {
+        TAG_RUN_ID: result.run_id,
+        "parity.status": s["status"],
+        "parity.passed": str(bool(s.get("passed"))).lower(),
+        "parity.config_fingerprint": s["config_fingerprint"],
+        "parity.mode": s["mode"],
+    }
+    if env.get("git_commit"):
+        tags["mlflow.source.git.commit"] = str(env["git_commit"])
+    if env.get("git_branch"):
+        tags["mlflow.source.git.branch"] = str(env["git_branch"])
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    if s.get("error"):
+        tags["parity.error"] = f"{s['error']['type']}: {s['error']['message']}"[:5000]
+    return tags
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write strict JSON atomically (temporary name, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _render_report(result: RunResult, path: Path) -> None:
+    """Write ``report.html`` with the dashboards' renderer; a renderer fault only warns."""
+    try:
+        from dashboards.report import render_run_report
+    except ImportError as exc:  # dashboards not installed alongside (library-only install)
+        warnings.warn(f"report.html not written: {exc}", RuntimeWarning, stacklevel=3)
+        return
+    try:
+        html = render_run_report(result)
+    except Exception as exc:  # a report bug must not lose the run
+        warnings.warn(f"report.html not written: {exc!r}", RuntimeWarning, stacklevel=3)
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def stage_run(
+    result: RunResult,
+    folder: Path,
+    *,
+    experiment: str,
+    tracking_uri: str,
+    parent_run_id: str | None,
+    run_name: str | None,
+) -> Path:
+    """Write everything ``log_run`` uploads into ``folder`` (the spool's format).
+
+    Layout: ``run.json`` (experiment, run name, parent, params, metrics, tags, status, times)
+    and ``artifacts/`` (``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``,
+    ``report.html``). Tensors are not copied here (see ``_spool``).
+    """
+    art = folder / "artifacts"
+    write_table(result.modules, art / "tables" / "modules.parquet")
+    write_table(result.ops, art / "tables" / "ops.parquet")
+    _write_json(art / "summary.json", result.summary)
+    _render_report(result, art / "report.html")
+    now = int(time.time() * 1000)
+    meta = {
+        "parity_run_id": result.run_id,
+        "experiment": experiment,
+        "tracking_uri": tracking_uri,
+        "run_name": run_name,
+        "parent_run_id": parent_run_id,
+        "params": run_params(result),
+        "metrics": run_metrics(result),
+        "tags": run_tags(result, parent_run_id),
+        "status": RUN_STATUSES[result.summary["status"]],
+        "start_time": int(result.summary.get("start_time_ms") or now),
+        "end_time": now,
+    }
+    _write_json(folder / "run.json", meta)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# upload
+
+
+def _chunks(items: list[Any], n: int) -> Iterable[list[Any]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _log_batch(client: Any, run_id: str, meta: Mapping[str, Any]) -> None:
+    """Params, metrics and tags in as few ``log_batch`` calls as MLflow's limits allow."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    ts = int(meta["end_time"])
+    params = [Param(k, v) for k, v in meta["params"].items()]
+    tags = [RunTag(k, v) for k, v in meta["tags"].items()]
+    metrics = [Metric(k, v, ts, 0) for k, v in meta["metrics"].items()]
+    first = True
+    for chunk in _chunks(params, _BATCH) if params else [[]]:
+        retry(
+            client.log_batch,
+            run_id,
+            metrics=metrics if first else [],
+            params=chunk,
+            tags=tags if first else [],
+        )
+        first = False
+
+
+def _upload(folder: Path, uri: str, tensors: Path | None = None) -> str:
+    """Create the MLflow run for a staged/spooled ``folder`` and store it; returns its run id."""
+    meta = json.loads((folder / "run.json").read_text())
+    client = get_client(uri)
+    exp_id = get_or_create_experiment(client, meta["experiment"])
+    run = retry(
+        client.create_run,
+        exp_id,
+        start_time=meta["start_time"],
+        run_name=meta.get("run_name"),
+    )
+    run_id = run.info.run_id
+    _log_batch(client, run_id, meta)
+    retry(client.log_artifacts, run_id, str(folder / "artifacts"))
+    if tensors is not None and Path(tensors).is_dir() and any(Path(tensors).iterdir()):
+        retry(client.log_artifacts, run_id, str(tensors), "tensors")
+    retry(client.set_terminated, run_id, meta["status"], meta["end_time"])
+    retry(client.set_tag, run_id, TAG_COMPLETE, "true")
+    return run_id
+
+
+def spool_root(spool_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The spool folder: ``spool_dir`` or ``./.parity/spool``."""
+    return Path(spool_dir) if spool_dir is not None else parity_home() / "spool"
+
+
+def _spool(staged: Path, tensors: Path | None, root: Path, run_id: str, cause: str) -> Path:
+    """Move a staged run (and a copy of its tensors) to ``root/<run_id>`` atomically."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / run_id
+    if final.exists():  # the same parity run was already spooled
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run_id}.", suffix=".tmp", dir=root))
+    shutil.copytree(staged, tmp, dirs_exist_ok=True)
+    if tensors is not None and Path(tensors).is_dir():
+        shutil.copytree(tensors, tmp / "artifacts" / "tensors", dirs_exist_ok=True)
+    meta = json.loads((tmp / "run.json").read_text())
+    meta["spool_reason"] = cause
+    _write_json(tmp / "run.json", meta)
+    os.replace(tmp, final)
+    return final
+
+
+def log_run(
+    result: RunResult,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    commit: str | None = None,
+    branch: str | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    """Record a parity run as one MLflow run (see the module docstring for exactly what).
+
+    Args:
+        result: the run from ``run_parity``.
+        tracking_uri: the store (default: ``$MLFLOW_TRACKING_URI``, else the embedded
+            ``sqlite:///<cwd>/.parity/mlflow.db``).
+        experiment: MLflow experiment name, created with an explicit artifact location.
+        parent_run_id: nest under this run (tag ``mlflow.parentRunId``), e.g. a nightly run.
+        run_name: MLflow run name (default: MLflow's generated name).
+        commit: overrides the git commit read at run time (written into
+            ``result.summary["environment"]`` so the stored record and the result agree).
+        branch: overrides the git branch likewise.
+        spool_dir: where an unlogged run goes (default ``./.parity/spool``).
+
+    Returns:
+        The MLflow run id (also set on ``result.tracking_run_id``).
+
+    Raises:
+        SpooledError: the store could not be reached (or failed mid-upload); the run is whole
+            under ``err.spool_path`` and ``sync_spool()`` uploads it later. An
+            ``InfrastructureError``: the CLI exits 3.
+    """
+    env = result.summary.setdefault("environment", {})
+    if commit is not None:
+        env["git_commit"] = commit
+    if branch is not None:
+        env["git_branch"] = branch
+    uri = resolve_tracking_uri(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="parity-stage-") as tmp:
+        staged = stage_run(
+            result,
+            Path(tmp),
+            experiment=experiment,
+            tracking_uri=uri,
+            parent_run_id=parent_run_id,
+            run_name=run_name,
+        )
+        try:
+            run_id = _upload(staged, uri, result.dump_dir)
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            path = _spool(staged, result.dump_dir, spool_root(spool_dir), result.run_id, cause)
+            warnings.warn(
+                f"parity run {result.run_id} not logged to {uri}: spooled to {path}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            raise SpooledError(path, exc) from exc
+    result.tracking_run_id = run_id
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# spool sync
+
+
+def _find_by_parity_id(client: Any, experiment: str, parity_run_id: str) -> list[Any]:
+    exp = retry(client.get_experiment_by_name, experiment)
+    if exp is None:
+        return []
+    return retry(
+        client.search_runs,
+        [exp.experiment_id],
+        f"tags.`{TAG_RUN_ID}` = '{parity_run_id}'",
+    )
+
+
+def _sync_one(entry: Path, tracking_uri: str | None) -> str:
+    """Upload one spool entry unless the store already holds it complete; returns the run id."""
+    meta = json.loads((entry / "run.json").read_text())
+    uri = resolve_tracking_uri(tracking_uri or meta["tracking_uri"])
+    client = get_client(uri)
+    existing = _find_by_parity_id(client, meta["experiment"], meta["parity_run_id"])
+    for run in existing:
+        if run.data.tags.get(TAG_COMPLETE) == "true":
+            return run.info.run_id
+    for run in existing:  # a half-uploaded attempt: remove it, then upload whole
+        retry(client.delete_run, run.info.run_id)
+    return _upload(entry, uri)
+
+
+def _discard(entry: Path) -> None:
+    """Remove a synced spool entry: rename first (atomic), then delete."""
+    gone = entry.with_name(f".{entry.name}.synced-{os.getpid()}")
+    os.replace(entry, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def sync_spool(
+    tracking_uri: str | None = None, *, spool_dir: str | os.PathLike[str] | None = None
+) -> dict[str, str]:
+    """Upload every spooled run, exactly once, and remove it from the spool.
+
+    Each entry is locked (``filelock``) while synced, so two concurrent syncs never upload it
+    twice; a run already in the store (same ``parity.run_id`` tag, ``parity.complete`` set) is
+    not uploaded again, so a sync interrupted after the upload but before the removal is safe.
+
+    Args:
+        tracking_uri: the store to upload to; default: the URI each run was meant for.
+        spool_dir: the spool (default ``./.parity/spool``).
+
+    Returns:
+        ``{parity_run_id: mlflow_run_id}`` for every entry now in the store (empty when the
+        spool is empty).
+
+    Raises:
+        InfrastructureError: some entries could not be uploaded (they stay in the spool; the
+            message lists them); the others were uploaded and removed.
+    """
+    from filelock import FileLock, Timeout
+
+    root = spool_root(spool_dir)
+    done: dict[str, str] = {}
+    failed: list[str] = []
+    if not root.is_dir():
+        return done
+    for entry in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        try:
+            with FileLock(str(root / f".{entry.name}.lock"), timeout=0):
+                if not (entry / "run.json").exists():
+                    continue  # removed by a concurrent sync
+                try:
+                    done[entry.name] = _sync_one(entry, tracking_uri)
+                except Exception as exc:
+                    failed.append(f"{entry} ({type(exc).__name__}: {str(exc)[:200]})")
+                    continue
+                _discard(entry)
+        except Timeout:
+            continue  # another process is syncing this entry
+    if failed:
+        raise InfrastructureError("could not upload spooled runs: " + "; ".join(failed))
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# read back
+
+
+def _cache_dir(run_id: str) -> Path:
+    return parity_home() / "cache" / "runs" / run_id
+
+
+def _download(client: Any, run_id: str, cache: Path) -> Path:
+    """Fetch ``tables/`` and ``summary.json`` of a run into ``cache`` (atomic, once)."""
+    if (cache / ".complete").exists():
+        return cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run_id}.", dir=cache.parent))
+    try:
+        retry(client.download_artifacts, run_id, "tables", str(tmp))
+        retry(client.download_artifacts, run_id, "summary.json", str(tmp))
+        (tmp / ".complete").touch()
+        try:
+            os.replace(tmp, cache)
+        except OSError:  # a concurrent loader cached it first
+            if not (cache / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache
+
+
+def load_run(run_id: str, *, tracking_uri: str | None = None) -> RunResult:
+    """The ``RunResult`` of a logged run, equal to the one logged (tables, summary, settings).
+
+    Artifacts are downloaded once and cached under ``./.parity/cache/runs/<run_id>/``;
+    ``dump_dir`` is None (the tensors stay in the store under ``tensors/``).
+
+    Raises:
+        InputError: no such run, or a run without parity tables (not logged by ``log_run``).
+        InfrastructureError: the store could not be reached.
+    """
+    from mlflow.exceptions import MlflowException
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        client = get_client(uri)
+        run = retry(client.get_run, run_id)
+    except MlflowException as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
+            raise InputError(f"no run {run_id!r} in {uri}") from exc
+        raise InfrastructureError(f"cannot read run {run_id!r} from {uri}: {exc}") from exc
+    if TAG_RUN_ID not in run.data.tags:
+        raise InputError(f"run {run_id!r} in {uri} is not a parity run (no {TAG_RUN_ID} tag)")
+    try:
+        cache = _download(client, run_id, _cache_dir(run_id))
+    except (MlflowException, OSError) as exc:
+        raise InputError(f"run {run_id!r} has no complete parity tables: {exc}") from exc
+    summary = json.loads((cache / "summary.json").read_text())
+    return RunResult(
+        run_id=summary["run_id"],
+        modules=read_table(cache / "tables" / "modules.parquet", "modules"),
+        ops=read_table(cache / "tables" / "ops.parquet", "ops"),
+        summary=summary,
+        settings=dict(summary["settings"]),
+        dump_dir=None,
+        tracking_run_id=run_id,
+    )
+
+
+def _quote(value: Any) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def find_runs(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    max_results: int | None = None,
+    **settings: Any,
+) -> list[RunInfo]:
+    """Parity runs whose params match ``settings``, newest first.
+
+    Args:
+        tracking_uri: the store (default as in ``log_run``).
+        experiment: the experiment searched.
+        max_results: stop after this many (default: all).
+        **settings: param filters, compared as strings: any setting (``target="tiny_mlp"``,
+            ``quantization="int8"``), environment key (``git_commit=...``) or
+            ``config_fingerprint=...``.
+
+    Returns:
+        ``RunInfo`` records sorted by start time, newest first (ties: by run id).
+    """
+    client = get_client(tracking_uri)
+    exp = retry(client.get_experiment_by_name, experiment)
+    if exp is None:
+        return []
+    filt = " and ".join(f"params.`{_param_key(k)}` = {_quote(v)}" for k, v in settings.items())
+    out: list[RunInfo] = []
+    token = None
+    while True:
+        page = retry(
+            client.search_runs,
+            [exp.experiment_id],
+            filt,
+            max_results=min(max_results or 1000, 1000),
+            order_by=["attributes.start_time DESC", "attributes.run_id DESC"],
+            page_token=token,
+        )
+        out.extend(RunInfo.from_mlflow(r) for r in page)
+        token = page.token
+        if not token or (max_results and len(out) >= max_results):
+            break
+    return out[:max_results] if max_results else out
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers for the CLI (nightly parent runs, extra artifacts)
+
+
+def start_parent_run(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    run_name: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    commit: str | None = None,
+    branch: str | None = None,
+) -> str:
+    """Open a run that parity runs nest under (``log_run(parent_run_id=...)``); returns its id.
+
+    The git commit/branch (read with git unless given) are set as ``mlflow.source.git.*``
+    tags. Close it with ``end_run``.
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    from mlflow.entities import Param, RunTag
+
+    from parity_tracker.env import git_info
+
+    git = git_info()
+    all_tags = {
+        "mlflow.source.git.commit": commit or git["git_commit"],
+        "mlflow.source.git.branch": branch or git["git_branch"],
+        "parity.kind": "parent",
+        **{k: str(v) for k, v in (tags or {}).items()},
+    }
+    try:
+        client = get_client(tracking_uri)
+        exp_id = get_or_create_experiment(client, experiment)
+        run = retry(client.create_run, exp_id, run_name=run_name)
+        run_id = run.info.run_id
+        items = [Param(_param_key(k), _param_value(v)) for k, v in (params or {}).items()]
+        run_tags = [RunTag(k, v) for k, v in all_tags.items() if v is not None]
+        retry(client.log_batch, run_id, params=items[:_BATCH], tags=run_tags)
+        for chunk in _chunks(items[_BATCH:], _BATCH):
+            retry(client.log_batch, run_id, params=chunk)
+    except Exception as exc:
+        uri = resolve_tracking_uri(tracking_uri)
+        raise InfrastructureError(f"cannot open a parent run in {uri}: {exc}") from exc
+    return run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", *, tracking_uri: str | None = None) -> None:
+    """Terminate a run (``FINISHED``, ``FAILED`` or ``KILLED``).
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    try:
+        retry(get_client(tracking_uri).set_terminated, run_id, status)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot end run {run_id}: {exc}") from exc
+
+
+def log_artifact_files(
+    run_id: str,
+    files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]],
+    *,
+    tracking_uri: str | None = None,
+) -> None:
+    """Attach local files to a run.
+
+    Args:
+        run_id: the MLflow run.
+        files: paths (stored at the artifact root under their own names) or a mapping
+            ``{artifact_path: local_path}`` (e.g. ``{"dashboards/history.html": p}``).
+        tracking_uri: the store.
+
+    Raises:
+        InputError: a file does not exist.
+        InfrastructureError: the store could not be reached.
+    """
+    pairs = (
+        [(k, Path(v)) for k, v in files.items()]
+        if isinstance(files, Mapping)
+        else [(Path(p).name, Path(p)) for p in files]
+    )
+    for _name, path in pairs:
+        if not path.is_file():
+            raise InputError(f"artifact file {path} does not exist")
+    try:
+        client = get_client(tracking_uri)
+        for name, path in pairs:
+            folder = str(Path(name).parent) if Path(name).parent != Path(".") else None
+            if Path(name).name == path.name:
+                retry(client.log_artifact, run_id, str(path), folder)
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    renamed = Path(tmp) / Path(name).name
+                    shutil.copyfile(path, renamed)
+                    retry(client.log_artifact, run_id, str(renamed), folder)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot log artifacts to run {run_id}: {exc}") from exc
