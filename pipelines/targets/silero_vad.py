@@ -1,0 +1,209 @@
+"""``silero-vad``: Silero VAD's TorchScript model against its ONNX export run by onnxruntime.
+
+Both models ship in the ``silero-vad`` wheel (``silero_vad/data/``) with the same trained
+weights: a real pair of engines. Reference: ``silero_vad.jit`` (TorchScript, its 16 kHz
+``_model``). Candidate, by the ``candidate`` setting: ``onnx`` (``silero_vad.onnx``, opset 16),
+``onnx-op15`` (``silero_vad_16k_op15.onnx``), ``onnx-op18-ifless``
+(``silero_vad_op18_ifless.onnx``), each run by onnxruntime's CPU provider with one thread; or
+``torchscript`` (a second load of the reference file: the identity candidate).
+
+Neither side is hooked (a TorchScript module takes no Python hooks, an onnxruntime session is
+no module): the drive streams the audio in 512-sample chunks, each with the previous 64
+samples of context (the silero-vad streaming protocol, as in its ``OnnxWrapper``), feeds each
+side's own recurrent state back, and registers per chunk (one step per chunk) through
+``rec.register``: ``vad_input`` (the 576-sample window, identical by construction),
+``vad_prob`` ``(1, 1)`` (speech probability) and ``vad_state`` ``(2, 1, 128)`` (LSTM state).
+
+Input: :func:`synth_speech`, a deterministic speech-like signal (voiced bursts with gliding
+pitch and formant-weighted harmonics under attack/decay envelopes, plus seeded noise) of
+32 chunks (1.024 s at 16 kHz).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from parity_tracker.case import ParityCase
+from parity_tracker.errors import InfrastructureError
+from pipelines.targets import _common
+
+NAME = "silero-vad"
+DESCRIPTION = (
+    "Silero VAD (real trained weights, from the silero-vad wheel): TorchScript reference "
+    "against the shipped ONNX model run by onnxruntime, streaming 32 chunks of synthetic speech"
+)
+SETTINGS: dict[str, list[str]] = {
+    "candidate": ["onnx", "onnx-op15", "onnx-op18-ifless", "torchscript"],
+}
+ONNX_FILES = {
+    "onnx": "silero_vad.onnx",
+    "onnx-op15": "silero_vad_16k_op15.onnx",
+    "onnx-op18-ifless": "silero_vad_op18_ifless.onnx",
+}
+SAMPLE_RATE = 16_000
+CHUNK = 512
+CONTEXT = 64
+CHUNKS = 32
+SEED = 0
+
+
+def data_dir() -> Path:
+    """The ``silero_vad/data`` folder of the installed wheel, found without importing it.
+
+    (Importing ``silero_vad`` would run ``torch.set_num_threads(1)`` for the whole process.)
+
+    Raises:
+        InfrastructureError: the ``silero-vad`` package is not installed.
+    """
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise InfrastructureError(
+            "target 'silero-vad' needs the silero-vad package: "
+            "pip install 'parity-tracker[targets]'"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def synth_speech(chunks: int = CHUNKS, seed: int = SEED) -> torch.Tensor:
+    """A deterministic speech-like signal ``(1, chunks * 512)`` float32 at 16 kHz, in [-1, 1].
+
+    Two voiced bursts (0.10-0.40 s and 0.65-0.95 s): a fundamental gliding 110→170 Hz and
+    170→120 Hz with 12 harmonics weighted by three formant peaks (700, 1200, 2600 Hz, Gaussian
+    bandwidth 150 Hz), under a raised-cosine attack/decay envelope (30 ms) and a 4 Hz syllable
+    modulation; plus white noise at amplitude 0.003 from ``numpy.random.default_rng(seed)``.
+    """
+    n = chunks * CHUNK
+    t = np.arange(n) / SAMPLE_RATE
+    rng = np.random.default_rng(seed)
+    signal = 0.003 * rng.standard_normal(n)
+    for start, stop, f_from, f_to in ((0.10, 0.40, 110.0, 170.0), (0.65, 0.95, 170.0, 120.0)):
+        inside = (t >= start) & (t < stop)
+        tt = t[inside] - start
+        dur = stop - start
+        f0 = f_from + (f_to - f_from) * tt / dur
+        phase = 2 * np.pi * np.cumsum(f0) / SAMPLE_RATE
+        voiced = np.zeros_like(tt)
+        for h in range(1, 13):
+            freq = h * f0
+            weight = sum(np.exp(-(((freq - f) / 150.0) ** 2)) for f in (700.0, 1200.0, 2600.0))
+            voiced += (0.2 + weight) / h * np.sin(h * phase)
+        ramp = np.clip(np.minimum(tt, dur - tt) / 0.03, 0.0, 1.0)
+        envelope = 0.5 - 0.5 * np.cos(np.pi * ramp)
+        syllables = 0.6 + 0.4 * np.sin(2 * np.pi * 4.0 * tt) ** 2
+        signal[inside] += 0.25 * envelope * syllables * voiced / np.abs(voiced).max()
+    return torch.from_numpy(np.clip(signal, -1.0, 1.0).astype(np.float32))[None]
+
+
+class TorchScriptVAD:
+    """The TorchScript model's 16 kHz network as ``(window, state) -> (prob, state)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.module = torch.jit.load(str(path), map_location="cpu").eval()
+
+    def __call__(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            prob, new_state = self.module._model(window, state)
+        return prob, new_state
+
+
+class OnnxRuntimeVAD:
+    """An ONNX Silero VAD in an onnxruntime CPU session as ``(window, state) -> (prob, state)``.
+
+    One intra-op and one inter-op thread (as silero-vad's own ``OnnxWrapper``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
+
+        opts = onnxruntime.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3  # the shipped files trigger unused-initializer warnings
+        self.path = path
+        self.session = onnxruntime.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._takes_sr = any(i.name == "sr" for i in self.session.get_inputs())
+
+    def __call__(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feeds = {"input": window.numpy(), "state": state.numpy()}
+        if self._takes_sr:
+            feeds["sr"] = np.array(SAMPLE_RATE, dtype=np.int64)
+        prob, new_state = self.session.run(["output", "stateN"], feeds)
+        return torch.from_numpy(prob), torch.from_numpy(new_state)
+
+
+def make_drive(audio: torch.Tensor) -> Callable[..., None]:
+    """Stream ``audio`` ``(1, N)`` in 512-sample chunks with 64 samples of context.
+
+    Registers ``vad_input``, ``vad_prob`` and ``vad_state`` at step ``k`` = chunk index.
+    """
+
+    def drive(model: Callable[..., tuple[torch.Tensor, ...]], rec: Any) -> None:
+        context = torch.zeros(1, CONTEXT)
+        state = torch.zeros(2, 1, 128)
+        for k in range(audio.shape[1] // CHUNK):
+            rec(k)
+            window = torch.cat([context, audio[:, k * CHUNK : (k + 1) * CHUNK]], dim=1)
+            rec.register("vad_input", window)
+            prob, state = model(window, state)
+            rec.register("vad_prob", prob)
+            rec.register("vad_state", state)
+            context = window[:, -CONTEXT:]
+
+    return drive
+
+
+def build(settings: dict[str, Any] | None = None) -> ParityCase:
+    """Build the silero-vad case.
+
+    Args:
+        settings: ``candidate`` (onnx | onnx-op15 | onnx-op18-ifless | torchscript); missing
+            keys take the first value.
+
+    Returns:
+        A multi-step :class:`ParityCase` (one step per 512-sample chunk, 32 steps) whose
+        reference and candidate are callables, not modules: every tensor is registered by
+        the drive.
+
+    Raises:
+        InputError: an unknown setting or value.
+        InfrastructureError: the silero-vad package (or onnxruntime) is missing.
+    """
+    chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    folder = data_dir()
+    reference = TorchScriptVAD(folder / "silero_vad.jit")
+    name = chosen["candidate"]
+    if name == "torchscript":
+        candidate: Any = TorchScriptVAD(folder / "silero_vad.jit")
+    else:
+        try:
+            candidate = OnnxRuntimeVAD(folder / ONNX_FILES[name])
+        except ImportError as exc:
+            raise InfrastructureError(
+                "target 'silero-vad' needs onnxruntime: pip install 'parity-tracker[targets]'"
+            ) from exc
+    recorded = _common.recorded_settings(
+        NAME,
+        chosen,
+        dtype="float32",
+        implementation="same" if name == "torchscript" else "onnxruntime",
+    )
+    return ParityCase(
+        reference=reference,
+        candidate=candidate,
+        drive=make_drive(synth_speech()),
+        settings=recorded,
+        notes=(
+            f"reference silero_vad.jit (TorchScript) vs {candidate.path.name} "
+            f"({'TorchScript' if name == 'torchscript' else 'onnxruntime CPU, 1 thread'}); "
+            f"{CHUNKS} chunks of 512 samples of synthetic speech at 16 kHz"
+        ),
+    )
