@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -654,36 +655,48 @@ class TensorChecker:
 
     def _missing(self, g: _Group, mode: str, present: int, ref_side: int) -> Comparison:
         absent = "candidate" if present == ref_side else "reference"
-        cap = next(c for c in g.captures if c.is_tensor or c.value is not None)
+        cap = next(c for c in g.captures if c.is_tensor)
         shape, dtype, device = cap.meta or (None, None, None)
         side_fields = (
             dict(ref_shape=shape, ref_dtype=dtype, ref_device=device)
             if absent == "candidate"
             else dict(cand_shape=shape, cand_dtype=dtype, cand_device=device)
         )
-        numel = None
-        if shape is not None:
-            numel = 1
-            for s in shape:
-                numel *= s
+        numel = None if shape is None else math.prod(shape)
         if self._cache_hit(g):
-            return Comparison(
-                status="skipped",
-                mode=mode,
-                numel=numel,
-                message=(
-                    f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
-                    f"the {absent} has no tensor for {g.tag}"
-                ),
-                **side_fields,
+            status = "skipped"
+            message = (
+                f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
+                f"the {absent} has no tensor for {g.tag}"
             )
-        return Comparison(
-            status=f"missing_{absent}",
-            mode=mode,
-            numel=numel,
-            message=self._missing_message(g, absent, present),
-            **side_fields,
-        )
+        else:
+            structure = self._structure_gap(g, present)
+            status = "shape_mismatch" if structure else f"missing_{absent}"
+            message = structure or self._missing_message(g, absent, present)
+        return Comparison(status=status, mode=mode, numel=numel, message=message, **side_fields)
+
+    def _structure_gap(self, g: _Group, present: int) -> str | None:
+        """A message when the absent side holds a non-tensor leaf at a parent key path.
+
+        E.g. the reference's ``hidden_states`` is ``None`` while the candidate's is a tuple of
+        tensors: ``..._output_hidden_states.0`` exists on the candidate only.
+        """
+        if g.kind not in ("input", "output"):
+            return None
+        tag = g.tag
+        while "." in tag:
+            tag = tag.rsplit(".", 1)[0]
+            parent = self._groups.get((tag, g.step))
+            if parent is None:
+                continue
+            other = next((c for c in parent.captures if c.side != present), None)
+            if other is not None and not other.is_tensor:
+                side = "reference" if other.side < present else "candidate"
+                return (
+                    f"structure differs at {g.tag}: the {side} has {_leaf_desc(other.value)} "
+                    f"at {tag}, the other side a tensor of shape {g.captures[0].meta[0]}"
+                )
+        return None
 
     def _missing_message(self, g: _Group, absent: str, present: int) -> str:
         msg = f"no {absent} tensor registered for {g.tag}"
@@ -692,6 +705,14 @@ class TensorChecker:
         other = [s for s in self._hooked if s != present]
         if not other:
             return msg
+        calls = max(self._calls.get((s, g.step, g.module), 0) for s in other)
+        if calls:
+            return (
+                f"{msg}: module {g.module!r} ran {calls} time(s) on the {absent} at step "
+                f"{g.step}, this is call {g.call_index}"
+                if g.call_index >= calls
+                else f"{msg}: the {absent}'s module {g.module!r} has no such {g.kind} ({g.slot})"
+            )
         if any(g.module in self._hooked[s] for s in other):
             return f"{msg}: module {g.module!r} exists on the {absent} but was not called there"
         return f"{msg}: the {absent} has no module named {g.module!r} (one-sided name)"
