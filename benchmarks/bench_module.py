@@ -1,0 +1,68 @@
+"""Measurement 1: module-level parity run ÷ (plain reference forward + plain candidate forward).
+
+No dumps, ``mode="equal"``, every module hooked (params, buffers, inputs, outputs), on the
+8-layer transformer and on vae-tiny at 256×256 (smaller under ``--quick``). Target ≤ 1.25.
+"""
+
+from __future__ import annotations
+
+from benchmarks import cases
+from benchmarks._common import Row, failed, find, missing
+from benchmarks.overhead import ratio_row, session
+
+NAME = "1 module-level ÷ plain"
+TARGET = 1.25
+
+
+def pair_sessions(quick: bool) -> list[tuple[str, object]]:
+    """The (case name, Session or Row) of each pair, shared with measurement 2.
+
+    A pair that cannot be built gives a Row ("not available yet" or "error") in place.
+    """
+    out: list[tuple[str, object]] = []
+    reps = cases.REPEATS[quick]
+    try:
+        pair = cases.transformer(quick)
+        out.append(
+            (
+                "transformer",
+                session(pair, peers=not quick, fast_path=True, repeats=reps, quick=quick),
+            )
+        )
+    except Exception as exc:
+        out.append(("transformer", failed(NAME, "transformer", exc)))
+    build, why = find("pipelines.targets.vae_tiny:build")
+    if build is None:
+        out.append(("vae-tiny", missing(NAME, "vae-tiny", why, f"≤ {TARGET:g}")))
+        return out
+    try:
+        pair = cases.vae_tiny(quick)
+        out.append(
+            ("vae-tiny", session(pair, peers=False, fast_path=False, repeats=reps, quick=quick))
+        )
+    except Exception as exc:
+        out.append(("vae-tiny", failed(NAME, "vae-tiny", exc, f"≤ {TARGET:g}")))
+    return out
+
+
+def run(quick: bool) -> list[Row]:
+    """Rows of measurement 1 (plus the MHA fast path's effect on the plain forward, as info)."""
+    rows: list[Row] = []
+    for name, s in pair_sessions(quick):
+        if isinstance(s, Row):
+            rows.append(s)
+            continue
+        rows.append(ratio_row(s, NAME, "module", "plain", TARGET))
+        if name == "transformer" and "plain_fast_path" in s.times:
+            rows.append(
+                ratio_row(
+                    s,
+                    "1 info: fused fast path ÷ plain",
+                    "plain_fast_path",
+                    "plain",
+                    None,
+                    "plain forwards with the fused MHA/encoder fast path (which any hook "
+                    "disables) ÷ without it",
+                )
+            )
+    return rows

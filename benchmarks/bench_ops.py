@@ -1,0 +1,25 @@
+"""Measurement 2: op-level parity run ÷ the same plain forwards. Target ≤ 2.
+
+``run_parity(..., capture_ops=True)``: every aten op's output captured on both sides and
+compared (equal mode, no dumps), on the same pairs and in the same timing loop as measurement 1.
+"""
+
+from __future__ import annotations
+
+from benchmarks._common import Row
+from benchmarks.bench_module import pair_sessions
+from benchmarks.overhead import ratio_row
+
+NAME = "2 op-level ÷ plain"
+TARGET = 2.0
+
+
+def run(quick: bool) -> list[Row]:
+    """Rows of measurement 2 (one per pair)."""
+    rows: list[Row] = []
+    for _, s in pair_sessions(quick):
+        if isinstance(s, Row):
+            rows.append(Row(NAME, s.case, None, "", f"≤ {TARGET:g}", None, s.status, s.detail))
+        else:
+            rows.append(ratio_row(s, NAME, "ops", "plain", TARGET))
+    return rows

@@ -1,0 +1,44 @@
+"""Measurement 4: compare throughput ÷ ``numpy.copyto`` bandwidth on 2^26-element float32 pairs.
+
+The comparison-core engineer owns the measurement (``benchmarks/bench_compare.py``, targets:
+equal path ≥ 0.5, full metrics ≥ 0.25); this module only calls its ``run(quick)`` and turns
+what it returns into table rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks._common import Row, find, missing
+
+NAME = "4 compare ÷ copyto"
+
+
+def _as_row(item: Any) -> Row:
+    if isinstance(item, Row):
+        return item
+    if hasattr(item, "to_dict"):
+        item = item.to_dict()
+    fields = set(Row.__dataclass_fields__)
+    data = {k: v for k, v in dict(item).items() if k in fields}
+    data.setdefault("measurement", NAME)
+    data.setdefault("case", "")
+    data.setdefault("value", None)
+    data.setdefault("unit", "×")
+    return Row(**data)
+
+
+def run(quick: bool) -> list[Row]:
+    """Rows from ``benchmarks.bench_compare.run(quick)``, or a "not available yet" row."""
+    bench, why = find("benchmarks.bench_compare:run")
+    if bench is None:
+        return [missing(NAME, "2^26 float32 pairs", why, "equal ≥ 0.5, full ≥ 0.25")]
+    out = bench(quick)
+    if isinstance(out, dict) and not {"measurement", "value"} <= set(out):
+        return [
+            Row(NAME, str(k), float(v), "×", "", None, "info")
+            for k, v in out.items()
+            if isinstance(v, int | float)
+        ]
+    items = out if isinstance(out, list | tuple) else [out]
+    return [_as_row(x) for x in items]
