@@ -174,6 +174,14 @@ def _capturable(t: Any) -> bool:
     )
 
 
+def _ptr(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor)."""
+    if not _capturable(t):
+        return 0
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else 0
+
+
 def _span(t: torch.Tensor) -> int:
     """Storage elements spanned by ``t`` from its storage offset (0 for an empty tensor)."""
     if t.numel() == 0:
@@ -468,8 +476,14 @@ class _Side:
         ]
         if not new:
             return
+        tensors = _tensors_in(args, kwargs)
+        if not info.written_args:  # undeclared aliases (``_unsafe_view``): same storage as an input
+            shared = {_ptr(t) for t in tensors}
+            new = [(i, t) for i, t in new if _ptr(t) not in shared or _ptr(t) == 0]
+            if not new:
+                return
         frame = self.frame()
-        inputs = [self._describe(t) for t in _tensors_in(args, kwargs)]
+        inputs = [self._describe(t) for t in tensors]
         seq = next(self.seq)
         held = []
         for i, t in new:
@@ -890,8 +904,17 @@ class OpSession:
         return self._value_compare(ref_t, cand_t)
 
     def _value_compare(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
+        """Pass/fail of two op inputs by value.
+
+        A dtype difference alone is layout (case B) evidence, not a value difference, so both
+        are first cast to their promoted dtype.
+        """
         if ref_t.device != cand_t.device:
             ref_t = ref_t.to(cand_t.device)
+        if ref_t.dtype != cand_t.dtype:
+            with suspended():
+                common = torch.promote_types(ref_t.dtype, cand_t.dtype)
+                ref_t, cand_t = ref_t.to(common), cand_t.to(common)
         with suspended():
             cmp = compare_tensors(ref_t, cand_t, mode=self.mode, rtol=self.rtol, atol=self.atol)
         return _passfail(cmp.status)
