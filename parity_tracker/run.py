@@ -396,8 +396,7 @@ def _seed_all(seed: int) -> None:
 
 
 def _forward(model: Any, inputs: Any) -> Any:
-    """One forward on a fresh clone of ``inputs`` (a tuple → positional, a mapping → keywords)."""
-    inputs = _clone_inputs(inputs)
+    """One forward on ``inputs`` (a tuple → positional, a mapping → keywords, else one arg)."""
     if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, tuple | list):
@@ -451,6 +450,7 @@ def _run_side(plan: _Plan, checker: Any, ops: Any, seed: int) -> None:
     _seed_all(seed)
     checker.step = 0
     rec = StepRecorder(checker, plan.side, ops)
+    inputs = _clone_inputs(plan.inputs)  # outside the op recording: not an op of the model
     with ExitStack() as stack:
         if ops is not None:
             stack.enter_context(ops.recording(plan.side, model=plan.model))
@@ -458,7 +458,7 @@ def _run_side(plan: _Plan, checker: Any, ops: Any, seed: int) -> None:
         if plan.drive is not None:
             plan.drive(plan.model, rec)
         else:
-            _forward(plan.model, plan.inputs)
+            _forward(plan.model, inputs)
 
 
 def _prefix_dump_paths(rows: list[dict[str, Any]]) -> None:

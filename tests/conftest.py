@@ -119,3 +119,62 @@ def mlflow_server(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactor
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# a small model pair with one injected divergence (used by the run / track tests; reuse freely)
+
+
+def _tiny_classes():
+    import torch
+    from torch import nn
+
+    class TinyNet(nn.Module):
+        """fc1 (4→8) → ReLU → fc2 (8→3); float32."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8)
+            self.act = nn.ReLU()
+            self.fc2 = nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.act(self.fc1(x)))
+
+    class TinyNetScaled(TinyNet):
+        """TinyNet with the injected divergence: the ReLU output is scaled by 1.001 (float32)
+        between ``act`` and ``fc2``, so the first divergent tag is ``checker_fc2_input_0``."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.act(self.fc1(x)) * 1.001)
+
+    return TinyNet, TinyNetScaled
+
+
+@pytest.fixture
+def tiny_pair():
+    """``(reference, candidate, inputs)``: TinyNet vs TinyNetScaled with identical weights
+    (seed 0) and ``inputs = (x,)``, ``x`` of shape (5, 4), float32 (seed 1)."""
+    import torch
+
+    tiny_net, tiny_scaled = _tiny_classes()
+    torch.manual_seed(0)
+    reference = tiny_net()
+    candidate = tiny_scaled()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    return reference, candidate, (x,)
+
+
+@pytest.fixture
+def tiny_equal_pair():
+    """``(reference, candidate, inputs)``: two TinyNet copies with identical weights."""
+    import copy
+
+    import torch
+
+    tiny_net, _ = _tiny_classes()
+    torch.manual_seed(0)
+    reference = tiny_net()
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    return reference, copy.deepcopy(reference), (x,)

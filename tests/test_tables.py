@@ -1,0 +1,138 @@
+"""The table contract: golden schema, migrations, zstd, no unsigned, nulls, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from parity_tracker import tables
+from parity_tracker.errors import InputError
+from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, read_table, rows_to_table, write_table
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_schemas_match_golden_file():
+    """A column added, removed, renamed, retyped or reordered must be a deliberate change:
+    bump SCHEMA_VERSION, add a migration, and update tests/golden/tables_schema.json."""
+    golden = json.loads((GOLDEN / "tables_schema.json").read_text())
+    assert golden["schema_version"] == tables.SCHEMA_VERSION
+    for name, schema in tables.SCHEMAS.items():
+        now = [[f.name, str(f.type), f.nullable] for f in schema]
+        assert now == golden[name], f"{name} schema changed; see this test's docstring"
+
+
+def test_contract_columns_have_contract_types():
+    want = {
+        "run_id": "string", "tag": "string", "module": "string", "kind": "string",
+        "slot": "string", "call_index": "int32", "exec_order": "int32", "status": "string",
+        "mode": "string", "numel": "int64", "ref_shape": "list<item: int64>",
+        "cand_shape": "list<item: int64>", "ref_dtype": "string", "cand_dtype": "string",
+        "mismatch_count": "int64", "max_abs_diff": "double",
+        "max_abs_diff_index": "list<item: int64>", "max_rel_diff": "double",
+        "mean_abs_diff": "double", "cosine": "double", "sqnr_db": "double", "max_ulp": "double",
+        "ref_nan": "int64", "cand_nan": "int64", "ref_inf": "int64", "cand_inf": "int64",
+        "ref_hash": "string", "cand_hash": "string", "rtol": "double", "atol": "double",
+        "dump_path": "string", "message": "string", "step": "int32", "cache_hit": "bool",
+        "local_status": "string", "local_max_abs_diff": "double",
+    }  # fmt: skip
+    for schema in (MODULES_SCHEMA, OPS_SCHEMA):
+        for name, typ in want.items():
+            assert str(schema.field(name).type) == typ, name
+    for name, typ in {"op": "string", "op_index": "int32", "inputs_status": "string"}.items():
+        assert str(OPS_SCHEMA.field(name).type) == typ
+
+
+def test_no_unsigned_integers():
+    for schema in tables.SCHEMAS.values():
+        for f in schema:
+            t = f.type.value_type if pa.types.is_list(f.type) else f.type
+            assert not pa.types.is_unsigned_integer(t), f.name
+
+
+def test_nan_becomes_null_and_missing_keys_are_null():
+    t = rows_to_table(
+        [{"tag": "a", "status": "equal", "max_abs_diff": float("nan"), "ref_shape": (2, 3)}],
+        MODULES_SCHEMA,
+    )
+    row = t.to_pylist()[0]
+    assert row["max_abs_diff"] is None
+    assert row["cosine"] is None and row["step"] is None
+    assert row["ref_shape"] == [2, 3]
+    assert t.column("max_abs_diff").null_count == 1
+
+
+def test_write_is_zstd_versioned_and_round_trips(tmp_path):
+    rows = [
+        {"tag": "checker_fc1", "status": "mismatch", "max_abs_diff": 0.25, "step": 2,
+         "ref_shape": [4], "cache_hit": None},
+        {"tag": "checker_fc2", "status": "equal", "max_abs_diff": 0.0, "step": 0,
+         "ref_shape": [], "cache_hit": True},
+    ]  # fmt: skip
+    t = rows_to_table(rows, MODULES_SCHEMA)
+    path = write_table(t, tmp_path / "sub" / "modules.parquet")
+    meta = pq.ParquetFile(path).metadata
+    assert pq.read_schema(path).metadata[b"schema_version"] == b"1"
+    codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+    assert codecs == {"ZSTD"}
+    back = read_table(path, "modules")
+    assert back.equals(t)
+    assert back.to_pylist()[0]["max_abs_diff"] == 0.25
+    assert [p.name for p in path.parent.iterdir()] == ["modules.parquet"]  # no temp left
+
+
+def test_write_crash_leaves_previous_file_whole(tmp_path, monkeypatch):
+    path = write_table(rows_to_table([{"tag": "a", "status": "equal"}], MODULES_SCHEMA),
+                       tmp_path / "m.parquet")  # fmt: skip
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tables.pq, "write_table", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_table(rows_to_table([{"tag": "b", "status": "mismatch"}], MODULES_SCHEMA), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.parquet"]
+
+
+def test_v0_file_is_migrated():
+    """tests/golden/modules_v0.parquet: no schema_version, no step, the seed's status words."""
+    path = GOLDEN / "modules_v0.parquet"
+    assert tables.schema_version_of(path) == 0
+    t = read_table(path, "modules")
+    assert t.schema.equals(MODULES_SCHEMA.remove_metadata())
+    rows = t.to_pylist()
+    assert [r["tag"] for r in rows] == [
+        "checker_conv_in",
+        "checker_conv_in_input_0",
+        "checker_downsample.1",
+    ]
+    assert [r["status"] for r in rows] == ["equal", "equal", "mismatch"]
+    assert [r["step"] for r in rows] == [0, 0, 0]
+    assert [r["exec_order"] for r in rows] == [1, 0, 2]
+    assert rows[2]["max_abs_diff"] is None  # a NaN stand-in in the old file becomes null
+    assert all(r["cache_hit"] is None and r["local_status"] is None for r in rows)
+    assert rows[0]["ref_shape"] == [2, 4]
+
+
+def test_newer_version_is_refused_with_the_fix(tmp_path):
+    t = rows_to_table([{"tag": "a", "status": "equal"}], MODULES_SCHEMA)
+    t = t.replace_schema_metadata({b"schema_version": b"99"})
+    pq.write_table(t, tmp_path / "new.parquet")
+    with pytest.raises(InputError, match="upgrade parity-tracker"):
+        read_table(tmp_path / "new.parquet")
+
+
+def test_nan_in_foreign_file_is_read_as_null(tmp_path):
+    t = pa.table({"tag": ["a", "b"], "status": ["mismatch", "equal"], "cosine": [math.nan, 1.0]})
+    t = t.replace_schema_metadata({b"schema_version": b"1"})
+    pq.write_table(t, tmp_path / "f.parquet")
+    back = read_table(tmp_path / "f.parquet", "ops")
+    assert back.column("cosine").to_pylist() == [None, 1.0]
+    assert back.column_names == OPS_SCHEMA.names
