@@ -499,34 +499,23 @@ def run_cell(
     commit: str | None,
     branch: str | None = None,
 ) -> tuple[CellResult, Any]:
-    """Build, run and log one cell. A build or run fault becomes the cell's ``error``.
+    """Build, run and log one cell (``pipeline.run_target``); a fault becomes ``error``.
 
     Returns:
         ``(cell result, RunResult or None)``.
 
     Raises:
-        KeyboardInterrupt: passed on (the run is logged KILLED by ``run_case`` first).
+        KeyboardInterrupt: passed on, after an interrupted run was logged KILLED.
     """
-    from parity_tracker.run import run_case
-    from parity_tracker.track import SpooledError, log_run
+    from parity_tracker.pipeline import run_target
 
     out = CellResult(cell)
     try:
-        case = resolve_target(cell.target).build_case(dict(cell.settings))
-        result = run_case(case, mode=cell.mode, capture_ops=cell.ops)
-    except Exception as exc:  # a broken target must not stop the matrix
-        out.error = f"{type(exc).__name__}: {exc}"[:500]
-        return out, None
-    out.passed, out.mode = bool(result.passed), result.mode
-    out.tensors_failing = int(result.summary.get("tensors_failing") or 0)
-    out.output_max_abs_diff = result.summary.get("output_max_abs_diff")
-    fd = result.first_divergence
-    out.first_divergence = fd.get("tag") if fd else None
-    if result.error:
-        out.error = f"{result.error.get('type')}: {result.error.get('message')}"[:500]
-    try:
-        out.run_id = log_run(
-            result,
+        done = run_target(
+            cell.target,
+            dict(cell.settings),
+            mode=cell.mode,
+            capture_ops=cell.ops,
             tracking_uri=tracking_uri,
             experiment=experiment,
             parent_run_id=parent_run_id,
@@ -534,9 +523,22 @@ def run_cell(
             commit=commit,
             branch=branch,
         )
-    except SpooledError as exc:
-        out.spool_path = str(exc.spool_path)
-        out.error = f"not logged: spooled to {exc.spool_path}"
+    except Exception as exc:  # a broken target must not stop the matrix
+        out.error = f"{type(exc).__name__}: {exc}"[:500]
+        return out, None
+    result = done.result
+    out.run_id, out.passed, out.mode = done.run_id, bool(result.passed), result.mode
+    out.tensors_failing = int(result.summary.get("tensors_failing") or 0)
+    out.output_max_abs_diff = result.summary.get("output_max_abs_diff")
+    fd = result.first_divergence
+    out.first_divergence = fd.get("tag") if fd else None
+    if result.error:
+        out.error = f"{result.error.get('type')}: {result.error.get('message')}"[:500]
+    if done.error is not None:
+        out.spool_path = str(getattr(done.error, "spool_path", "")) or None
+        out.error = str(done.error)[:500]
+    if done.interrupted:
+        raise KeyboardInterrupt
     return out, result
 
 

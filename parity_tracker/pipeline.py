@@ -1,0 +1,137 @@
+"""One target run end to end: resolve, validate settings, build, run, log — nothing lost.
+
+``run_target`` is what ``parity-tracker run`` and every nightly cell call. It never loses a
+computed result: a store that cannot be reached leaves the run in the spool (the error is
+returned with the result, not raised over it), and an interrupted run is still logged KILLED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tracker.errors import InputError, ParityTrackerError
+from parity_tracker.targets import resolve_target
+
+
+class TargetBuildError(InputError):
+    """A target's ``build(settings)`` raised; the message names the target and settings."""
+
+
+@dataclass
+class TargetRun:
+    """What ``run_target`` produced.
+
+    Attributes:
+        result: the ``RunResult``.
+        run_id: the MLflow run id, None when not logged (see ``error``).
+        error: a ``SpooledError`` (store unreachable, run spooled; CLI exit 3), else None.
+        interrupted: the run was stopped by Ctrl-C (logged KILLED).
+    """
+
+    result: Any
+    run_id: str | None = None
+    error: ParityTrackerError | None = None
+    interrupted: bool = False
+
+
+def build_case(spec: str, settings: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, str]]:
+    """Resolve ``spec``, validate ``settings`` against its schema and build the case.
+
+    Returns:
+        ``(ParityCase, the complete validated settings)``.
+
+    Raises:
+        InputError: unknown target, setting or value (names the allowed ones).
+        TargetBuildError: the target's build raised (names target, settings and the cause).
+    """
+    target = resolve_target(spec)
+    chosen = target.validate(settings)
+    try:
+        return target.build_case(chosen), chosen
+    except ParityTrackerError:
+        raise
+    except Exception as exc:
+        raise TargetBuildError(
+            f"target {target.name!r} failed to build with settings {chosen}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def run_target(
+    spec: str,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    mode: str = "auto",
+    rtol: float | None = None,
+    atol: float | None = None,
+    capture_ops: bool = False,
+    isolate: bool = False,
+    dump_mode: str = "NOT_EQUAL",
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    commit: str | None = None,
+    branch: str | None = None,
+    log: bool = True,
+) -> TargetRun:
+    """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
+
+    Args:
+        spec: a target name or ``module:function``.
+        settings: setting overrides (``{"quantization": "int8"}``), validated.
+        mode: ``auto`` | ``equal`` | ``allclose``.
+        rtol: allclose rtol for every tag (None: the case's overrides, else the per-dtype
+            defaults of torch.testing.assert_close); give both rtol and atol or neither.
+        atol: allclose atol for every tag.
+        capture_ops: also compare every aten op output.
+        isolate: re-run failing modules on the reference's inputs.
+        dump_mode: a ``DumpMode`` name (``NOT``, ``ALL``, ``NOT_EQUAL``, ``FIRST_NOT_EQUAL``).
+        tracking_uri: the store.
+        experiment: the MLflow experiment.
+        parent_run_id: nest the run under this one (a nightly parent).
+        run_name: MLflow run name.
+        commit: the commit to record (default: read with git).
+        branch: the branch to record.
+        log: False to run without logging.
+
+    Raises:
+        InputError: bad target or settings; TargetBuildError: the build raised.
+        KeyboardInterrupt: when interrupted before a result existed.
+    """
+    from parity_tracker.run import run_case
+    from parity_tracker.tensor_checker import DumpMode
+    from parity_tracker.tolerances import check_pair
+    from parity_tracker.track import SpooledError, log_run
+
+    pair = check_pair(rtol, atol)  # both or neither (torch.testing's rule), before any work
+    case, _ = build_case(spec, settings)
+    extra: dict[str, Any] = {}
+    if pair is not None:  # one (rtol, atol) for every tag, replacing the case's overrides
+        extra["tolerances"] = {"*": pair}
+    try:
+        dump = DumpMode[dump_mode.upper()]
+    except KeyError:
+        names = ", ".join(m.name for m in DumpMode)
+        raise InputError(f"dump mode {dump_mode!r} is not one of {names}") from None
+    result = run_case(
+        case, mode=mode, capture_ops=capture_ops, isolate=isolate, dump_mode=dump, **extra
+    )
+    out = TargetRun(result=result, interrupted=result.status == "killed")
+    if not log:
+        return out
+    try:
+        out.run_id = log_run(
+            result,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            parent_run_id=parent_run_id,
+            run_name=run_name,
+            commit=commit,
+            branch=branch,
+        )
+    except SpooledError as exc:
+        out.error = exc
+    return out

@@ -1,0 +1,46 @@
+"""Small in-test targets for the CLI tests, used as ``module:function`` specs.
+
+``tiny`` builds two copies of one seeded ``nn.Sequential`` (Linear → ReLU → Linear → Tanh). With
+``perturb=fc2`` the candidate's ``2.weight`` moves by 1e-3 (a real, visible divergence in that
+module and every module after it); with ``perturb=none`` the pair is bitwise equal.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from parity_tracker.case import ParityCase
+
+SETTINGS = {"perturb": ["none", "fc2"], "quantization": ["none", "bf16"]}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.Tanh())
+
+
+def tiny(settings: dict[str, str]) -> ParityCase:
+    """Two copies of a seeded MLP; ``perturb=fc2`` (or $PARITY_TEST_PERTURB=fc2) moves layer 2."""
+    reference, candidate = _model(), _model()
+    perturb = os.environ.get("PARITY_TEST_PERTURB", settings.get("perturb", "none"))
+    if perturb == "fc2":
+        with torch.no_grad():
+            candidate[2].weight.add_(1e-3)
+    if settings.get("quantization") == "bf16":
+        candidate = candidate.to(torch.bfloat16)
+        inputs = (torch.linspace(-1, 1, 24).reshape(3, 8),)
+        candidate.register_forward_pre_hook(lambda m, a: tuple(t.to(torch.bfloat16) for t in a))
+        return ParityCase(reference, candidate, inputs=inputs, settings={"candidate": "bf16"})
+    inputs = (torch.linspace(-1, 1, 24).reshape(3, 8),)
+    return ParityCase(reference, candidate, inputs=inputs, settings={"candidate": "copy"})
+
+
+tiny.SETTINGS = SETTINGS
+
+
+def broken(settings: dict[str, str]) -> ParityCase:
+    """A target whose build raises (for the error paths)."""
+    raise RuntimeError("weights file missing")
