@@ -25,8 +25,8 @@ def _model() -> nn.Module:
 def tiny(settings: dict[str, str]) -> ParityCase:
     """Two copies of a seeded MLP; ``perturb=fc2`` (or $PARITY_TEST_PERTURB=fc2) moves layer 2."""
     reference, candidate = _model(), _model()
-    perturb = os.environ.get("PARITY_TEST_PERTURB", settings.get("perturb", "none"))
-    if perturb == "fc2":
+    perturb = settings.get("perturb", "none")
+    if perturb == "fc2" or os.environ.get("PARITY_TEST_PERTURB") == "fc2":
         with torch.no_grad():
             candidate[2].weight.add_(1e-3)
     if settings.get("quantization") == "bf16":
@@ -39,6 +39,18 @@ def tiny(settings: dict[str, str]) -> ParityCase:
 
 
 tiny.SETTINGS = SETTINGS
+
+
+class _Interrupt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise KeyboardInterrupt
+
+
+def interrupting(settings: dict[str, str]) -> ParityCase:
+    """The candidate's last module raises KeyboardInterrupt (as Ctrl-C would mid-forward)."""
+    inputs = (torch.linspace(-1, 1, 24).reshape(3, 8),)
+    candidate = nn.Sequential(*_model(), _Interrupt())
+    return ParityCase(_model(), candidate, inputs=inputs)
 
 
 def broken(settings: dict[str, str]) -> ParityCase:
