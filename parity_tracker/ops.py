@@ -68,7 +68,11 @@ from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
 
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
@@ -113,7 +117,12 @@ def suspended() -> Iterator[None]:
     """
     _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
     try:
-        yield
+        if isinstance(_get_current_dispatch_mode(), _Recorder):
+            # Step out of the recorder entirely: the suspended work then costs nothing extra.
+            with _pop_mode_temporarily():
+                yield
+        else:
+            yield
     finally:
         _SUSPEND.depth -= 1
 
@@ -265,9 +274,9 @@ class _Store:
     def _admit(self, h: _Held) -> None:
         self._resident[h.id] = h
         self.resident_bytes += h.nbytes
-        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
         while self.resident_bytes > self.max_resident_bytes and self._resident:
             self._spill(self._resident.popitem(last=False)[1])
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
@@ -680,6 +689,12 @@ class OpSession:
     # -- frames ----------------------------------------------------------------------------------
 
     def _close(self, side: _Side, frame: _Frame) -> None:
+        # Called from module hooks while the dispatch mode is active: our own tensor work
+        # (reading spilled captures, comparisons) must not be recorded as ops.
+        with suspended():
+            self._close_frame(side, frame)
+
+    def _close_frame(self, side: _Side, frame: _Frame) -> None:
         if side.index == 0:
             self._reference[frame.key] = frame
             for ev in frame.events:
