@@ -53,9 +53,23 @@ class NonTensor:
         return f"<{self.type_name}>"
 
 
-def module_display_name(name: str) -> str:
-    """The module name used in tags: ``named_modules()``'s name, ``"model"`` for the root."""
-    return name if name else ROOT_NAME
+ROOT_FALLBACK = "root"
+
+
+def root_name(model: torch.nn.Module) -> str:
+    """The root's display name: ``"model"``, or ``"root"`` when a child is named ``model``.
+
+    Hugging Face ``*ForCausalLM`` classes hold their backbone in a child called ``model``; with
+    the root also called ``model`` both would register ``checker_model_input_input_ids`` in one
+    forward. Children keep their ``named_modules()`` names (the contract), so the root yields.
+    """
+    clash = any(name == ROOT_NAME for name, _ in model.named_children())
+    return ROOT_FALLBACK if clash else ROOT_NAME
+
+
+def module_display_name(name: str, root: str = ROOT_NAME) -> str:
+    """The module name used in tags: ``named_modules()``'s name, ``root`` for the root."""
+    return name if name else root
 
 
 def call_base(module: str, call_index: int) -> str:
@@ -167,7 +181,7 @@ def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
     )
 
 
-def _version(t: torch.Tensor) -> int | None:
+def tensor_version(t: torch.Tensor) -> int | None:
     """The tensor's version counter, or ``None`` for inference tensors (which have none)."""
     if t.is_inference():
         return None
@@ -181,36 +195,57 @@ class Snapshotter:
     modified in between. Cloning it once and handing out the same clone halves the memory and
     copy time of a module-level capture. Reuse is safe because the key is the object's identity
     (held by a weak reference, so a freed object cannot alias a new one) plus its version
-    counter, which every in-place operation bumps (views share it).
+    counter, which every in-place operation bumps (views share it). The cache holds the copies
+    weakly too: a copy lives exactly as long as some capture holds it, so releasing captures
+    (the eager path) frees memory.
     """
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+        self._seen: dict[int, tuple[weakref.ref, int, weakref.ref]] = {}
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """A detached copy of ``t`` that no later in-place operation on ``t`` can change."""
-        version = _version(t)
-        hit = self._seen.get(id(t)) if version is not None else None
+        version = tensor_version(t)
+        key = id(t)
+        hit = self._seen.get(key) if version is not None else None
         if hit is not None and hit[0]() is t and hit[1] == version:
-            return hit[2]
+            copy = hit[2]()
+            if copy is not None:
+                return copy
         with torch.no_grad():
             copy = t.detach().clone()
         if version is not None:
             # an object that refuses weak references gets no reuse
             with contextlib.suppress(TypeError):
-                self._seen[id(t)] = (weakref.ref(t), version, copy)
+                self._seen[key] = (weakref.ref(t, self._forget(key)), version, weakref.ref(copy))
         return copy
+
+    def _forget(self, key: int):
+        seen = self._seen
+
+        def callback(ref: weakref.ref) -> None:
+            entry = seen.get(key)
+            if entry is not None and entry[0] is ref:
+                del seen[key]
+
+        return callback
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
     def clear(self) -> None:
         """Forget every snapshot (they stay alive where someone else holds them)."""
         self._seen.clear()
 
 
-def own_tensors(model: torch.nn.Module) -> dict[int, list[tuple[str, str, str, str]]]:
+def own_tensors(
+    model: torch.nn.Module, root: str = ROOT_NAME
+) -> dict[int, list[tuple[str, str, str, str]]]:
     """Each module object's own parameters and buffers under every qualified name.
 
     Args:
         model: the hooked model.
+        root: the root's display name (:func:`root_name`).
 
     Returns:
         ``{id(module): [(qualified name, owner module display name, local name, kind), ...]}``
@@ -227,5 +262,5 @@ def own_tensors(model: torch.nn.Module) -> dict[int, list[tuple[str, str, str, s
                 if value is None or qname in seen:
                     continue
                 seen.add(qname)
-                entries.append((qname, module_display_name(mname), local, kind))
+                entries.append((qname, module_display_name(mname, root), local, kind))
     return table

@@ -28,9 +28,9 @@ Two capture paths give identical results:
 from __future__ import annotations
 
 import enum
-import fnmatch
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,9 +47,17 @@ from parity_tracker.capture import (
     output_leaves,
     own_tensors,
     param_tag,
+    root_name,
+    tensor_version,
 )
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
+from parity_tracker.tolerances import Tolerances
+
+try:  # the op recorder must not record the checker's own copies and comparisons
+    from parity_tracker.ops import suspended
+except ImportError:  # pragma: no cover - ops is optional for the checker
+    from contextlib import nullcontext as suspended
 
 __all__ = [
     "CheckResult",
@@ -256,7 +264,10 @@ class TensorChecker:
             are captured (low memory: the candidate is never cloned and the reference's copy is
             released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
-            ``fnmatch`` against the tag; the first matching glob wins.
+            ``fnmatch`` against the tag; the first matching glob wins, and an override beats
+            the check's ``rtol``/``atol`` (``parity_tracker.tolerances.Tolerances``). Integer
+            and bool tensors are always compared exactly. Raises ``InputError`` when a pair is
+            incomplete or negative.
         rtol: default relative tolerance for the eager path (``None``: the comparison core's
             per-dtype default, from ``torch.testing.assert_close``).
         atol: default absolute tolerance for the eager path (as ``rtol``).
@@ -284,11 +295,14 @@ class TensorChecker:
         self.align = align
         self.eager_mode = eager_mode
         self.tolerances = dict(tolerances or {})
-        self.rtol = rtol
-        self.atol = atol
+        self.rtol, self.atol = _fill_pair(rtol, atol)
+        self._eager_tol = Tolerances(self.tolerances, rtol=self.rtol, atol=self.atol)
         self.dump_mode = DumpMode(dump_mode)
         self._handles: list[HookHandle] = []
         self._hooked: dict[int, set[str]] = {}
+        #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
+        #: recorder forwards them into its op stream).
+        self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
         self._snap = Snapshotter()
         self._reset()
 
@@ -308,6 +322,7 @@ class TensorChecker:
         self._stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self._cache_hits: set[tuple[str, int, int | None]] = set()
         self._eager_first: dict[bool, _Group] = {}
+        self._pair_cache: dict[tuple, tuple] = {}
         self._snap.clear()
 
     def clear(self) -> None:
@@ -368,17 +383,20 @@ class TensorChecker:
             group = self._groups.get((tag, step))
             side = active if active is not None else (len(group.captures) if group else 0)
         module = next((m for s, m in reversed(self._stack) if s == side), None)
-        group = self._capture(
-            tag,
-            value,
-            side=side,
-            kind="manual",
-            module=module,
-            slot="manual",
-            call_index=0,
-            step=step,
-        )
-        self._commit([group])
+        with suspended():
+            group = self._capture(
+                tag,
+                value,
+                side=side,
+                kind="manual",
+                module=module,
+                slot="manual",
+                call_index=0,
+                step=step,
+            )
+            self._commit([group])
+            for listener in self.manual_listeners:
+                listener(side, tag, value)
 
     def _capture(
         self,
@@ -444,7 +462,7 @@ class TensorChecker:
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
         ref, cand = (value, held.value) if new_is_ref else (held.value, value)
-        comp = self._compare_pair(g, ref, cand, self.eager_mode, self.rtol, self.atol)
+        comp = self._compare_pair(g, ref, cand, self.eager_mode, self._eager_tol)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
@@ -479,14 +497,8 @@ class TensorChecker:
         return False
 
     # ------------------------------------------------------------- compare
-    def _tolerance(self, tag: str, rtol: float | None, atol: float | None):
-        for pattern, (r, a) in self.tolerances.items():
-            if fnmatch.fnmatchcase(tag, pattern):
-                return r, a
-        return rtol, atol
-
     def _compare_pair(
-        self, g: _Group, ref: Any, cand: Any, mode: str, rtol: float | None, atol: float | None
+        self, g: _Group, ref: Any, cand: Any, mode: str, tol: Tolerances
     ) -> Comparison:
         if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
             return Comparison(
@@ -497,20 +509,38 @@ class TensorChecker:
                     f"the candidate has {_leaf_desc(cand)}"
                 ),
             )
-        if mode == "allclose":
-            rtol, atol = self._tolerance(g.tag, rtol, atol)
-        else:
-            rtol = atol = None
+        key = self._pair_key(g, ref, cand, mode, tol)
+        hit = self._pair_cache.get(key) if key is not None else None
+        if hit is not None and hit[0]() is ref and hit[1]() is cand and hit[2] == key[-1]:
+            return hit[3]
         try:
             if self.align is not None:
                 aligned = self.align(g.tag, ref, cand)
                 if aligned is not None:
                     ref, cand = aligned
-            return compare_tensors(ref, cand, mode=mode, rtol=rtol, atol=atol)
+            comp = compare_tensors(ref, cand, mode=mode, tag=g.tag, tolerances=tol)
         except Exception as exc:  # a pair that cannot be compared never aborts the check
             return Comparison(
                 status="error", mode=mode, message=f"{g.tag}: {type(exc).__name__}: {exc}"
             )
+        if key is not None:
+            self._pair_cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp)
+        return comp
+
+    def _pair_key(self, g: _Group, ref: torch.Tensor, cand: torch.Tensor, mode, tol):
+        """Cache key of a pair already compared (a module's input is the last one's output).
+
+        Reused only for the same two objects, unchanged since (version counters; inference
+        tensors have none and are never reused), the same mode and the same tolerance
+        override for the tag, and no ``align`` (which may depend on the tag).
+        """
+        if self.align is not None:
+            return None
+        versions = (tensor_version(ref), tensor_version(cand))
+        if None in versions:
+            return None
+        override = tol.match(g.tag) if mode == "allclose" else None
+        return (id(ref), id(cand), mode, id(tol), override, versions)
 
     # ---------------------------------------------------------------- check
     def check_equal(self, dump_mode: DumpMode = DumpMode.NOT, dump_path: Any = None) -> CheckResult:
@@ -557,8 +587,10 @@ class TensorChecker:
 
         Args:
             mode: ``"equal"`` or ``"allclose"``.
-            rtol: relative tolerance for allclose (``None``: per-dtype default).
-            atol: absolute tolerance for allclose (``None``: per-dtype default).
+            rtol: relative tolerance for allclose. Both ``None``: the per-dtype defaults of
+                ``torch.testing.assert_close``; only one given: the other takes
+                ``torch.allclose``'s default (rtol 1e-5, atol 1e-8).
+            atol: absolute tolerance for allclose (see ``rtol``).
             dump_mode: which tensors to dump (see :class:`DumpMode`).
             dump_path: the dump folder; each check writes into a new ``check-NNNN`` subfolder,
                 so a second check never overwrites the first one's files.
@@ -571,8 +603,8 @@ class TensorChecker:
             InputError: unknown ``mode``; ``dump_path`` missing for a dump; on the eager path, a
                 ``mode`` or tolerance different from the one the pairs were compared with.
         """
-        mode, rtol, atol = self._check_args(mode, rtol, atol, dump_mode, dump_path)
-        resolved = self._resolve_all(mode, rtol, atol)
+        mode, tol = self._check_args(mode, rtol, atol, dump_mode, dump_path)
+        resolved = self._resolve_all(mode, tol)
         ordered = sorted(resolved, key=lambda x: _order_key(x[0]))
         plan = _dump_plan(DumpMode(dump_mode), ordered)
         paths, dump_dir = self._write_dumps(plan, dump_path) if plan else ({}, None)
@@ -610,19 +642,20 @@ class TensorChecker:
                         f"{name}={given} differs from the eager path's {name}={used}; pass it "
                         "to TensorChecker(...) instead"
                     )
-            rtol, atol = self.rtol, self.atol
-        return mode, rtol, atol
+            return mode, self._eager_tol
+        rtol, atol = _fill_pair(rtol, atol)
+        return mode, Tolerances(self.tolerances, rtol=rtol, atol=atol)
 
-    def _resolve_all(self, mode, rtol, atol) -> list[tuple[_Group, Comparison, int]]:
+    def _resolve_all(self, mode, tol) -> list[tuple[_Group, Comparison, int]]:
         ref_side = min(self._sides) if self._sides else 0
         out = []
         for g in self._groups.values():
             if not any(c.is_tensor for c in g.captures):
                 continue  # None / non-tensor leaves on every side: nothing to compare
-            out.append((g, self._resolve(g, mode, rtol, atol, ref_side), len(g.captures)))
+            out.append((g, self._resolve(g, mode, tol, ref_side), len(g.captures)))
         return out
 
-    def _resolve(self, g: _Group, mode, rtol, atol, ref_side: int) -> Comparison:
+    def _resolve(self, g: _Group, mode, tol, ref_side: int) -> Comparison:
         sides = {c.side for c in g.captures}
         if len(sides) == 1:
             return self._missing(g, mode, next(iter(sides)), ref_side)
@@ -637,11 +670,11 @@ class TensorChecker:
                 continue
             comp = g.pairs.get(i)
             if comp is None:
-                comp = self._deferred_pair(g, ref, cap, mode, rtol, atol)
+                comp = self._deferred_pair(g, ref, cap, mode, tol)
             comps.append(comp)
         return next((c for c in comps if c.status not in PASSING), comps[0])
 
-    def _deferred_pair(self, g, ref: _Capture, cap: _Capture, mode, rtol, atol) -> Comparison:
+    def _deferred_pair(self, g, ref: _Capture, cap: _Capture, mode, tol) -> Comparison:
         if ref.value is _RELEASED or cap.value is _RELEASED:
             return Comparison(
                 status="error",
@@ -651,7 +684,7 @@ class TensorChecker:
                     "candidate; groups of more than two tensors need eager_mode=None"
                 ),
             )
-        return self._compare_pair(g, ref.value, cap.value, mode, rtol, atol)
+        return self._compare_pair(g, ref.value, cap.value, mode, tol)
 
     def _missing(self, g: _Group, mode: str, present: int, ref_side: int) -> Comparison:
         absent = "candidate" if present == ref_side else "reference"
@@ -877,6 +910,17 @@ class TensorChecker:
             del self._stack[i:]
 
 
+def _fill_pair(rtol: float | None, atol: float | None) -> tuple[float | None, float | None]:
+    """Complete a half-given pair with ``torch.allclose``'s defaults (rtol 1e-5, atol 1e-8).
+
+    The seed's ``check_allclose(rtol, atol)`` mirrors ``torch.allclose``, where each has a
+    default; the comparison core wants both or neither.
+    """
+    if (rtol is None) == (atol is None):
+        return rtol, atol
+    return (1e-5 if rtol is None else rtol), (1e-8 if atol is None else atol)
+
+
 def _order_key(g: _Group) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
@@ -957,12 +1001,15 @@ class HookHandle:
     Attributes:
         side: the side this model's captures carry (0 reference, 1 candidate, ...).
         module_names: the hooked modules' display names.
+        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
+            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
     """
 
     def __init__(self, checker: TensorChecker, side: int, model: torch.nn.Module) -> None:
         self.checker = checker
         self.side = side
         self.module_names: list[str] = []
+        self.root_name = "model"
         self._handles: list[Any] = []
         self._warned = False
         self._model_name = type(model).__name__
@@ -1036,22 +1083,26 @@ def module_register_tensor_checker(
     checker = tensor_checker if checker is None else checker
     handle = HookHandle(checker, checker._claim_side(side), model)
     s = handle.side
-    own = own_tensors(model)
+    root = root_name(model)
+    handle.root_name = root
+    own = own_tensors(model, root)
     all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in model.modules()}.values()]
     names: list[str] = []
     for raw_name, mod in model.named_modules():
         is_root = mod is model
         if not is_root and not _has_forward(mod):
             continue
-        name = module_display_name(raw_name)
+        name = module_display_name(raw_name, root)
         names.append(name)
         entries = own.get(id(mod), [])
 
         def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
-            checker._pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
+            with suspended():
+                checker._pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
 
         def post(m, args, kwargs, output, _n=name, _r=is_root):
-            checker._post_call(s, _n, m, output, all_own if _r else None)
+            with suspended():
+                checker._post_call(s, _n, m, output, all_own if _r else None)
 
         handle._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         handle._handles.append(mod.register_forward_hook(post, with_kwargs=True))
