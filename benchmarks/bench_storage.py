@@ -14,7 +14,7 @@
   with ``track.log_run`` ≤ 3 s (the store already created: its one-time schema setup is not
   billed to a run).
 
-``--quick`` uses 10 runs × 200 rows, 10,000-row diffs and 20 small tensors.
+``--quick`` uses 5 runs × 200 rows, 10,000-row diffs and 20 small tensors.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from benchmarks._common import Row, failed, find, judged, missing, timed
 NAME = "6 storage"
 SIZES = {
     False: {"runs": 1000, "rows": 2000, "diff_rows": 100_000, "tensors": 500, "numel": 1 << 18},
-    True: {"runs": 10, "rows": 200, "diff_rows": 10_000, "tensors": 20, "numel": 1 << 12},
+    True: {"runs": 5, "rows": 200, "diff_rows": 10_000, "tensors": 20, "numel": 1 << 12},
 }
 TARGET = "bench-history"
 

@@ -174,7 +174,13 @@ def session(pair: Pair, *, peers: bool, fast_path: bool, repeats: int, quick: bo
         except Exception as exc:  # a contender that fails is reported, the others still run
             s.errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             del contenders[name]
-    s.times = alternate(contenders, repeats=repeats, warmup=1)
+    # the coverage call above warmed our runs and the peers up; --quick warms only the plain
+    # forwards (cheap), --full gives every contender one more untimed round
+    if quick:
+        for name in contenders:
+            if name.startswith("plain"):
+                contenders[name]()
+    s.times = alternate(contenders, repeats=repeats, warmup=0 if quick else 1)
     _SESSIONS[key] = s
     return s
 

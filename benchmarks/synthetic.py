@@ -9,6 +9,7 @@ well under a second to make.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -26,6 +27,25 @@ LEAVES = (
     ".norm1",
 )
 SHAPES = ((2, 256, 512), (512, 512), (512,), (2, 256, 2048), (2048, 512))
+SHAPE_NUMEL = np.array([int(np.prod(s)) for s in SHAPES], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(n_rows: int) -> tuple[pa.Array, pa.Array, pa.Array, np.ndarray, pa.Array]:
+    """Tags, modules, shapes, numel and reference hashes: the same for every run of n_rows."""
+    base = np.random.default_rng(0)
+    tags = [f"checker_layers.{i // len(LEAVES)}{LEAVES[i % len(LEAVES)]}" for i in range(n_rows)]
+    modules = [t.removeprefix("checker_").split("_input")[0] for t in tags]
+    pick = base.integers(0, len(SHAPES), size=n_rows)
+    shapes = pa.array([SHAPES[k] for k in pick], pa.list_(pa.int64()))
+    ref_hash = pa.array(_hashes(base, n_rows), pa.string())
+    return (
+        pa.array(tags, pa.string()),
+        pa.array(modules, pa.string()),
+        shapes,
+        SHAPE_NUMEL[pick],
+        ref_hash,
+    )
 
 
 def _hashes(rng: np.random.Generator, n: int) -> list[str]:
@@ -58,24 +78,18 @@ def modules_table(
     from parity_tracker.tables import MODULES_SCHEMA, conform
 
     rng = np.random.default_rng(seed)
-    base = np.random.default_rng(0)  # tags, shapes, reference hashes: identical across seeds
+    tags, modules, shapes, numel, ref_hash = _layout(n_rows)
     idx = np.arange(n_rows)
-    tags = [f"checker_layers.{i // len(LEAVES)}{LEAVES[i % len(LEAVES)]}" for i in idx]
-    modules = [t.removeprefix("checker_").split("_input")[0] for t in tags]
     kinds = np.array(["output", "input", "param", "param", "output", "output", "output", "output"])
-    shape_pick = base.integers(0, len(SHAPES), size=n_rows)
-    shapes = [list(SHAPES[k]) for k in shape_pick]
-    numel = np.array([int(np.prod(SHAPES[k])) for k in shape_pick], dtype=np.int64)
     bad = rng.random(n_rows) < failing_fraction
-    ref_hash = _hashes(base, n_rows)
-    cand_hash = np.where(bad, _hashes(rng, n_rows), ref_hash).tolist()
+    cand_hash = pa.array(np.where(bad, _hashes(rng, n_rows), ref_hash.to_numpy(False)), pa.string())
     mad = np.where(bad, rng.lognormal(-12, 2, n_rows), 0.0)
     count = np.where(bad, (numel * rng.random(n_rows)).astype(np.int64) + 1, 0)
     zeros = np.zeros(n_rows, dtype=np.int64)
     cols: dict[str, Any] = {
         "run_id": pa.array([run_id or uuid.uuid4().hex] * n_rows, pa.string()),
-        "tag": pa.array(tags, pa.string()),
-        "module": pa.array(modules, pa.string()),
+        "tag": tags,
+        "module": modules,
         "kind": pa.array(kinds[idx % len(LEAVES)], pa.string()),
         "slot": pa.array(np.where(idx % len(LEAVES) == 1, "input_0", "output"), pa.string()),
         "call_index": pa.array(zeros.astype(np.int32)),
@@ -84,8 +98,8 @@ def modules_table(
         "status": pa.array(np.where(bad, "mismatch", "equal"), pa.string()),
         "mode": pa.array(["equal"] * n_rows, pa.string()),
         "numel": pa.array(numel),
-        "ref_shape": pa.array(shapes, pa.list_(pa.int64())),
-        "cand_shape": pa.array(shapes, pa.list_(pa.int64())),
+        "ref_shape": shapes,
+        "cand_shape": shapes,
         "ref_dtype": pa.array(["float32"] * n_rows, pa.string()),
         "cand_dtype": pa.array(["float32"] * n_rows, pa.string()),
         "ref_device": pa.array(["cpu"] * n_rows, pa.string()),
@@ -101,8 +115,8 @@ def modules_table(
         "cand_nan": pa.array(zeros),
         "ref_inf": pa.array(zeros),
         "cand_inf": pa.array(zeros),
-        "ref_hash": pa.array(ref_hash, pa.string()),
-        "cand_hash": pa.array(cand_hash, pa.string()),
+        "ref_hash": ref_hash,
+        "cand_hash": cand_hash,
         "message": pa.array(
             np.where(bad, "max abs diff at the worst element exceeds 0 (equal mode)", ""),
             pa.string(),
