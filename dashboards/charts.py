@@ -8,6 +8,7 @@ digits (charts cannot show more) to keep the pages small.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,6 +17,11 @@ from dashboards._page import STATUS_MARKERS, finite, fmt_num
 
 _GRID = "#eceff1"
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+
+
+def txt(value: Any) -> str:
+    """Text for plotly labels and hover: ``&``, ``<``, ``>`` escaped (plotly decodes them)."""
+    return html.escape("" if value is None else str(value), quote=False)
 
 
 def r4(value: float | None) -> float | None:
@@ -167,7 +173,7 @@ def propagation_figure(
                 marker={"color": color, "size": 5},
             )
         )
-    data += _cache_hits(points, yd) + _roots(roots, yd)
+    data += _cache_hits(points, floor) + _roots(roots, yd)
     shapes, notes = _steps(points)
     if first_x is not None:
         shapes.append(vline(first_x, "#c62828", "dash", 2))
@@ -178,7 +184,7 @@ def propagation_figure(
                 "xref": "x",
                 "yref": "paper",
                 "yanchor": "bottom",
-                "text": f"first divergence: {first_tag}",
+                "text": f"first divergence: {txt(first_tag)}",
                 "showarrow": False,
                 "font": {"color": "#c62828", "size": 12},
                 "bgcolor": "rgba(255,255,255,0.85)",
@@ -201,6 +207,8 @@ def propagation_figure(
         f"{fmt_num(floor)}; outputs with no metric (shape mismatch, missing, error) as × at "
         f"{fmt_num(ceil)}; identical tensors (SQNR ∞) at {fmt_num(cap)} dB in the SQNR panel."
     )
+    if any(r.get("cache_hit") is True for r in points):
+        note += " Blue ticks under the floor mark cache hits."
     return {"data": data, "layout": layout}, note
 
 
@@ -220,24 +228,25 @@ def _statuses(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _hover(r: Mapping[str, Any]) -> str:
     return (
-        f"{r.get('tag')}<br>step {r.get('step')} · exec {r.get('exec_order')} · "
+        f"{txt(r.get('tag'))}<br>step {r.get('step')} · exec {r.get('exec_order')} · "
         f"{r.get('status')} · max |Δ| {fmt_num(r.get('max_abs_diff'))}"
     )
 
 
-def _cache_hits(points: Sequence[Mapping[str, Any]], yd: list) -> list[dict[str, Any]]:
+def _cache_hits(points: Sequence[Mapping[str, Any]], floor: float) -> list[dict[str, Any]]:
+    """Cache hits as a rug of blue ticks half a decade under the floor (never hiding points)."""
     idx = [i for i, r in enumerate(points) if r.get("cache_hit") is True]
     if not idx:
         return []
-    marker = {"symbol": "diamond-open", "size": 11, "color": "#1e88e5", "line": {"width": 1.5}}
+    marker = {"symbol": "line-ns-open", "size": 9, "color": "#1e88e5", "line": {"width": 2}}
     return [
         _trace(
             idx,
-            [yd[i] for i in idx],
+            [r4(floor / 3.16)] * len(idx),
             mode="markers",
             name="cache hit",
             marker=marker,
-            hoverinfo="skip",
+            hovertemplate="#%{x}: cache hit<extra></extra>",
         )
     ]
 
@@ -412,8 +421,8 @@ def heatmap_figure(
     trace = {
         "type": "heatmap",
         "z": z,
-        "x": list(commits),
-        "y": list(tags),
+        "x": [txt(c) for c in commits],
+        "y": [txt(t) for t in tags],
         "text": text,
         "zmin": -0.5,
         "zmax": k - 0.5,

@@ -22,7 +22,7 @@ from dashboards._page import (
     fmt_num,
     page,
 )
-from dashboards.charts import heatmap_figure, history_figure
+from dashboards.charts import heatmap_figure, history_figure, txt
 
 #: Cell statuses of the nightly, most serious first.
 CELL_STATUSES = ("regression", "error", "fail", "expected", "pass")
@@ -366,7 +366,7 @@ def _fingerprint_section(n: int, fingerprint: str, group: Sequence[Mapping[str, 
 
 def _history_figure(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     hover = [
-        f"{r.get('commit')}<br>{_time_label(r)}<br>run {r.get('run_id')}<br>"
+        f"{txt(r.get('commit'))}<br>{_time_label(r)}<br>run {txt(r.get('run_id'))}<br>"
         f"failing {fmt_num(r.get('tensors_failing'))}, output max |Δ| "
         f"{fmt_num(r.get('output_max_abs_diff'))}"
         + ("<br><b>regression</b>" if r.get("regression") else "")

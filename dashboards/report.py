@@ -15,9 +15,11 @@ histogram is not available.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ from dashboards._page import (
     page,
     status_badge,
 )
-from dashboards.charts import histogram_figure, propagation_figure
+from dashboards.charts import histogram_figure, propagation_figure, txt
 
 #: Row kinds drawn on the error-propagation chart (module outputs and hand-registered tensors).
 CHART_KINDS = frozenset({"output", "manual"})
@@ -54,38 +56,49 @@ MAX_OP_ROWS = 400
 _KINDS = ("param", "buffer", "input", "output", "op", "manual")
 
 
-def render_run_report(result: Any, *, tensor_base_url: str = "tensors/") -> str:
+def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
     """Render one parity run as a self-contained HTML page (the run's ``report.html``).
 
     Args:
-        result: a ``parity_tracker.run.RunResult`` or any object with the same attributes:
-            ``modules`` (``pyarrow.Table`` with ``parity_tracker.tables.MODULES_SCHEMA``
-            columns; None or empty for a run that failed before comparing), ``ops`` (same, with
-            ``OPS_SCHEMA``; may be None), ``summary`` (dict, keys below), and optionally
-            ``settings`` (dict; falls back to ``summary["settings"]``). Summary keys read, all
-            optional: ``first_divergence`` ({tag, module, step, exec_order}; derived from the
-            table when absent), ``root_causes`` (list of ops-table rows as dicts; derived from
-            ``ops.root_cause`` when absent), ``output_max_abs_diff``, ``output_sqnr_db``,
-            ``mode``, ``mode_reason``, ``settings``, ``environment`` (``git_commit``,
-            ``git_branch``, ``git_dirty``, ``torch_version``, ...), ``error`` (message of a run
-            that failed), ``expected`` (reason string when the divergence is on the expected
-            list), ``run_id``, ``worst_tensor_histogram`` (see :func:`diff_histogram`).
-        tensor_base_url: prefix joined to each row's artifact-relative ``dump_path`` to link the
-            dumped tensor; the default ``"tensors/"``-style relative link works when the page is
-            opened next to its artifacts. Pass an absolute URL (e.g. the server's
-            ``/get-artifact?run_uuid=...&path=``) for links that work from anywhere.
+        result: a ``parity_tracker.run.RunResult`` or any object with its attributes:
+            ``modules`` (``pyarrow.Table``, ``tables.MODULES_SCHEMA``; None or empty for a run
+            that failed before comparing), ``ops`` (``tables.OPS_SCHEMA``; may be None or
+            empty), ``summary`` (dict, below), optionally ``settings`` (dict; falls back to
+            ``summary["settings"]``), ``run_id``, ``tracking_run_id`` and ``dump_dir`` (local
+            folder of one check's dump, ``index.json`` + ``.npy``). Summary keys read, all
+            optional: ``passed`` (bool; derived from the statuses when absent),
+            ``first_divergence`` ({tag, module, step, exec_order}; derived from the table when
+            absent), ``root_causes`` (ops-table rows as dicts; derived from ``ops.root_cause``
+            when absent), ``output_max_abs_diff``, ``output_sqnr_db``, ``mode``,
+            ``mode_reason``, ``settings``, ``environment`` (``git_commit``, ``git_branch``,
+            ``git_dirty``, ...), ``error`` ({type, message, side} or a string), ``expected``
+            (reason, when the divergence is on the expected list), ``worst_tensor_histogram``
+            (from :func:`diff_histogram`).
+        tensor_base_url: prefix joined to each row's artifact-relative ``dump_path``
+            (``tensors/….npy``) to link the dumped tensor. The default ``""`` gives links
+            relative to the page, right where ``report.html`` sits at the artifact root; pass an
+            absolute prefix (e.g. ``{server}/get-artifact?run_uuid={id}&path=``) for links that
+            work from anywhere.
 
     Returns:
-        The HTML document as a string (about 2.0 MB of plotly.js plus roughly 0.5 kB per row).
+        The HTML document (about 2.0 MB of compressed plotly.js plus about 0.45 kB per row).
+
+    The worst-tensor histogram comes from ``summary["worst_tensor_histogram"]`` when present,
+    else it is computed from ``dump_dir`` when the worst tensor (:func:`pick_worst`) was dumped
+    on both sides, else the section says it is not available.
     """
-    modules = _rows(getattr(result, "modules", None))
+    modules = _in_exec_order(_rows(getattr(result, "modules", None)))
     ops = _rows(getattr(result, "ops", None))
     summary = dict(getattr(result, "summary", None) or {})
     settings = dict(getattr(result, "settings", None) or summary.get("settings") or {})
-    modules = _in_exec_order(modules)
+    summary.setdefault("run_id", getattr(result, "run_id", None))
+    summary.setdefault("tracking_run_id", getattr(result, "tracking_run_id", None))
     first = _first_divergence(summary, modules)
     roots = list(summary.get("root_causes") or [r for r in ops if r.get("root_cause")])
     counts = Counter(r.get("status") or "—" for r in modules)
+    hist = summary.get("worst_tensor_histogram") or _histogram_from_dump(
+        getattr(result, "dump_dir", None), pick_worst(modules)
+    )
     title = f"parity: {settings.get('target', '?')} vs {settings.get('candidate', '?')}"
     body = "".join(
         [
@@ -94,17 +107,11 @@ def render_run_report(result: Any, *, tensor_base_url: str = "tensors/") -> str:
             "<h2>Status counts</h2>" + chips(counts, STATUS_ORDER),
             _propagation_section(modules, first, roots),
             _ops_section(ops, first),
-            _histogram_section(summary.get("worst_tensor_histogram")),
+            _histogram_section(hist),
             _modules_section(modules, first, tensor_base_url),
         ]
     )
-    return page(
-        title,
-        _verdict(summary, modules, counts, first),
-        body,
-        charts=True,
-        tables=True,
-    )
+    return page(title, _verdict(summary, modules, counts, first), body, charts=True, tables=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,13 +246,46 @@ def diff_histogram(
         "counts": [],
     }
     if nonzero.size:
-        lo, hi = np.log10(nonzero.min()), np.log10(nonzero.max())
-        if hi - lo < 1e-9:
-            lo, hi = lo - 0.5, hi + 0.5
-        counts, edges = np.histogram(np.log10(nonzero), bins=bins, range=(lo, hi))
-        out["edges"] = [float(e) for e in np.power(10.0, edges)]
+        lo, hi = float(nonzero.min()), float(nonzero.max())
+        if hi <= lo * (1 + 1e-9):
+            lo, hi = lo / 3.0, hi * 3.0
+        edges = np.logspace(np.log10(lo), np.log10(hi), bins + 1)
+        edges[0], edges[-1] = lo, hi  # exact ends: every value lands in a bin
+        counts, _ = np.histogram(nonzero, bins=edges)
+        out["edges"] = [float(e) for e in edges]
         out["counts"] = [int(n) for n in counts]
     return out
+
+
+def _histogram_from_dump(dump_dir: Any, worst: Mapping[str, Any] | None) -> dict | None:
+    """:func:`diff_histogram` of ``worst`` read back from a dump folder, or None.
+
+    Reads ``index.json`` (``parity_tracker.dump`` format: entries with ``tag``, ``step``,
+    ``side`` 0 = reference / 1 = candidate, ``file``); quantized entries (stored as their
+    integer representation) are not used. Any read problem gives None: the report never fails
+    on a missing or partial dump.
+    """
+    if not dump_dir or not worst:
+        return None
+    folder = Path(dump_dir)
+    try:
+        entries = json.loads((folder / "index.json").read_text())["files"]
+        step = worst.get("step") or 0
+        mine = {
+            e.get("side"): e
+            for e in entries
+            if e.get("tag") == worst.get("tag")
+            and (e.get("step") or 0) == step
+            and "file" in e
+            and "qscheme" not in e
+        }
+        if 0 not in mine or 1 not in mine:
+            return None
+        ref = np.load(folder / mine[0]["file"], allow_pickle=False)
+        cand = np.load(folder / mine[1]["file"], allow_pickle=False)
+        return diff_histogram(ref, cand, tag=worst.get("tag"), step=worst.get("step"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _float64(x: Any) -> np.ndarray:
@@ -261,6 +301,17 @@ def _float64(x: Any) -> np.ndarray:
 # Plain-HTML sections
 
 
+def error_text(error: Any) -> str:
+    """A run error (``{type, message, side}`` dict or a string) as one line of text."""
+    if not error:
+        return ""
+    if isinstance(error, Mapping):
+        side = f" (on the {error['side']} side)" if error.get("side") else ""
+        kind = f"{error['type']}: " if error.get("type") else ""
+        return f"{kind}{error.get('message') or ''}{side}"
+    return str(error)
+
+
 def _verdict(
     summary: Mapping[str, Any],
     modules: Sequence[Mapping[str, Any]],
@@ -269,19 +320,21 @@ def _verdict(
 ) -> str:
     failing = sum(n for s, n in counts.items() if s in FAILING)
     total = len(modules)
+    passed = summary.get("passed")
+    broken = (not passed) if passed is not None else failing > 0
     if summary.get("error"):
-        cls, word, line = "v-error", "RUN ERROR", esc(summary["error"])
-    elif failing and summary.get("expected"):
+        cls, word, line = "v-error", "RUN ERROR", esc(error_text(summary["error"]))
+    elif broken and summary.get("expected"):
         cls, word = "v-expected", "EXPECTED DIVERGENCE"
         line = f"{failing} of {total} tensors failing; expected: {esc(summary['expected'])}"
-    elif failing:
+    elif broken:
         cls, word, line = "v-fail", "PARITY FAILS", f"{failing} of {total} tensors failing"
     elif total == 0:
         cls, word, line = "v-neutral", "NOTHING COMPARED", "the run compared no tensor"
     else:
         passing = sum(n for s, n in counts.items() if s in PASSING)
         cls, word, line = "v-pass", "PARITY HOLDS", f"{passing} of {total} tensors pass"
-    if first and not summary.get("error"):
+    if first:
         line += (
             f' · first divergence: <a href="#first-divergence"><code>{esc(first.get("tag"))}'
             f"</code></a>{_where(first)}"
@@ -321,7 +374,8 @@ def _header(settings: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
         ("commit", commit),
         ("branch", env.get("git_branch")),
         ("mode", f"{mode} — {reason}" if reason else mode),
-        ("run", summary.get("run_id")),
+        ("parity run", summary.get("run_id")),
+        ("MLflow run", summary.get("tracking_run_id")),
     ]
     others = {
         k: v for k, v in settings.items() if k not in ("target", "candidate", "mode") and v != ""
@@ -352,8 +406,12 @@ def _where_it_breaks(
 ) -> str:
     html = '<h2 id="first-divergence">Where parity breaks</h2>'
     if summary.get("error"):
-        html += f'<div class="box bad"><b>The run failed:</b> {esc(summary["error"])}</div>'
+        html += (
+            f'<div class="box bad"><b>The run failed:</b> {esc(error_text(summary["error"]))}</div>'
+        )
     if not first:
+        if summary.get("error"):
+            return html + "<p class='note'>No compared tensor diverged before the run stopped.</p>"
         return html + '<div class="box good">No tensor diverges: every comparison passed.</div>'
     row = _row_of(first, modules) or {}
     anchor = f'<a href="#row-{row["_i"]}">in the table</a>' if "_i" in row else ""
@@ -519,8 +577,21 @@ def _module_tr(r: Mapping[str, Any], first_i: int, base_url: str) -> str:
         f"{_num_td(r.get('max_abs_diff'))}{_num_td(r.get('max_rel_diff'))}<td>{frac}"
         f"{_num_td(r.get('sqnr_db'))}{_num_td(r.get('cosine'))}<td>{shapes}"
         f"<td>{_pair(r.get('ref_dtype'), r.get('cand_dtype'))}<td>{cache}<td>{esc(local)}"
-        f"<td>{link(base_url, r.get('dump_path'), 'npy')}<td>{esc(r.get('message'))}</tr>"
+        f"<td>{_tensor_links(base_url, r.get('dump_path'))}<td>{esc(r.get('message'))}</tr>"
     )
+
+
+def _tensor_links(base_url: str, path: str | None) -> str:
+    """Link the dumped tensor; for the dump's ``…__ref.npy`` also its ``…__cand.npy`` twin."""
+    if not path:
+        return ""
+    if path.endswith("__ref.npy"):
+        twin = path[: -len("__ref.npy")] + "__cand.npy"
+        return f"{link(base_url, path, 'ref')} {link(base_url, twin, 'cand')}"
+    if path.endswith("__cand.npy"):
+        twin = path[: -len("__cand.npy")] + "__ref.npy"
+        return f"{link(base_url, twin, 'ref')} {link(base_url, path, 'cand')}"
+    return link(base_url, path, "npy")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,7 +609,10 @@ def _propagation_section(
         return html + "<p class='note'>No module outputs to chart.</p>"
     first_x = _first_x(points, first)
     fig, note = propagation_figure(
-        points, first_x, first.get("tag") if first else None, _root_xs(points, roots)
+        points,
+        first_x,
+        first.get("tag") if first else None,
+        _root_xs(points, roots, first, first_x),
     )
     if first_x is not None:
         note += " The red dashed line marks the first divergence"
@@ -570,16 +644,32 @@ def _first_x(points: Sequence[Mapping[str, Any]], first: Mapping[str, Any] | Non
 
 
 def _root_xs(
-    points: Sequence[Mapping[str, Any]], roots: Sequence[Mapping[str, Any]]
+    points: Sequence[Mapping[str, Any]],
+    roots: Sequence[Mapping[str, Any]],
+    first: Mapping[str, Any] | None,
+    first_x: int | None,
 ) -> list[tuple[int, str]]:
-    """(chart index of the op's module output, label) for each root-cause op."""
+    """(chart index, label) for each root-cause op.
+
+    An op inside the first divergent module or one of its ancestors (the root module ``model``
+    contains everything) is drawn at the first divergence, where its error surfaces; any other
+    at its own module's output.
+    """
+    first_module = str((first or {}).get("module") or "")
     out = []
     for op in roots:
+        module = str(op.get("module") or "")
+        label = txt(f"root cause: {op.get('op')} in {module}")
+        if first_x is not None and (
+            module in ("", "model", first_module) or first_module.startswith(module + ".")
+        ):
+            out.append((first_x, label))
+            continue
         for i, r in enumerate(points):
-            if r.get("module") == op.get("module") and (
+            if r.get("module") == module and (
                 op.get("step") is None or r.get("step") == op.get("step")
             ):
-                out.append((i, f"root cause: {op.get('op')} in {op.get('module')}"))
+                out.append((i, label))
                 break
     return out
 

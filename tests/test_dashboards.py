@@ -1,0 +1,448 @@
+"""Dashboards without a browser: content, numbers, size and build time of the pages.
+
+Expected values are computed independently (numpy float64, hand-worked examples, the tables
+themselves), never read back from the renderer's own helpers.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+import time
+from html.parser import HTMLParser
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dashboards import _page
+from dashboards.nightly import render_history, render_matrix
+from dashboards.report import diff_histogram, pick_worst, render_run_report
+from dashboards.samples import synthetic_nightly, synthetic_run
+from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+
+MB = 1_000_000
+
+
+class _Doc(HTMLParser):
+    """Collects text per element id, table rows and figure JSON blocks of a page."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.text_by_id: dict[str, list[str]] = {}
+        self._open: list[str] = []
+        self.rows: dict[str, int] = {}
+        self._table: list[str] = []
+        self.figures: dict[str, dict] = {}
+        self._figure: str | None = None
+        self.links: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self._table.append(a.get("id") or "")
+        if tag == "tr" and self._table:
+            self.rows[self._table[-1]] = self.rows.get(self._table[-1], 0) + 1
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        if tag == "script" and "pt-figure" in (a.get("class") or ""):
+            self._figure = a["data-target"]
+        if "id" in a:
+            self._open.append(a["id"])
+            self.text_by_id.setdefault(a["id"], [])
+
+    def handle_endtag(self, tag):
+        if tag == "table" and self._table:
+            self._table.pop()
+
+    def handle_data(self, data):
+        if self._figure:
+            self.figures[self._figure] = json.loads(data)
+            self._figure = None
+        for i in self._open[-3:]:
+            self.text_by_id[i].append(data)
+
+    def text(self, element_id: str) -> str:
+        return " ".join("".join(self.text_by_id.get(element_id, [])).split())
+
+
+def _run(rows, ops=(), **summary):
+    return SimpleNamespace(
+        modules=rows_to_table(rows, MODULES_SCHEMA),
+        ops=rows_to_table(list(ops), OPS_SCHEMA),
+        summary=summary,
+        settings={"target": "tiny", "candidate": "tiny_scaled", "quantization": "none"},
+    )
+
+
+def _row(tag, order, status="equal", kind="output", step=0, diff=0.0, **kw):
+    return {
+        "tag": tag,
+        "module": tag.removeprefix("checker_"),
+        "kind": kind,
+        "exec_order": order,
+        "step": step,
+        "status": status,
+        "max_abs_diff": diff,
+        "ref_shape": [2, 3],
+        "cand_shape": [2, 3],
+        "ref_dtype": "float32",
+        "cand_dtype": "float32",
+        **kw,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# diff_histogram / pick_worst
+
+
+def test_diff_histogram_hand_example():
+    ref = np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan])
+    cand = np.array([1.0, 2.001, 3.1, 4.0, 6.0, 1.0])  # |Δ| = 0, 1e-3, 1e-1, 0, 1, (nan)
+    h = diff_histogram(ref, cand, tag="t", step=3, bins=3)
+    assert h["numel"] == 6 and h["zero_count"] == 2 and h["nonfinite"] == 1
+    assert h["tag"] == "t" and h["step"] == 3 and h["scale"] == "log"
+    # log10 range [-3, 0] in 3 bins: [1e-3,1e-2) [1e-2,1e-1) [1e-1,1e0]
+    np.testing.assert_allclose(h["edges"], [1e-3, 1e-2, 1e-1, 1.0], rtol=1e-9)
+    assert h["counts"] == [1, 0, 2]
+
+
+def test_diff_histogram_matches_numpy_on_random_data():
+    rng = np.random.default_rng(7)
+    ref = rng.normal(size=10_000).astype(np.float32)
+    cand = (ref + rng.normal(scale=1e-3, size=ref.shape) * (rng.random(ref.shape) < 0.5)).astype(
+        np.float32
+    )
+    h = diff_histogram(ref, cand, bins=20)
+    d = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
+    assert h["zero_count"] == int((d == 0).sum())
+    assert sum(h["counts"]) + h["zero_count"] == d.size
+    edges = np.asarray(h["edges"])
+    expected, _ = np.histogram(d[d > 0], bins=edges)
+    assert h["counts"] == expected.tolist()
+
+
+def test_diff_histogram_accepts_torch_and_rejects_bad_input():
+    torch = pytest.importorskip("torch")
+    r = torch.zeros(4, dtype=torch.bfloat16)
+    c = torch.tensor([0.0, 0.5, 0.0, 0.25], dtype=torch.bfloat16)
+    h = diff_histogram(r, c, bins=2)
+    assert h["zero_count"] == 2 and sum(h["counts"]) == 2
+    with pytest.raises(ValueError, match="shape"):
+        diff_histogram(np.zeros(3), np.zeros(4))
+    with pytest.raises(ValueError, match="bins"):
+        diff_histogram(np.zeros(3), np.ones(3), bins=0)
+
+
+def test_diff_histogram_all_equal_has_no_bins():
+    h = diff_histogram(np.ones(5), np.ones(5))
+    assert h["zero_count"] == 5 and h["counts"] == [] and h["edges"] == []
+
+
+def test_pick_worst_lowest_sqnr_then_largest_diff():
+    rows = [
+        _row("checker_a", 0, "mismatch", diff=1.0, sqnr_db=40.0),
+        _row("checker_b", 1, "mismatch", diff=1e-3, sqnr_db=10.0),
+        _row("checker_c", 2, "mismatch", diff=5.0, sqnr_db=None),
+        _row("checker_d", 3, "close", diff=9.0, sqnr_db=1.0),  # passing: never the worst
+    ]
+    assert pick_worst(rows_to_table(rows, MODULES_SCHEMA))["tag"] == "checker_b"
+    assert pick_worst(rows[2:3])["tag"] == "checker_c"
+    assert pick_worst([rows[3]]) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the run report
+
+
+def test_report_plain_html_verdict_and_first_divergence():
+    rows = [
+        _row("checker_fc1", 1, sqnr_db=float("inf")),
+        _row("checker_fc1.weight", 0, kind="param"),
+        _row("checker_fc2", 3, "mismatch", diff=2e-3, sqnr_db=55.0, dump_path="tensors/f__ref.npy"),
+        _row("checker_model", 4, "mismatch", diff=4e-3, sqnr_db=50.0),
+        _row("checker_act", 2, "close", diff=1e-7, sqnr_db=130.0),
+    ]
+    html = render_run_report(
+        _run(
+            rows,
+            first_divergence={"tag": "checker_fc2", "module": "fc2", "step": 0, "exec_order": 3},
+            passed=False,
+            mode="equal",
+            mode_reason="no setting calls for allclose",
+            output_max_abs_diff=4e-3,
+        ),
+        tensor_base_url="http://srv/get-artifact?run_uuid=R&path=",
+    )
+    doc = _Doc(html)
+    verdict = doc.text("verdict")
+    assert "PARITY FAILS" in verdict and "2 of 5 tensors failing" in verdict
+    assert "checker_fc2" in verdict and "exec #3" in verdict and "max |Δ| 0.004" in verdict
+    assert "checker_fc2" in doc.text("first-divergence") or "checker_fc2" in html
+    assert doc.rows["modules-table"] == 1 + len(rows)  # header + rows
+    # execution order, not insertion order: the param (exec 0) comes first
+    body = html[html.index("id='modules-table'") :]
+    order = [m for m in re.findall(r"<td>(checker_[\w.]+)", body)]
+    assert order == [
+        "checker_fc1.weight",
+        "checker_fc1",
+        "checker_act",
+        "checker_fc2",
+        "checker_model",
+    ]
+    assert "http://srv/get-artifact?run_uuid=R&path=tensors/f__ref.npy" in doc.links
+    assert "http://srv/get-artifact?run_uuid=R&path=tensors/f__cand.npy" in doc.links
+    assert "equal — no setting calls for allclose" in html
+    assert "histogram-unavailable" in html
+
+
+def test_report_derives_first_divergence_and_chart_marks():
+    rows = [
+        _row("checker_a", 0),
+        _row("checker_b", 1, "mismatch", diff=1e-3, sqnr_db=40.0, cache_hit=True),
+        _row("checker_c", 2, "shape_mismatch", diff=None),
+    ]
+    ops = [
+        {
+            "tag": "b.op0",
+            "module": "b",
+            "op": "aten::mul",
+            "op_index": 0,
+            "status": "mismatch",
+            "root_cause": True,
+            "cause": "A",
+            "step": 0,
+            "inputs_status": "passing",
+        },
+    ]
+    doc = _Doc(render_run_report(_run(rows, ops)))
+    assert "checker_b" in doc.text("verdict")  # derived: first failing row in exec order
+    fig = doc.figures["propagation-chart"]
+    traces = {t.get("name"): t for t in fig["data"] if t.get("name")}
+    # zero diff drawn at the floor (a decade under the smallest positive diff), no-metric at top
+    eq = next(t for t in fig["data"] if t.get("name") == "equal" and t["yaxis"] == "y")
+    assert eq["y"] == [1e-4] and eq["marker"]["symbol"] == ["circle-open"]
+    sm = next(t for t in fig["data"] if t.get("name") == "shape_mismatch" and t["yaxis"] == "y")
+    assert sm["y"] == [1e-2] and sm["marker"]["symbol"] == ["x"]
+    assert traces["root-cause op"]["x"] == [1]
+    assert traces["cache hit"]["x"] == [1]
+    first_line = [s for s in fig["layout"]["shapes"] if s["line"]["color"] == "#c62828"]
+    assert [s["x0"] for s in first_line] == [1]
+    assert doc.rows["ops-table"] == 2
+
+
+def test_report_figures_are_valid_plotly():
+    import plotly.graph_objects as go
+
+    run = synthetic_run(rows=300, steps=3, diverge_step=0)
+    run.summary["worst_tensor_histogram"] = diff_histogram(np.zeros(10), np.arange(10) * 1e-3)
+    doc = _Doc(render_run_report(run))
+    assert set(doc.figures) == {"propagation-chart", "histogram-chart"}
+    for fig in doc.figures.values():
+        go.Figure(fig)  # raises ValueError on any property plotly.js does not know
+
+
+def test_report_error_run():
+    rows = [_row("checker_a", 0), _row("checker_b", 1, "missing_candidate", diff=None)]
+    err = {"type": "RuntimeError", "message": "boom", "side": "candidate", "traceback": "..."}
+    doc = _Doc(render_run_report(_run(rows, error=err, passed=False)))
+    assert "RUN ERROR" in doc.text("verdict")
+    assert "RuntimeError: boom (on the candidate side)" in doc.text("verdict")
+
+
+def test_report_passing_and_empty_runs():
+    ok = _Doc(render_run_report(_run([_row("checker_a", 0)], passed=True)))
+    assert "PARITY HOLDS" in ok.text("verdict") and "1 of 1 tensors pass" in ok.text("verdict")
+    empty = SimpleNamespace(modules=None, ops=None, summary={}, settings={})
+    assert "NOTHING COMPARED" in _Doc(render_run_report(empty)).text("verdict")
+
+
+def test_report_histogram_from_dump(tmp_path):
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(8, 8)).astype(np.float32)
+    cand = ref + np.float32(1e-3) * (rng.random(ref.shape) < 0.25)
+    np.save(tmp_path / "checker_b__step2__ref.npy", ref)
+    np.save(tmp_path / "checker_b__step2__cand.npy", cand)
+    index = {
+        "format": "parity_tracker.dump",
+        "version": 1,
+        "files": [
+            {
+                "tag": "checker_b",
+                "step": 2,
+                "side": 0,
+                "role": "reference",
+                "file": "checker_b__step2__ref.npy",
+            },
+            {
+                "tag": "checker_b",
+                "step": 2,
+                "side": 1,
+                "role": "candidate",
+                "file": "checker_b__step2__cand.npy",
+            },
+        ],
+    }
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    run = _run([_row("checker_b", 0, "mismatch", step=2, diff=1e-3, sqnr_db=30.0)])
+    run.dump_dir = tmp_path
+    html = render_run_report(run)
+    d = np.abs(cand.astype(np.float64) - ref)
+    assert f"{d.size} elements, {int((d == 0).sum())} exactly equal" in html
+    hist = _Doc(html).figures["histogram-chart"]["data"][0]
+    assert sum(hist["y"][:-1]) == int((d > 0).sum())
+    run.dump_dir = tmp_path / "missing"
+    assert "histogram-unavailable" in render_run_report(run)
+
+
+def test_plotly_inlined_once_and_exact():
+    from plotly.offline import get_plotlyjs
+
+    html = render_run_report(synthetic_run(rows=200, steps=2))
+    assert html.count('id="pt-plotly-gz"') == 1
+    assert "cdn.plot.ly" not in html and "<script src" not in html
+    payload = re.search(r'id="pt-plotly-gz">([^<]+)</script>', html).group(1)
+    assert gzip.decompress(base64.b64decode(payload)).decode() == get_plotlyjs()
+
+
+def test_report_size_and_build_time_2000_rows():
+    run = synthetic_run(rows=2000, steps=20)
+    _page.plotly_payload.cache_clear()
+    t0 = time.perf_counter()
+    html = render_run_report(run)  # cold: includes compressing plotly.js once
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    render_run_report(run)
+    warm = time.perf_counter() - t0
+    size = len(html.encode("utf-8"))
+    print(f"report 2000 rows: {size / MB:.2f} MB, cold {cold:.2f} s, warm {warm:.2f} s")
+    assert size <= 5 * MB
+    assert cold < 2.0 and warm < 2.0
+
+
+def test_escaping_of_hostile_tags():
+    tag = "checker_</script><img src=x onerror=alert(1)>"
+    html = render_run_report(_run([_row(tag, 0, "mismatch", diff=1.0, sqnr_db=1.0)]))
+    assert "<img" not in html  # escaped in HTML and in the charts' hover text
+    assert "</script><img" not in html
+    _Doc(html)  # parses, figure JSON included
+
+
+# ---------------------------------------------------------------------------------------------
+# nightly pages
+
+
+def test_matrix_cells_placed_coloured_and_linked():
+    cells = [
+        {
+            "target": "a",
+            "settings": {"quantization": "none", "cache": "off"},
+            "run_id": "r1",
+            "status": "pass",
+            "tensors_failing": 0,
+            "output_max_abs_diff": 0.0,
+            "url": "u1",
+        },
+        {
+            "target": "a",
+            "settings": {"quantization": "int8", "cache": "off"},
+            "run_id": "r2",
+            "status": "expected",
+            "tensors_failing": 4,
+            "output_max_abs_diff": 1e-2,
+            "url": "u2",
+        },
+        {
+            "target": "b",
+            "settings": {"quantization": "none", "cache": "kv"},
+            "run_id": "r3",
+            "status": "regression",
+            "tensors_failing": 2,
+            "output_max_abs_diff": 3e-3,
+            "url": "u3",
+            "first_divergence": "checker_layers.1",
+        },
+    ]
+    html = render_matrix(cells)
+    # columns: quantization none, int8 × cache off, kv → none/off none/kv int8/off int8/kv
+    body = html[html.index("<tbody>") : html.index("</tbody>")]
+    row_a, row_b = body.split("</tr>")[:2]
+    tds_a = re.findall(r"<td class='([^']+)'", row_a)
+    tds_b = re.findall(r"<td class='([^']+)'", row_b)
+    assert tds_a == ["cell c-pass", "empty", "cell c-expected", "empty"]
+    assert tds_b == ["empty", "cell c-regression", "empty", "empty"]
+    assert "href='u3'" in row_b and "checker_layers.1" in row_b
+    doc = _Doc(html)
+    assert "REGRESSION" in doc.text("verdict") and "3 runs" in doc.text("verdict")
+    assert "<script" not in html  # plain HTML page
+
+
+def test_matrix_rejects_unknown_status():
+    with pytest.raises(ValueError, match="status 'green'"):
+        render_matrix([{"target": "a", "settings": {}, "run_id": "r", "status": "green"}])
+
+
+def test_matrix_row_label_includes_varying_settings():
+    cells = [
+        {"target": "a", "settings": {"device": d}, "run_id": d, "status": "pass"}
+        for d in ("cpu", "cuda")
+    ]
+    html = render_matrix(cells)
+    assert "<th>a device=cpu</th>" in html and "<th>a device=cuda</th>" in html
+
+
+def test_history_orders_commits_and_marks_regressions():
+    runs = [
+        {
+            "fingerprint": "fp1",
+            "target": "a",
+            "settings": {"cache": "off"},
+            "commit": c,
+            "run_id": f"r{i}",
+            "start_time": t,
+            "tensors_failing": f,
+            "output_max_abs_diff": d,
+            "regression": reg,
+        }
+        for i, (c, t, f, d, reg) in enumerate(
+            [
+                ("ccc", 3_000_000_000_000, 3, 1e-2, True),
+                ("aaa", 1_000_000_000_000, 0, 0.0, False),
+                ("bbb", 2_000_000_000_000, 0, 0.0, False),
+            ]
+        )
+    ]
+    tag_status = [
+        {"tag": "t1", "commit": "aaa", "status": "equal"},
+        {"tag": "t1", "commit": "ccc", "status": "mismatch"},
+        {"tag": "t2", "commit": "ccc", "status": "equal"},  # never fails: not drawn
+    ]
+    doc = _Doc(render_history(runs, tag_status))
+    fig = doc.figures["history-chart-0"]
+    line = fig["data"][0]
+    assert line["x"] == ["aaa", "bbb", "ccc"]  # oldest → newest by start_time
+    assert line["y"] == [1e-3, 1e-3, 1e-2]  # zeros at a decade under the smallest positive
+    assert fig["data"][1]["y"] == [0, 0, 3]
+    assert [t["name"] for t in fig["data"]][-1] == "regression"
+    heat = doc.figures["heatmap-0"]["data"][0]
+    assert heat["y"] == ["t1"] and heat["x"] == ["aaa", "ccc"]
+    assert heat["text"] == [["equal", "mismatch"]]
+    assert "REGRESSION" in doc.text("verdict")
+
+
+def test_nightly_figures_are_valid_plotly_and_fast():
+    import plotly.graph_objects as go
+
+    cells, runs, tag_status = synthetic_nightly()
+    render_history(runs[:3], tag_status[:3])  # warm the plotly payload cache
+    t0 = time.perf_counter()
+    html = render_history(runs, tag_status)
+    render_matrix(cells)
+    elapsed = time.perf_counter() - t0
+    print(f"history ({len(runs)} runs) + matrix: {elapsed:.2f} s, {len(html) / MB:.2f} MB")
+    assert elapsed < 2.0
+    for fig in _Doc(html).figures.values():
+        go.Figure(fig)
