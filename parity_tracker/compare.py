@@ -33,7 +33,14 @@ import torch
 from parity_tracker.convert import Converted, to_tensor
 from parity_tracker.errors import InputError
 from parity_tracker.hashing import StreamHasher
-from parity_tracker.metrics import DiffStats, diff_stats, flat, nonfinite_counts, ulp_spec
+from parity_tracker.metrics import (
+    DiffStats,
+    diff_stats,
+    flat,
+    nonfinite_counts,
+    torch_threads,
+    ulp_spec,
+)
 from parity_tracker.tolerances import Tolerances, check_pair
 
 MODES = ("equal", "allclose")
@@ -139,12 +146,6 @@ def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] 
     return tuple(reversed(out))
 
 
-def _int_view(t: torch.Tensor) -> torch.Tensor:
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    size = t.element_size()
-    return t.view(ints[size]) if size in ints else t.view(torch.int64)
-
-
 def _side_counts(t: torch.Tensor) -> tuple[int, int]:
     """NaN/inf counts of a chunk, with one cheap reduction when the chunk is all finite."""
     if not (t.dtype.is_floating_point or t.dtype.is_complex):
@@ -167,28 +168,43 @@ class _Scan:
 
 
 def _scan(r: torch.Tensor, c: torch.Tensor, ref: Converted, cand: Converted, tol) -> _Scan:
-    """Hash both sides and test bitwise identity chunk by chunk; metrics from the first diff."""
+    """Hash both sides, comparing prefix digests chunk by chunk; metrics from the first diff."""
     shape = tuple(r.shape)
     hr, hc = StreamHasher(ref.dtype, shape), StreamHasher(cand.dtype, shape)
     rf, cf = flat(r), flat(c)
-    n, lo, nan, inf = rf.numel(), 0, 0, 0
     if ref.dtype == cand.dtype and r.dtype == c.dtype:
-        for lo in range(0, n, EQUAL_CHUNK):
-            rs, cs = rf[lo : lo + EQUAL_CHUNK], cf[lo : lo + EQUAL_CHUNK]
-            hr.update(rs)
-            hc.update(cs)
-            if not torch.equal(_int_view(rs), _int_view(cs)):
-                lo += EQUAL_CHUNK
-                break
-            k_nan, k_inf = _side_counts(rs)
-            nan, inf = nan + k_nan, inf + k_inf
-        else:
-            if n == 0:
-                hr.update(rf)
-                hc.update(cf)
+        with torch_threads(1):
+            same, lo, nan, inf = _identical_prefix(rf, cf, hr, hc)
+        if same:
             return _Scan(None, hr.hexdigest(), hc.hexdigest(), nan, inf)
+    else:
+        lo = 0
     stats = diff_stats(r, c, rtol=tol[0], atol=tol[1], hashers=(hr, hc), start=lo)
     return _Scan(stats, hr.hexdigest(), hc.hexdigest())
+
+
+def _identical_prefix(rf, cf, hr: StreamHasher, hc: StreamHasher) -> tuple[bool, int, int, int]:
+    """Feed both hashers until their prefix digests differ.
+
+    Returns ``(identical, hashed up to this flat index, NaN count, inf count)``.
+
+    Equal prefix digests mean bitwise-identical prefixes (up to an xxh3-64 collision), so an
+    identical pair is settled in one read of each side; NaN/inf are counted on the way.
+    """
+    n, nan, inf = rf.numel(), 0, 0
+    if n == 0:
+        hr.update(rf)
+        hc.update(cf)
+        return True, 0, 0, 0
+    for lo in range(0, n, EQUAL_CHUNK):
+        rs, cs = rf[lo : lo + EQUAL_CHUNK], cf[lo : lo + EQUAL_CHUNK]
+        hr.update(rs)
+        hc.update(cs)
+        if hr.intdigest() != hc.intdigest():
+            return False, lo + rs.numel(), 0, 0
+        k_nan, k_inf = _side_counts(rs)
+        nan, inf = nan + k_nan, inf + k_inf
+    return True, n, nan, inf
 
 
 def _fmt(x: float) -> str:

@@ -65,6 +65,10 @@ class StreamHasher:
         """Feed the next chunk (a contiguous CPU tensor, C order continuing the previous one)."""
         self._h.update(byte_view(chunk))
 
+    def intdigest(self) -> int:
+        """The digest of everything fed so far as an int (cheap; feeding may continue)."""
+        return self._h.intdigest()
+
     def hexdigest(self) -> str:
         """The 16-hex-digit xxh3-64 digest of everything fed so far."""
         return self._h.hexdigest()

@@ -23,6 +23,9 @@ Sums for SQNR and cosine run over the positions finite on both sides.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -168,10 +171,11 @@ class DiffAccumulator:
         self._b = torch.empty(size, dtype=torch.bool)
         self._di = torch.empty(size, dtype=torch.int64) if self.int64 else None
         self._ib = torch.empty(size, dtype=self.ulp.int_dtype) if self.ulp else None
+        self._atol_t = torch.tensor(self.atol, dtype=torch.float64)
         self.n = self.mismatch = 0
         self.nan_r = self.nan_c = self.inf_r = self.inf_c = 0
-        self.max_abs, self.max_abs_idx = -1.0, None
-        self.max_rel, self.max_rel_idx = -1.0, None
+        self.max_abs, self.max_abs_idx = 0.0, None
+        self.max_rel, self.max_rel_idx = 0.0, None
         self.max_q = 0.0
         self.sum_abs = self.rr = self.cc = self.rc = self.dd = 0.0
 
@@ -195,16 +199,22 @@ class DiffAccumulator:
         self.rr += rr
         self.cc += cc
         self.rc += _dot(rd, cd)
+        top = float(d.max())
+        if top == 0.0:  # equal values in this chunk: no rel/ULP/mismatch contribution
+            return
         self.dd += float(torch.dot(d, d))
         self.sum_abs += float(d.sum())
-        self._track_max(d, offset, "abs")
+        self._track_max(d, top, offset, "abs")
         absr = self._a[:n]
         torch.abs(rd, out=absr)
         rel = self._q[:n]
         torch.div(d, absr, out=rel)
-        rel.nan_to_num_(nan=0.0, posinf=INF)
-        self._track_max(rel, offset, "rel")
-        self._count_mismatch(d, absr, n)
+        top_rel = float(rel.max())
+        if math.isnan(top_rel):  # 0/0 where both are zero: relative difference 0
+            rel.nan_to_num_(nan=0.0, posinf=INF)
+            top_rel = float(rel.max())
+        self._track_max(rel, top_rel, offset, "rel")
+        self._count_mismatch(d, absr, top, n)
         self._ulp(r, c, rd, cd, d, n, unmatched)
 
     def _mask_nonfinite(self, rd: torch.Tensor, cd: torch.Tensor, n: int) -> torch.Tensor:
@@ -240,21 +250,28 @@ class DiffAccumulator:
         if bool(wrapped.any()):  # int64 overflow: |c - r| >= 2**63, float64 is accurate there
             d[wrapped] = (cd - rd).abs()[wrapped]
 
-    def _track_max(self, x: torch.Tensor, offset: int, which: str) -> None:
-        value, index = torch.max(x, 0)
-        value = float(value)
-        if which == "abs" and value > self.max_abs:
-            self.max_abs, self.max_abs_idx = value, offset + int(index)
-        elif which == "rel" and value > self.max_rel:
-            self.max_rel, self.max_rel_idx = value, offset + int(index)
-
-    def _count_mismatch(self, d: torch.Tensor, absr: torch.Tensor, n: int) -> None:
-        if self.rtol == 0.0 and self.atol == 0.0:
-            self.mismatch += int(torch.count_nonzero(d))
+    def _track_max(self, x: torch.Tensor, top: float, offset: int, which: str) -> None:
+        """Keep the greatest value and the flat index of its first occurrence."""
+        best = self.max_abs if which == "abs" else self.max_rel
+        if top < best:
             return
-        tol = absr.mul_(self.rtol).add_(self.atol)
-        torch.gt(d, tol, out=self._b[:n])
-        self.mismatch += int(torch.count_nonzero(self._b[:n]))
+        index = offset + int(torch.argmax(x))
+        if top == best:
+            index = min(index, self.max_abs_idx if which == "abs" else self.max_rel_idx)
+        if which == "abs":
+            self.max_abs, self.max_abs_idx = top, index
+        else:
+            self.max_rel, self.max_rel_idx = top, index
+
+    def _count_mismatch(self, d: torch.Tensor, absr: torch.Tensor, top: float, n: int) -> None:
+        """Count ``d > atol + rtol·|r|`` (torch.isclose's allowed error); absr is overwritten."""
+        if top <= self.atol:  # tolerance >= atol everywhere
+            return
+        if self.rtol == 0.0:
+            self.mismatch += int(torch.count_nonzero(d > self.atol))
+            return
+        tol = torch.add(self._atol_t, absr, alpha=self.rtol, out=absr)
+        self.mismatch += int(tol.lt_(d).sum())
 
     def _ulp(self, r, c, rd, cd, d, n, unmatched) -> None:
         spec = self.ulp
@@ -266,8 +283,7 @@ class DiffAccumulator:
         u, q = self._a[:n], self._q[:n]
         torch.bitwise_and(r.view(spec.int_dtype), spec.mask, out=self._ib[:n])
         u.copy_(self._ib[:n].view(r.dtype))
-        u.clamp_min_(spec.tiny)
-        torch.div(d, u, out=q)
+        torch.div(d, u.clamp_min_(spec.tiny), out=q)
         if unmatched is not None:
             q.nan_to_num_(nan=0.0, posinf=INF).masked_fill_(unmatched, INF)
         self.max_q = max(self.max_q, float(q.max()) / spec.eps)
@@ -283,16 +299,30 @@ class DiffAccumulator:
             q = q.nan_to_num(nan=0.0, posinf=INF).masked_fill(unmatched, INF)
         self.max_q = max(self.max_q, float(q.max()) / spec.eps)
 
+    def merge(self, other: DiffAccumulator) -> None:
+        """Fold in another accumulator of the same pair (chunks processed elsewhere)."""
+        for name in ("n", "mismatch", "nan_r", "nan_c", "inf_r", "inf_c"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("sum_abs", "rr", "cc", "rc", "dd"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_q = max(self.max_q, other.max_q)
+        for which in ("abs", "rel"):
+            value, index = getattr(other, f"max_{which}"), getattr(other, f"max_{which}_idx")
+            best, best_idx = getattr(self, f"max_{which}"), getattr(self, f"max_{which}_idx")
+            if value > best or (value == best and index is not None and index < best_idx):
+                setattr(self, f"max_{which}", value)
+                setattr(self, f"max_{which}_idx", index)
+
     def result(self) -> DiffStats:
         """The metrics of everything added so far."""
         empty = self.n == 0
         return DiffStats(
             numel=self.n,
             mismatch_count=self.mismatch,
-            max_abs_diff=0.0 if empty else self.max_abs,
-            max_abs_diff_index=self.max_abs_idx if self.max_abs > 0 else None,
-            max_rel_diff=0.0 if empty else self.max_rel,
-            max_rel_diff_index=self.max_rel_idx if self.max_rel > 0 else None,
+            max_abs_diff=self.max_abs,
+            max_abs_diff_index=self.max_abs_idx,
+            max_rel_diff=self.max_rel,
+            max_rel_diff_index=self.max_rel_idx,
             mean_abs_diff=0.0 if empty else self.sum_abs / self.n,
             cosine=cosine_from_sums(self.rc, self.rr, self.cc),
             sqnr_db=sqnr_from_sums(self.rr, self.dd),
@@ -330,6 +360,38 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1)
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the body with ``count`` torch intra-op threads, restoring the previous count after.
+
+    The chunked engine runs each torch op single-threaded and spreads chunks over Python
+    threads instead: on a small chunk an intra-op parallel region costs a barrier per op,
+    which on a busy 2-core machine costs more than the op itself.
+    """
+    previous = torch.get_num_threads()
+    if previous != count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if previous != count:
+            torch.set_num_threads(previous)
+
+
+def _feed(hashers, r, c, lo, hi) -> None:
+    """Hash flat range [lo, hi) of both sides in 1 MiB pieces (in order)."""
+    step = max((1 << 20) // max(r.element_size(), 1), 1)
+    for k in range(lo, hi, step):
+        hashers[0].update(r[k : min(k + step, hi)])
+        hashers[1].update(c[k : min(k + step, hi)])
+
+
+def _run_chunks(acc: DiffAccumulator, r, c, starts, chunk: int) -> DiffAccumulator:
+    for lo in starts:
+        acc.add(r[lo : lo + chunk], c[lo : lo + chunk], lo)
+    return acc
+
+
 def diff_stats(
     reference: torch.Tensor,
     candidate: torch.Tensor,
@@ -339,8 +401,13 @@ def diff_stats(
     chunk: int = CHUNK,
     hashers: tuple[StreamHasher, StreamHasher] | None = None,
     start: int = 0,
+    workers: int | None = None,
 ) -> DiffStats:
     """All metrics of a same-shape pair in one chunked pass.
+
+    Chunks are spread round-robin over ``workers`` Python threads, each with its own scratch
+    buffers (so at most ``workers · 8`` chunk-sized buffers: 4 MiB each at the default chunk)
+    and single-threaded torch ops; the calling thread feeds ``hashers`` meanwhile.
 
     Args:
         reference: dense CPU tensor, any dtype (not quantized), any shape.
@@ -348,9 +415,10 @@ def diff_stats(
         rtol: relative tolerance of the mismatch count.
         atol: absolute tolerance of the mismatch count.
         chunk: elements per chunk.
-        hashers: optional content hashers fed with the chunks from flat index ``start`` on
+        hashers: optional content hashers fed with both tensors from flat index ``start`` on
             (so hashing shares the pass).
         start: first flat index to feed to ``hashers``.
+        workers: threads for the metrics; default ``torch.get_num_threads()``.
 
     Returns:
         :class:`DiffStats`.
@@ -362,15 +430,29 @@ def diff_stats(
         raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(candidate.shape)}")
     r, c = flat(reference), flat(candidate)
     n = r.numel()
-    acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol)
-    for lo in range(0, n, chunk):
-        rs, cs = r[lo : lo + chunk], c[lo : lo + chunk]
-        if hashers is not None and lo + chunk > start:
-            k = max(start - lo, 0)
-            hashers[0].update(rs[k:])
-            hashers[1].update(cs[k:])
-        acc.add(rs, cs, lo)
-    return acc.result()
+    workers = torch.get_num_threads() if workers is None else max(int(workers), 1)
+    workers = min(workers, -(-n // chunk)) if n else 1
+    size = min(chunk, n)
+    accs = [DiffAccumulator(r.dtype, c.dtype, size, rtol, atol) for _ in range(workers)]
+    stride = workers * chunk
+    with torch_threads(1):
+        if workers == 1:
+            if hashers is not None:
+                _feed(hashers, r, c, start, n)
+            _run_chunks(accs[0], r, c, range(0, n, chunk), chunk)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="parity-metrics") as pool:
+                jobs = [
+                    pool.submit(_run_chunks, acc, r, c, range(w * chunk, n, stride), chunk)
+                    for w, acc in enumerate(accs)
+                ]
+                if hashers is not None:
+                    _feed(hashers, r, c, start, n)
+                for job in jobs:
+                    job.result()
+    for acc in accs[1:]:
+        accs[0].merge(acc)
+    return accs[0].result()
 
 
 # --- the metrics as pure functions f(reference, candidate) -----------------------------------
