@@ -867,7 +867,7 @@ class TensorChecker:
             if (side, qname) in self._weights_done:
                 continue
             store = mod._parameters if kind == "param" else mod._buffers
-            value = store.get(local)
+            value = store[local] if local in store else None  # TorchScript: no .get
             if value is None:
                 continue
             self._weights_done.add((side, qname))
@@ -1049,6 +1049,8 @@ class HookHandle:
 
 def _has_forward(mod: torch.nn.Module) -> bool:
     """False for pure containers (ModuleList, ModuleDict, ...) that are never called."""
+    if isinstance(mod, torch.jit.ScriptModule):
+        return True
     return type(mod).forward is not torch.nn.Module.forward
 
 
@@ -1073,26 +1075,48 @@ def module_register_tensor_checker(
         A :class:`HookHandle`; ``remove()`` it or use it as a context manager.
 
     Raises:
-        InputError: ``model`` is not a ``torch.nn.Module``.
+        InputError: ``model`` is not a ``torch.nn.Module``, or is a TorchScript module.
     """
     if not isinstance(model, torch.nn.Module):
         raise InputError(
             f"module_register_tensor_checker needs a torch.nn.Module, got {type(model).__name__}"
             "; register a foreign engine's tensors with tensor_checker.register_tensor instead"
         )
+    if isinstance(model, torch.jit.ScriptModule):
+        raise InputError(
+            f"{type(model).__name__} is a TorchScript module, which takes no Python hooks; hook "
+            "the eager module before scripting, or register its outputs with "
+            "tensor_checker.register_tensor"
+        )
     checker = tensor_checker if checker is None else checker
     handle = HookHandle(checker, checker._claim_side(side), model)
+    try:
+        _install(model, checker, handle)
+    except BaseException:
+        handle.remove()
+        raise
+    checker._hooked.setdefault(handle.side, set()).update(handle.module_names)
+    checker._handles.append(handle)
+    return handle
+
+
+def _install(model: torch.nn.Module, checker: TensorChecker, handle: HookHandle) -> None:
+    """Add the pre/post hooks of every module with a forward to ``handle``."""
     s = handle.side
     root = root_name(model)
     handle.root_name = root
     own = own_tensors(model, root)
     all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in model.modules()}.values()]
     names: list[str] = []
+    scripted: list[str] = []
     for raw_name, mod in model.named_modules():
         is_root = mod is model
         if not is_root and not _has_forward(mod):
             continue
         name = module_display_name(raw_name, root)
+        if isinstance(mod, torch.jit.ScriptModule):
+            scripted.append(name)
+            continue
         names.append(name)
         entries = own.get(id(mod), [])
 
@@ -1115,9 +1139,14 @@ def module_register_tensor_checker(
                 mod.register_forward_hook(done, with_kwargs=True, always_call=True)
             )
     handle.module_names = names
-    checker._hooked.setdefault(s, set()).update(names)
-    checker._handles.append(handle)
-    return handle
+    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
+    if top:
+        warnings.warn(
+            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
+            f"{', '.join(top)} (their weights are still compared)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 #: The shared instance of the seed API.

@@ -501,3 +501,23 @@ def test_forward_that_raises_leaves_the_checker_usable():
     checker.register_tensor("x", torch.ones(1))  # outside a forward: side by order again
     checker.register_tensor("x", torch.ones(1))
     assert checker.check("equal")["x"].status == "equal"
+
+
+def test_torchscript_root_is_rejected_and_submodules_skipped():
+    from parity_tracker.errors import InputError
+
+    checker = TensorChecker(verbose=False)
+    with pytest.raises(InputError, match="TorchScript module, which takes no Python hooks"):
+        module_register_tensor_checker(torch.jit.script(nn.Linear(2, 2)), checker)
+    assert checker._handles == []
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(2, 2), torch.jit.script(nn.Sequential(nn.Linear(2, 2))))
+
+    ref, cand = build().eval(), build().eval()
+    with pytest.warns(UserWarning, match=r"not captured: 1 \(their weights"):
+        result, got = run_pair(ref, cand, torch.randn(2))
+    assert got["checker_0"] == "equal"
+    assert got["checker_1.0.weight"] == "equal"
+    assert "checker_1" not in got and "checker_1.0" not in got
