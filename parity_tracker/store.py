@@ -129,13 +129,15 @@ def get_client(uri: str | None = None) -> MlflowClient:
     from mlflow.tracking import MlflowClient
 
     uri = resolve_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     with _INIT_GUARD:
         if uri not in _INITIALISED:
+            # MlflowClient() itself opens the store (and migrates a new SQLite file): under lock.
             with _file_lock(uri):
+                client = retry(MlflowClient, tracking_uri=uri, registry_uri=uri)
                 retry(client.search_experiments, max_results=1)
             _INITIALISED.add(uri)
-    return client
+            return client
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def get_or_create_experiment(client: MlflowClient, name: str) -> str:

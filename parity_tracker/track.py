@@ -85,7 +85,8 @@ class SpooledError(InfrastructureError):
         self.cause = cause
         super().__init__(
             f"tracking store unreachable ({type(cause).__name__}: {str(cause)[:300]}); "
-            f"run spooled to {self.spool_path}; upload it with `parity-tracker sync` / sync_spool()"
+            f"run spooled to {self.spool_path}; upload it later with "
+            "parity_tracker.track.sync_spool()"
         )
 
 
@@ -98,7 +99,8 @@ class RunInfo:
         start_time: milliseconds since the epoch (MLflow's unit).
         commit: ``mlflow.source.git.commit`` tag (None if unknown).
         branch: ``mlflow.source.git.branch`` tag (None if unknown).
-        settings: the params minus environment and derived keys.
+        settings: the params minus the environment, ``mode_reason`` and
+            ``config_fingerprint`` (``mode`` is kept: it is a setting of the contract).
         fingerprint: the ``config_fingerprint`` param.
         metrics: the logged metrics (latest values).
         status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
@@ -121,7 +123,7 @@ class RunInfo:
     def from_mlflow(cls, run: Any) -> RunInfo:
         """Build from an ``mlflow.entities.Run``."""
         params, tags = dict(run.data.params), dict(run.data.tags)
-        skip = {*ENV_KEYS, *DERIVED_PARAMS}
+        skip = {*ENV_KEYS, "mode_reason", "config_fingerprint"}
         return cls(
             run_id=run.info.run_id,
             start_time=int(run.info.start_time or 0),
@@ -208,11 +210,8 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _render_report(result: RunResult, path: Path) -> None:
     """Write ``report.html`` with the dashboards' renderer; a renderer fault only warns."""
-    try:
-        from dashboards.report import render_run_report
-    except ImportError as exc:  # dashboards not installed alongside (library-only install)
-        warnings.warn(f"report.html not written: {exc}", RuntimeWarning, stacklevel=3)
-        return
+    from dashboards.report import render_run_report
+
     try:
         html = render_run_report(result)
     except Exception as exc:  # a report bug must not lose the run
@@ -490,6 +489,7 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
     """Fetch ``tables/`` and ``summary.json`` of a run into ``cache`` (atomic, once)."""
     if (cache / ".complete").exists():
         return cache
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no tqdm noise
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_id}.", dir=cache.parent))
     try:

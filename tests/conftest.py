@@ -115,7 +115,7 @@ def mlflow_server(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactor
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the group led by our server's pid
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
