@@ -7,12 +7,15 @@ weights: a real pair of engines. Reference: ``silero_vad.jit`` (TorchScript, its
 (``silero_vad_op18_ifless.onnx``), each run by onnxruntime's CPU provider with one thread; or
 ``torchscript`` (a second load of the reference file: the identity candidate).
 
-Neither side is hooked (a TorchScript module takes no Python hooks, an onnxruntime session is
-no module): the drive streams the audio in 512-sample chunks, each with the previous 64
-samples of context (the silero-vad streaming protocol, as in its ``OnnxWrapper``), feeds each
-side's own recurrent state back, and registers per chunk (one step per chunk) through
-``rec.register``: ``vad_input`` (the 576-sample window, identical by construction),
-``vad_prob`` ``(1, 1)`` (speech probability) and ``vad_state`` ``(2, 1, 128)`` (LSTM state).
+The reference is a small ``nn.Module`` around the TorchScript network (TorchScript takes no
+Python hooks, so the scripted model is kept out of ``named_modules()``): the runner hooks it
+like any PyTorch model, and its root registers per call ``checker_model_input_0`` (the
+576-sample window: 512 new samples after 64 of context, the silero-vad streaming protocol as in
+its ``OnnxWrapper``), ``checker_model_input_1`` (the LSTM state in, ``(2, 1, 128)``),
+``checker_model_output_0`` (speech probability ``(1, 1)``) and ``checker_model_output_1``
+(the state out). The onnxruntime candidate is no module: its drive registers the same tags
+by hand through ``rec.register`` (names from :mod:`parity_tracker.capture`, the seed's way for
+a foreign engine). One step per chunk; each side feeds its own state back.
 
 Input: :func:`synth_speech`, a deterministic speech-like signal (voiced bursts with gliding
 pitch and formant-weighted harmonics under attack/decay envelopes, plus seeded noise) of
@@ -100,16 +103,21 @@ def synth_speech(chunks: int = CHUNKS, seed: int = SEED) -> torch.Tensor:
     return torch.from_numpy(np.clip(signal, -1.0, 1.0).astype(np.float32))[None]
 
 
-class TorchScriptVAD:
-    """The TorchScript model's 16 kHz network as ``(window, state) -> (prob, state)``."""
+class TorchScriptVAD(torch.nn.Module):
+    """The TorchScript model's 16 kHz network as a module: ``(window, state) -> (prob, state)``.
+
+    The scripted model is stored outside the module tree (``named_modules()`` yields only this
+    wrapper): TorchScript modules take no Python hooks, and its weights are not comparable
+    with the ONNX initializers tag by tag anyway.
+    """
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
-        self.module = torch.jit.load(str(path), map_location="cpu").eval()
+        object.__setattr__(self, "engine", torch.jit.load(str(path), map_location="cpu").eval())
 
-    def __call__(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        with torch.no_grad():
-            prob, new_state = self.module._model(window, state)
+    def forward(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        prob, new_state = self.engine._model(window, state)
         return prob, new_state
 
 
@@ -140,23 +148,39 @@ class OnnxRuntimeVAD:
         return torch.from_numpy(prob), torch.from_numpy(new_state)
 
 
-def make_drive(audio: torch.Tensor) -> Callable[..., None]:
-    """Stream ``audio`` ``(1, N)`` in 512-sample chunks with 64 samples of context.
+def chunk_windows(audio: torch.Tensor) -> list[torch.Tensor]:
+    """``audio`` ``(1, N)`` as 576-sample windows: each 512-sample chunk after 64 of context."""
+    padded = torch.cat([torch.zeros(1, CONTEXT), audio], dim=1)
+    return [
+        padded[:, k * CHUNK : k * CHUNK + CONTEXT + CHUNK].clone()
+        for k in range(audio.shape[1] // CHUNK)
+    ]
 
-    Registers ``vad_input``, ``vad_prob`` and ``vad_state`` at step ``k`` = chunk index.
+
+def make_drive(audio: torch.Tensor, register: bool) -> Callable[..., None]:
+    """Stream ``audio`` ``(1, N)`` chunk by chunk (step ``k`` = chunk ``k``), state fed back.
+
+    Args:
+        audio: the signal, 16 kHz float32.
+        register: register the call's inputs and outputs by hand under the tags the root
+            hooks of a module would produce (for a candidate that is not an ``nn.Module``).
     """
+    from parity_tracker.capture import ROOT_NAME, input_leaves, output_leaves
+
+    windows = chunk_windows(audio)
 
     def drive(model: Callable[..., tuple[torch.Tensor, ...]], rec: Any) -> None:
-        context = torch.zeros(1, CONTEXT)
         state = torch.zeros(2, 1, 128)
-        for k in range(audio.shape[1] // CHUNK):
+        for k, window in enumerate(windows):
             rec(k)
-            window = torch.cat([context, audio[:, k * CHUNK : (k + 1) * CHUNK]], dim=1)
-            rec.register("vad_input", window)
-            prob, state = model(window, state)
-            rec.register("vad_prob", prob)
-            rec.register("vad_state", state)
-            context = window[:, -CONTEXT:]
+            if register:
+                for tag, _, leaf in input_leaves(ROOT_NAME, (window, state), None):
+                    rec.register(tag, leaf)
+            out = model(window, state)
+            if register:
+                for tag, _, leaf in output_leaves(ROOT_NAME, out):
+                    rec.register(tag, leaf)
+            state = out[1]
 
     return drive
 
@@ -169,9 +193,9 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
             keys take the first value.
 
     Returns:
-        A multi-step :class:`ParityCase` (one step per 512-sample chunk, 32 steps) whose
-        reference and candidate are callables, not modules: every tensor is registered by
-        the drive.
+        A multi-step :class:`ParityCase` (one step per 512-sample chunk, 32 steps): the
+        reference (and the ``torchscript`` candidate) hooked as modules, an onnxruntime
+        candidate registering its tensors through ``candidate_drive``.
 
     Raises:
         InputError: an unknown setting or value.
@@ -190,6 +214,7 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
             raise InfrastructureError(
                 "target 'silero-vad' needs onnxruntime: pip install 'parity-tracker[targets]'"
             ) from exc
+    audio = synth_speech()
     recorded = _common.recorded_settings(
         NAME,
         chosen,
@@ -199,7 +224,8 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
     return ParityCase(
         reference=reference,
         candidate=candidate,
-        drive=make_drive(synth_speech()),
+        drive=make_drive(audio, register=False),
+        candidate_drive=make_drive(audio, register=not isinstance(candidate, torch.nn.Module)),
         settings=recorded,
         notes=(
             f"reference silero_vad.jit (TorchScript) vs {candidate.path.name} "
