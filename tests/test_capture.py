@@ -517,7 +517,7 @@ def test_torchscript_root_is_rejected_and_submodules_skipped():
 
     ref, cand = build().eval(), build().eval()
     with pytest.warns(UserWarning, match=r"not captured: 1 \(their weights"):
-        result, got = run_pair(ref, cand, torch.randn(2))
+        _, got = run_pair(ref, cand, torch.randn(2))
     assert got["checker_0"] == "equal"
     assert got["checker_1.0.weight"] == "equal"
     assert "checker_1" not in got and "checker_1.0" not in got
