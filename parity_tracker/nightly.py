@@ -190,6 +190,7 @@ class CellResult:
     expected_used: list[str] = field(default_factory=list)
     error: str | None = None
     spool_path: str | None = None
+    fingerprint: str | None = None
     diff: pa.Table | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -454,7 +455,7 @@ def _diff_cell(
     experiment: str,
 ) -> None:
     """Pick the cell's baseline, diff its modules table against head's, apply expectations."""
-    fp = result.fingerprint
+    fp = out.fingerprint = result.fingerprint
     if explicit is not None:
         base_id = explicit.get(fp)
         base_tab = _modules_tables_or_none(base_id, tracking_uri)
@@ -482,6 +483,24 @@ def _diff_cell(
     )
     failing = failing.filter(pc.not_equal(failing.column("change"), "expected"))
     out.unexpected_failing = failing.num_rows
+    _record_on_run(out, tracking_uri)
+
+
+def _record_on_run(out: CellResult, tracking_uri: str | None) -> None:
+    """Log metric ``regressions`` and tag ``parity.baseline_run_id`` on the cell's run.
+
+    The history page marks regressions from them; a store fault here only warns.
+    """
+    import warnings
+
+    from parity_tracker.store import get_client, retry
+
+    try:
+        client = get_client(tracking_uri)
+        retry(client.log_metric, out.run_id, "regressions", float(out.changes.get("regression", 0)))
+        retry(client.set_tag, out.run_id, "parity.baseline_run_id", out.baseline_run_id or "none")
+    except Exception as exc:
+        warnings.warn(f"could not record the diff on run {out.run_id}: {exc!r}", stacklevel=2)
 
 
 def _modules_tables_or_none(run_id: str | None, tracking_uri: str | None) -> pa.Table | None:
@@ -674,8 +693,103 @@ def _publish(result: NightlyResult, *, tracking_uri: str | None, experiment: str
         log_artifact_files(result.parent_run_id, files, tracking_uri=tracking_uri)
 
 
+def cell_status(c: CellResult) -> str:
+    """The matrix colour of a cell: error, regression, expected, fail or pass."""
+    if c.error:
+        return "error"
+    if c.changes.get("regression"):
+        return "regression"
+    if c.passed:
+        return "pass"
+    return "expected" if c.changes.get("expected") and not c.unexpected_failing else "fail"
+
+
+def _run_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | None) -> str | None:
+    """The run's page on an MLflow server (None for an embedded store: no fixed address)."""
+    from parity_tracker.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if not run_id or not experiment_id or not uri.startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _history_runs(
+    result: NightlyResult, *, tracking_uri: str | None, experiment: str, exp_id: str | None
+) -> list[dict[str, Any]]:
+    """Stored runs of each cell's configuration (newest 30 commits) for the history page."""
+    from parity_tracker.history import latest_per_commit, search_runs
+
+    this = {c.run_id: c for c in result.cells if c.run_id}
+    out = []
+    for c in result.cells:
+        if not c.run_id:
+            continue
+        fp = c.fingerprint
+        runs = latest_per_commit(
+            search_runs(
+                {"config_fingerprint": fp}, tracking_uri=tracking_uri, experiment=experiment
+            )
+        )[-30:]
+        for r in runs:
+            mine = this.get(r.run_id)
+            out.append({
+                "fingerprint": fp, "target": c.cell.target, "settings": dict(c.cell.settings),
+                "commit": r.commit, "run_id": r.run_id, "start_time": r.start_time,
+                "tensors_failing": r.metrics.get("tensors_failing"),
+                "output_max_abs_diff": r.metrics.get("output_max_abs_diff"),
+                "regression": bool(r.metrics.get("regressions", 0)) or bool(
+                    mine is not None and mine.changes.get("regression")),
+                "url": _run_url(tracking_uri, exp_id, r.run_id),
+            })  # fmt: skip
+    return out
+
+
+def _tag_status(result: NightlyResult) -> list[dict[str, Any]]:
+    """Head statuses of the changed or failing tags of this nightly (the heatmap's rows)."""
+    rows = []
+    for c in result.cells:
+        if c.diff is None:
+            continue
+        for r in interesting(c.diff).to_pylist():
+            if r["head_status"] is not None:
+                rows.append({"tag": r["tag"], "commit": result.commit, "status": r["head_status"],
+                             "fingerprint": c.fingerprint})  # fmt: skip
+    return rows
+
+
 def _dashboards(
     result: NightlyResult, folder: Path, *, tracking_uri: str | None, experiment: str
 ) -> dict[str, Path]:
-    """``matrix.html`` and ``history.html`` from ``dashboards.nightly`` when it is available."""
-    return {}
+    """``matrix.html`` and ``history.html`` (``dashboards.nightly``); a fault only warns."""
+    import warnings
+
+    try:
+        from dashboards.nightly import render_history, render_matrix
+        from parity_tracker.store import get_client
+
+        exp = get_client(tracking_uri).get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else None
+        cells = [
+            {"target": c.cell.target, "settings": dict(c.cell.settings), "run_id": c.run_id,
+             "status": cell_status(c), "tensors_failing": c.tensors_failing,
+             "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
+             "message": c.error or "; ".join(c.expected_used) or None, "commit": result.commit,
+             "url": _run_url(tracking_uri, exp_id, c.run_id)}
+            for c in result.cells
+        ]  # fmt: skip
+        runs = _history_runs(
+            result, tracking_uri=tracking_uri, experiment=experiment, exp_id=exp_id
+        )
+        pages = {
+            "matrix.html": render_matrix(cells, title=f"Nightly parity {result.commit or ''}"),
+            "history.html": render_history(runs, _tag_status(result)),
+        }
+    except Exception as exc:  # a dashboard bug must not lose the nightly's results
+        warnings.warn(f"nightly dashboards not written: {exc!r}", RuntimeWarning, stacklevel=2)
+        return {}
+    files = {}
+    for name, html in pages.items():
+        files[name] = folder / name
+        files[name].write_text(html, encoding="utf-8")
+    return files

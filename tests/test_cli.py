@@ -284,7 +284,7 @@ def test_nightly_writes_parent_artifacts_and_prints_digest(env, tmp_path):
         if r.data.tags.get("parity.kind") == "nightly"
     )  # fmt: skip
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"digest.md", "regressions.parquet"} <= names
+    assert {"digest.md", "regressions.parquet", "matrix.html", "history.html"} <= names
     local = client.download_artifacts(parent.info.run_id, "regressions.parquet", str(tmp_path))
     assert "change" in pq.read_table(local).column_names
     children = client.search_runs(
