@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     durations: dict[str, float] = {}
     t0 = time.perf_counter()
     for number in _selected(args):
+        print(f"[bench] measurement {number} ({MEASUREMENTS[number]}) ...", file=sys.stderr)
         got, secs = measure(number, quick)
+        print(f"[bench] measurement {number}: {len(got)} rows in {secs:.1f} s", file=sys.stderr)
         rows.extend(got)
         durations[str(number)] = round(secs, 2)
     meta["durations_s"] = {**durations, "total": round(time.perf_counter() - t0, 2)}
