@@ -223,3 +223,23 @@ def sequence_align(tag: str, reference: Any, candidate: Any) -> tuple[Any, Any] 
     if n > reference.shape[query_dim]:
         return None
     return reference.narrow(query_dim, reference.shape[query_dim] - n, n), candidate
+
+
+def nudge_one_ulp(tensor: torch.Tensor, index: int | None = None) -> int:
+    """Move one element of a floating-point tensor up by one ULP, in place (a known perturbation).
+
+    Uses ``torch.nextafter(x, +inf)``: the next representable value of the tensor's dtype.
+
+    Args:
+        tensor: a parameter or buffer (modified in place, under ``torch.no_grad()``).
+        index: the flat index of the element; default the element of largest magnitude (the
+            one whose change is least likely to be rounded away downstream).
+
+    Returns:
+        The flat index that was moved.
+    """
+    with torch.no_grad():
+        flat = tensor.view(-1)
+        i = int(flat.abs().argmax()) if index is None else int(index)
+        flat[i] = torch.nextafter(flat[i], torch.tensor(float("inf"), dtype=flat.dtype))
+    return i

@@ -1,0 +1,139 @@
+"""digits-cnn: trained on real data, identity bitwise, 1-ULP localization, quantized cells."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from parity_tracker.errors import InputError
+from parity_tracker.run import run_case
+from parity_tracker.tensor_checker import DumpMode
+from pipelines.targets import _common, digits_cnn
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("digits-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARITY_TRACKER_CACHE_DIR", str(path))
+        yield path
+
+
+def run(case):
+    return run_case(case, dump_mode=DumpMode.NOT)
+
+
+def test_training_is_deterministic_cached_and_accurate(cache_dir):
+    case = digits_cnn.build({})
+    files = sorted(p.name for p in cache_dir.iterdir() if p.suffix == ".pt")
+    assert len(files) == 1 and files[0].startswith("digits-cnn-")
+    mtime = (cache_dir / files[0]).stat().st_mtime_ns
+    digits_cnn.build({"quantization": "fp16"})  # second build: served from the cache
+    assert (cache_dir / files[0]).stat().st_mtime_ns == mtime
+    # retraining by the recipe gives the cached weights bit for bit
+    x_tr, y_tr, x_te, y_te = digits_cnn.load_data()
+    fresh = digits_cnn.train(x_tr, y_tr).state_dict()
+    for name, value in case.reference.state_dict().items():
+        assert torch.equal(fresh[name], value), name
+    # held-out accuracy, computed here with numpy from the logits
+    with torch.no_grad():
+        logits = case.reference(x_te).numpy()
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == y_te.numpy()))
+    assert accuracy > 0.9
+    assert f"{accuracy:.4f}" in case.notes
+    assert case.inputs[0].shape == (64, 1, 8, 8)
+    assert torch.equal(case.inputs[0], x_te[:64])
+
+
+def test_identity_candidate_is_bitwise_equal():
+    case = digits_cnn.build({})
+    assert case.settings == {
+        "target": "digits-cnn",
+        "device": "cpu",
+        "quantization": "none",
+        "cache": "off",
+        "memory_format": "contiguous",
+        "candidate": "copy",
+        "dtype": "float32",
+        "implementation": "same",
+    }
+    result = run(case)
+    s = result.summary
+    assert s["mode"] == "equal"
+    assert s["passed"] and s["output_equal"]
+    assert s["counts"]["equal"] == s["tensors_compared"] > 20
+
+
+def test_one_ulp_in_conv2_is_the_first_divergence():
+    case = digits_cnn.build({})
+    _common.nudge_one_ulp(case.candidate.conv2.weight)
+    result = run(case)
+    first = result.summary["first_divergence"]
+    assert first["module"] == "conv2"
+    assert first["step"] == 0
+    rows = {r["tag"]: r for r in result.modules.to_pylist()}
+    assert rows["checker_conv2"]["status"] == "mismatch"
+    assert rows["checker_conv1"]["status"] == "equal"
+    assert rows["checker_relu1"]["status"] == "equal"
+    # the moved weight: exactly one element differs, by one float32 ULP
+    w = rows["checker_conv2.weight"]
+    assert w["status"] == "mismatch" and w["mismatch_count"] == 1
+    assert w["max_ulp"] == 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "dtype"),
+    [
+        ({"quantization": "fp16"}, torch.float16),
+        ({"quantization": "bf16"}, torch.bfloat16),
+        ({"quantization": "int8"}, torch.float32),
+    ],
+)
+def test_quantized_cells_report_the_output_error(settings, dtype):
+    case = digits_cnn.build(settings)
+    x = case.inputs[0]
+    with torch.no_grad():
+        expected_ref = case.reference(x.clone()).numpy().astype(np.float64)
+        cand_out = case.candidate(x.clone())
+    assert cand_out.dtype == dtype
+    expected = float(np.abs(cand_out.float().numpy().astype(np.float64) - expected_ref).max())
+    s = run(case).summary
+    assert s["mode"] == "allclose"
+    assert "quantization" in s["mode_reason"]
+    got = s["output_max_abs_diff"]
+    assert got is not None and not math.isnan(got)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert 0 < got < 1.0  # logits of magnitude ~10: a real but bounded quantization error
+    assert s["output_sqnr_db"] is not None and 20 < s["output_sqnr_db"] < 120
+
+
+def test_int8_candidate_uses_dynamic_int8_linear_layers():
+    case = digits_cnn.build({"quantization": "int8"})
+    kinds = {n: type(m).__module__ for n, m in case.candidate.named_modules()}
+    assert "quantized.dynamic" in kinds["fc1"] and "quantized.dynamic" in kinds["fc2"]
+    assert kinds["conv1"] == "torch.nn.modules.conv"
+    assert case.candidate.fc1.weight().dtype == torch.qint8
+    assert case.settings["dtype"] == "qint8"
+    assert "quantize_dynamic" in case.notes
+
+
+def test_channels_last_cell_runs_the_candidate_in_nhwc():
+    case = digits_cnn.build({"memory_format": "channels_last"})
+    assert case.candidate.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert case.settings["implementation"] == "same"
+    s = run(case).summary
+    assert s["mode"] == "equal"
+    # a layout change alone: the output error is reported (measured 0 on torch 2.13 x86)
+    assert s["output_max_abs_diff"] is not None and not math.isnan(s["output_max_abs_diff"])
+
+
+def test_bad_settings_name_the_setting_and_the_allowed_values():
+    with pytest.raises(InputError, match=r"quantization.*'int4'.*none, fp16, bf16, int8"):
+        digits_cnn.build({"quantization": "int4"})
+    with pytest.raises(InputError, match=r"memory_format \(contiguous\|channels_last\)"):
+        digits_cnn.build({"layout": "nhwc"})
