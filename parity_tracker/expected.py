@@ -146,9 +146,9 @@ def apply_expected(
     if not live or diff.num_rows == 0:
         return diff, []
     tags = diff.column("tag").to_pylist()
-    failing = ~np.asarray(
-        pc.fill_null(pc.is_in(diff.column("head_status"), pa.array(["equal", "close"])), True)
-    )
+    status = diff.column("head_status")
+    passing = pc.is_in(status, value_set=pa.array(["equal", "close"]))
+    failing = np.asarray(pc.and_(pc.is_valid(status), pc.invert(passing)))  # removed: null
     change = np.asarray(diff.column("change").to_pylist(), dtype=object)
     used = []
     for entry in live:

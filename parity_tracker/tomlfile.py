@@ -31,5 +31,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"line (\d+)", str(exc))
-        where = f"{path}:{found.group(1)}" if found else str(path)
+        line = found.group(1) if found else None
+        if line is None and "end of document" in str(exc):
+            line = str(max(1, len(text.splitlines())))
+        where = f"{path}:{line}" if line else str(path)
         raise InputError(f"{where}: malformed TOML: {exc}") from exc

@@ -1,0 +1,227 @@
+"""The nightly's pure parts: matrix expansion, sharding, baseline choice, expected entries,
+verdict and digest (no store, no models)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from parity_tracker.errors import InputError
+from parity_tracker.expected import apply_expected, expired_entries, load_expected
+from parity_tracker.nightly import (
+    Cell,
+    CellResult,
+    NightlyResult,
+    cell_status,
+    choose_baseline,
+    load_matrix,
+    parse_shard,
+    regressions_table,
+    render_digest,
+    shard_cells,
+)
+
+TINY = "cli_targets:tiny"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_matrix_expands_axes_fills_defaults_and_dedupes(tmp_path):
+    cfg = write(
+        tmp_path,
+        "m.toml",
+        f'[[matrix]]\ntarget = "{TINY}"\nperturb = ["none", "fc2"]\n'
+        'quantization = ["none", "bf16"]\n'
+        f'[[matrix]]\ntarget = "{TINY}"\nops = true\n'
+        f'[[matrix]]\ntarget = "{TINY}"\nquantization = "bf16"\n',  # a duplicate of cell 3
+    )
+    cells = load_matrix(cfg)
+    names = [c.name for c in cells]
+    assert names == [
+        f"{TINY}[perturb=none,quantization=none]",
+        f"{TINY}[perturb=none,quantization=bf16]",
+        f"{TINY}[perturb=fc2,quantization=none]",
+        f"{TINY}[perturb=fc2,quantization=bf16]",
+        f"{TINY}[perturb=none,quantization=none]",  # same settings but ops=true: another cell
+    ]
+    assert cells[-1].ops is True and cells[0].ops is False
+
+
+def test_builtin_matrix_has_every_target_and_at_least_14_cells():
+    cells = load_matrix(REPO / "pipelines" / "nightly.toml")
+    assert len(cells) >= 14
+    assert {c.target for c in cells} == {
+        "digits-cnn", "vae-tiny", "llama-tiny", "flux-tiny", "silero-vad"
+    }  # fmt: skip
+    settings = {(c.target, tuple(sorted(dict(c.settings).items()))) for c in cells}
+    assert len(settings) == len(cells)  # no duplicate cell
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[[matrix]]\ntarget = "x"\nfoo = [\n', "m.toml:3"),
+        ('[[matrix]]\nperturb = "none"\n', "needs target"),
+        (f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n', "allowed: auto, equal, allclose"),
+        (f'[[matrix]]\ntarget = "{TINY}"\nperturb = []\n', "non-empty list"),
+        (f'[[matrix]]\ntarget = "{TINY}"\n[[matrix]]\ntarget = "{TINY}"\nx = "1"\n', "#2"),
+    ],
+)
+def test_matrix_errors_name_file_and_entry(tmp_path, text, needle):
+    with pytest.raises(InputError, match=needle.replace("[", r"\[")):
+        load_matrix(write(tmp_path, "m.toml", text))
+
+
+def test_shards_are_disjoint_deterministic_and_complete():
+    cells = [Cell("t", (("i", str(i)),)) for i in range(16)]
+    shards = [shard_cells(cells, i, 3) for i in (1, 2, 3)]
+    assert [len(s) for s in shards] == [6, 5, 5]
+    assert sorted(c.name for s in shards for c in s) == sorted(c.name for c in cells)
+    assert shards[1] == [cells[k] for k in (1, 4, 7, 10, 13)]
+    assert shard_cells(cells, 1, 1) == cells
+    assert parse_shard("2/3") == (2, 3) and parse_shard(None) == (1, 1)
+    for bad in ("0/2", "3/2", "a/b", "1"):
+        with pytest.raises(InputError, match="--shard"):
+            parse_shard(bad)
+
+
+@dataclass
+class R:
+    run_id: str
+    commit: str
+    branch: str | None
+    start_time: int
+    status: str = "FINISHED"
+
+
+def test_choose_baseline_rules():
+    head = R("h", "c9", "feature", 100)
+    runs = [  # newest first, as the search returns them
+        head,
+        R("same", "c9", "feature", 90),
+        R("feat", "c8", "feature", 80),
+        R("failed", "c7", "main", 75, "FAILED"),
+        R("main", "c6", "main", 70),
+        R("old", "c5", "main", 60),
+    ]
+    # other commit, finished, main preferred (newest main: c6)
+    assert choose_baseline(runs, head_run_id="h", head_commit="c9").run_id == "main"
+    # no main run: newest other commit
+    nomain = [r for r in runs if r.branch != "main"]
+    assert choose_baseline(nomain, head_run_id="h", head_commit="c9").run_id == "feat"
+    # only runs of the same commit (a re-run): the newest earlier one
+    assert choose_baseline(runs[:2], head_run_id="h", head_commit="c9").run_id == "same"
+    assert choose_baseline([head], head_run_id="h", head_commit="c9") is None
+    # a later run never becomes the baseline
+    later = [R("later", "c1", "main", 200), head]
+    assert choose_baseline(later, head_run_id="h", head_commit="c9") is None
+
+
+def _diff(rows):
+    cols = ("tag", "change", "head_status", "base_status")
+    return pa.table({c: pa.array([r.get(c) for r in rows], pa.string()) for c in cols})
+
+
+def test_expected_entries_apply_to_failing_matching_rows_only(tmp_path):
+    path = write(
+        tmp_path,
+        "expected.toml",
+        '[[expected]]\ntarget = "llama-tiny"\nsettings = { quantization = "bf16" }\n'
+        'tag = "checker_model.layers.*"\nreason = "bf16 rounding"\nuntil = 2030-01-01\n'
+        '[[expected]]\ntarget = "llama-tiny"\ntag = "*"\nreason = "old"\nuntil = 2020-01-01\n',
+    )
+    entries = load_expected(path)
+    today = dt.date(2026, 11, 29)
+    assert [e.source for e in expired_entries(entries, today)] == [f"{path}#2"]
+    diff = _diff(
+        [
+            {"tag": "checker_model.layers.0", "change": "regression", "head_status": "mismatch"},
+            {"tag": "checker_model.layers.1", "change": "unchanged", "head_status": "equal"},
+            {"tag": "checker_model.norm", "change": "regression", "head_status": "mismatch"},
+            {"tag": "checker_model.layers.2", "change": "removed", "head_status": None},
+        ]
+    )
+    out, used = apply_expected(
+        diff, entries, target="llama-tiny", settings={"quantization": "bf16"}, today=today
+    )
+    assert out.column("change").to_pylist() == ["expected", "unchanged", "regression", "removed"]
+    assert [e.reason for e in used] == ["bf16 rounding"]
+    other, used = apply_expected(
+        diff, entries, target="llama-tiny", settings={"quantization": "none"}, today=today
+    )
+    assert other.column("change").to_pylist() == diff.column("change").to_pylist() and not used
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[[expected]]\ntarget = "x"\n', "missing keys"),
+        ('[[expected]]\ntarget="x"\ntag="*"\nreason="r"\nuntil="soon"\n', "not a date"),
+        ('[[expected]]\ntarget="x"\ntag="*"\nreason="r"\nuntil=2030-01-01\nwho="me"\n', "who"),
+        ("expected = [\n", "expected.toml:1"),
+    ],
+)
+def test_expected_file_errors(tmp_path, text, needle):
+    with pytest.raises(InputError, match=needle):
+        load_expected(write(tmp_path, "expected.toml", text))
+
+
+def test_missing_expected_file_is_empty(tmp_path):
+    assert load_expected(tmp_path / "absent.toml") == [] and load_expected(None) == []
+    assert load_expected(REPO / "pipelines" / "expected.toml") == []
+
+
+def _result(cells, fail_on="regression", expired=()):
+    return NightlyResult("p1", "abc", (1, 1), cells, list(expired), fail_on)
+
+
+def test_verdict_by_fail_on():
+    ok = CellResult(Cell("t", ()), run_id="r1", passed=True, changes={"regression": 0})
+    failing = CellResult(Cell("u", ()), run_id="r2", passed=False, unexpected_failing=3,
+                         changes={"regression": 0})  # fmt: skip
+    regressed = CellResult(Cell("v", ()), run_id="r3", changes={"regression": 2})
+    broken = CellResult(Cell("w", ()), error="RuntimeError: boom")
+    assert _result([ok, failing]).exit_code == 0
+    assert _result([ok, failing], "mismatch").exit_code == 1
+    assert _result([ok, regressed]).exit_code == 1
+    assert _result([ok, regressed], "never").exit_code == 0
+    assert _result([ok, broken]).exit_code == 1
+    assert _result([ok], expired=["e"]).exit_code == 1
+    assert [cell_status(c) for c in (ok, failing, regressed, broken)] == [
+        "pass", "fail", "regression", "error"
+    ]  # fmt: skip
+
+
+def test_digest_and_regressions_table():
+    diff = pa.table(
+        {
+            "tag": ["checker_fc2", "checker_fc1"],
+            "step": pa.array([0, 0], pa.int32()),
+            "change": ["regression", "unchanged"],
+            "base_status": ["equal", "equal"],
+            "head_status": ["mismatch", "equal"],
+            "base_max_abs_diff": [0.0, 0.0],
+            "head_max_abs_diff": [0.25, 0.0],
+        }
+    )
+    cell = CellResult(Cell("toy", (("q", "none"),)), run_id="r1", baseline_run_id="r0",
+                      changes={"regression": 1}, diff=diff, tensors_failing=1)  # fmt: skip
+    res = _result([cell])
+    digest = render_digest(res)
+    assert digest.startswith("# Parity nightly — FAIL")
+    assert "| toy[q=none] | checker_fc2 | 0 | equal → mismatch | 0 → 0.25 |" in digest
+    table = regressions_table([cell])
+    assert table.num_rows == 1
+    row = table.to_pylist()[0]
+    assert row["tag"] == "checker_fc2" and row["baseline_run_id"] == "r0"
+    assert row["settings"] == '{"q": "none"}'
+    assert regressions_table([]).num_rows == 0
