@@ -661,6 +661,7 @@ def run_parity(
     op_rows, root_causes = [], []
     if ops is not None:
         op_rows = [{**r, "run_id": run_id} for r in ops.rows()]
+        _name_unreached(op_rows, error)
         root_causes = ops.root_causes()
         ops.close()
     durations["compare"] = time.perf_counter() - t0

@@ -282,3 +282,41 @@ def test_run_case_and_training_flags_restored(tiny_equal_pair):
     result = run_case(case, environment=ENV)
     assert result.passed and result.settings["target"] == "tiny"
     assert reference.training and reference.drop.training and not candidate.training
+
+
+class _Cached(nn.Module):
+    """block runs at step 0 and is reused from a cache at step 1 (First-Block-Cache style)."""
+
+    def __init__(self, use_cache: bool) -> None:
+        super().__init__()
+        self.block = nn.Linear(3, 3)
+        self.use_cache, self.cached = use_cache, None
+
+    def forward(self, x, rec=None):
+        if self.use_cache and self.cached is not None:
+            rec.mark_cache_hit("block")
+            return self.cached
+        self.cached = self.block(x)
+        return self.cached
+
+
+def test_cache_hits_are_skipped_not_missing():
+    torch.manual_seed(0)
+    reference, candidate = _Cached(False), _Cached(True)
+    candidate.load_state_dict(reference.state_dict())
+
+    def drive(model, rec):
+        for k in range(2):
+            rec(k)
+            model(torch.ones(1, 3), rec)
+
+    result = run_parity(reference, candidate, drive=drive, settings={"cache": "first_block"},
+                        environment=ENV)  # fmt: skip
+    rows = {(r["tag"], r["step"]): r for r in result.modules.to_pylist()}
+    assert result.summary["mode"] == "allclose"
+    hit = rows[("checker_block", 1)]
+    assert hit["status"] == "skipped" and hit["cache_hit"] is True
+    assert rows[("checker_block", 0)]["cache_hit"] is False
+    assert rows[("checker_block", 0)]["status"] == "equal"
+    assert rows[("checker_model", 1)]["status"] == "equal"  # the cached output is still right
+    assert result.summary["tensors_skipped"] >= 1 and result.passed
