@@ -282,3 +282,29 @@ def test_find_runs_newest_first(tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd
     assert [r.run_id for r in find_runs(tracking_uri=sqlite_tracking_uri,
                                         config_fingerprint=fp)] == [ids[1]]  # fmt: skip
     assert runs[0].metrics["tensors_failing"] == 0 and torch.__version__
+
+
+def test_upload_failing_midway_is_spooled_and_the_partial_run_replaced(
+    tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    reference, candidate, inputs = tiny_equal_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+
+    def lost_connection(self, *a, **k):
+        raise ConnectionError("connection reset by peer")
+
+    with monkeypatch.context() as m:
+        m.setattr(MlflowClient, "log_artifacts", lost_connection)
+        with pytest.warns(RuntimeWarning), pytest.raises(SpooledError, match="reset by peer"):
+            log_run(result, tracking_uri=sqlite_tracking_uri)
+    client = get_client(sqlite_tracking_uri)
+    exp_id = client.get_experiment_by_name("parity").experiment_id
+    partial = client.search_runs([exp_id])
+    assert len(partial) == 1 and "parity.complete" not in partial[0].data.tags
+    done = sync_spool(sqlite_tracking_uri)
+    runs = find_runs(tracking_uri=sqlite_tracking_uri)
+    assert [r.run_id for r in runs] == [done[result.run_id]] != [partial[0].info.run_id]
+    assert client.get_run(partial[0].info.run_id).info.lifecycle_stage == "deleted"
+    _assert_same(load_run(runs[0].run_id, tracking_uri=sqlite_tracking_uri), result)
