@@ -32,6 +32,8 @@ from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 
 #: Statuses that count as neither passing nor failing (the pair could not be judged).
 NEUTRAL = frozenset({"skipped"})
+#: Row kinds that are weights: reported apart from module divergences.
+WEIGHT_KINDS = ("buffer", "param")
 #: Execution statuses of a run (``summary["status"]``) and the MLflow run status each maps to.
 RUN_STATUSES = {"completed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 #: Settings keys that are not part of the configuration fingerprint.
@@ -124,6 +126,7 @@ class RunResult:
         summary: JSON-clean dict (no NaN/inf: non-finite floats become None): ``status``
             (completed | failed | killed), ``passed``, ``counts`` / ``ops_counts`` (rows per
             status, every status present), ``tensors_compared/passing/failing/skipped``,
+            ``weights_failing`` (failing param/buffer rows),
             ``first_divergence`` (tag, module, kind, step, exec_order, status, max_abs_diff) or
             None, ``root_causes``, ``output_max_abs_diff``, ``output_sqnr_db``, ``output_equal``,
             ``mode``, ``mode_reason``, ``requested_mode``, ``settings``, ``environment``,
@@ -223,17 +226,31 @@ def status_counts(table: pa.Table) -> dict[str, int]:
     return counts
 
 
-def first_divergence(table: pa.Table) -> dict[str, Any] | None:
-    """The first row (by step, then exec_order, then table order) whose status is not passing.
+def _failing_mask(table: pa.Table, weights: bool | None = None) -> pa.ChunkedArray:
+    """Mask of rows whose status fails (anything but equal, close, skipped).
 
-    ``skipped`` rows are not divergences. Returns the keys tag, module, kind, step,
-    exec_order, status, max_abs_diff, message; None when every row passes.
+    ``weights`` True keeps only param/buffer rows, False only the others, None all.
     """
     import pyarrow.compute as pc
 
+    bad = pc.invert(pc.is_in(table.column("status"), pa.array(sorted(PASSING | NEUTRAL))))
+    if weights is not None:
+        is_weight = pc.fill_null(pc.is_in(table.column("kind"), pa.array(WEIGHT_KINDS)), False)
+        bad = pc.and_(bad, is_weight if weights else pc.invert(is_weight))
+    return bad
+
+
+def first_divergence(table: pa.Table) -> dict[str, Any] | None:
+    """The first failing row (by step, then exec_order, then table order), weights left out.
+
+    ``skipped`` rows are not divergences; parameters and buffers are reported apart
+    (``summary["weights_failing"]``) so a weight-loading error is never blamed on a module
+    (the TensorChecker's rule). Returns the keys tag, module, kind, step, exec_order, status,
+    max_abs_diff, message; None when no such row fails.
+    """
     if not table.num_rows:
         return None
-    bad = pc.invert(pc.is_in(table.column("status"), pa.array(sorted(PASSING | NEUTRAL))))
+    bad = _failing_mask(table, weights=False)
     failing = table.append_column("_row", pa.array(range(table.num_rows), pa.int64())).filter(bad)
     if not failing.num_rows:
         return None
@@ -310,6 +327,9 @@ def build_summary(
         "tensors_skipped": skipped,
         "ops_compared": ops.num_rows,
         "ops_failing": ops_failing,
+        "weights_failing": _failing_mask(modules, weights=True).to_pylist().count(True)
+        if modules.num_rows
+        else 0,
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
         "root_causes": list(root_causes or []),

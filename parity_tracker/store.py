@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -157,7 +158,7 @@ def get_or_create_experiment(client: MlflowClient, name: str) -> str:
         exp = retry(client.get_experiment_by_name, name)
         if exp is not None:
             return exp.experiment_id
-        location = f"{root}/{name}" if root else None
+        location = f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}" if root else None
         try:
             return retry(client.create_experiment, name, artifact_location=location)
         except MlflowException as exc:

@@ -320,3 +320,15 @@ def test_cache_hits_are_skipped_not_missing():
     assert rows[("checker_block", 0)]["status"] == "equal"
     assert rows[("checker_model", 1)]["status"] == "equal"  # the cached output is still right
     assert result.summary["tensors_skipped"] >= 1 and result.passed
+
+
+def test_weight_difference_is_reported_apart(tiny_equal_pair):
+    reference, candidate, inputs = tiny_equal_pair
+    with torch.no_grad():
+        candidate.fc1.bias[0] += 0.5
+    result = run_parity(reference, candidate, inputs, settings={}, environment=ENV,
+                        dump_mode=DumpMode.NOT)  # fmt: skip
+    assert _statuses(result)["checker_fc1.bias"] == "mismatch"
+    assert result.summary["weights_failing"] == 1
+    assert result.first_divergence["tag"] == "checker_fc1"  # the module the weight broke
+    assert result.summary["tensors_failing"] >= 2 and not result.passed
