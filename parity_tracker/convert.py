@@ -114,7 +114,6 @@ def _from_tensor(x: torch.Tensor, side: str) -> Converted:
     t = x.detach()
     if type(t).__name__ == "DTensor" and hasattr(t, "full_tensor"):
         t = t.full_tensor()
-        device = f"{device} (DTensor)"
     if t.is_nested:
         return _fail("error", f"{side} is a nested tensor; register its components separately", x)
     quant = None
@@ -156,7 +155,7 @@ def _from_scalar(x: bool | int | float | complex, side: str) -> Converted:
     dtype = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
     try:
         t = torch.tensor(x, dtype=dtype[kind])
-    except (RuntimeError, OverflowError):
+    except Exception:  # torch raises RuntimeError or OverflowError, by version
         return _fail("error", f"{side} Python {kind.__name__} {x!r} does not fit {dtype[kind]}")
     return Converted(tensor=t, dtype=dtype_name(t.dtype), device="cpu", shape=())
 

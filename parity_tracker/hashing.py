@@ -39,6 +39,8 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
     """
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("byte_view needs a contiguous CPU tensor; call .contiguous().cpu() first")
+    if tensor.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
     flat = tensor.reshape(-1)
     if flat.is_conj():
         flat = flat.resolve_conj()

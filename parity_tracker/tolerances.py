@@ -150,7 +150,10 @@ class Tolerances:
         items = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
         self.overrides: list[tuple[str, tuple[float, float]]] = []
         for pattern, pair in items:
-            checked = check_pair(*pair)
+            try:
+                checked = check_pair(*pair)
+            except InputError as exc:
+                raise InputError(f"tolerance override {pattern!r}: {exc}") from None
             if checked is None:
                 raise InputError(f"tolerance override {pattern!r} needs (rtol, atol), got {pair}")
             self.overrides.append((str(pattern), checked))

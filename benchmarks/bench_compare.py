@@ -1,0 +1,83 @@
+"""Comparison throughput as a fraction of ``numpy.copyto`` bandwidth (issue 2 §5).
+
+Two ratios, measured in one process on two 2^26-element float32 tensors (2^22 with ``quick``):
+
+- equal path: ``compare_tensors(a, b)`` with ``b`` a bitwise copy of ``a`` (status ``equal``:
+  both content hashes and a bitwise check, chunk by chunk);
+- full metrics: ``compare_tensors(a, c, mode="allclose")`` with ``c = a + noise`` everywhere
+  (status ``mismatch``: hashes plus every metric of ``parity_tracker.metrics``).
+
+Throughput is the bytes of BOTH inputs read per second (``2 · nbytes / t``); ``copyto``
+bandwidth is the bytes copied per second (``nbytes / t`` of ``numpy.copyto(dst, a)``, which
+reads ``nbytes`` and writes ``nbytes``). The three contenders run alternately in every repeat
+(order rotated each repeat) after a warm-up; each figure is the median over repeats of the
+per-repeat ratio, robust on a shared machine. Goals: equal ≥ 0.5, full ≥ 0.25.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from parity_tracker.compare import compare_tensors
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(quick: bool = False) -> dict:
+    """Measure both ratios; returns ratios, raw GB/s (1e9 B/s), sizes, repeats and threads."""
+    n = 1 << (22 if quick else 26)
+    repeats = 5 if quick else 7
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, generator=gen)
+    b = a.clone()
+    c = a + 1e-3 * torch.randn(n, generator=gen)
+    src, dst = a.numpy(), np.empty(n, dtype=np.float32)
+    nbytes = a.numel() * a.element_size()
+    eq = compare_tensors(a, b)
+    full = compare_tensors(a, c, mode="allclose")
+    assert eq.status == "equal" and full.status == "mismatch", (eq.status, full.status)
+    contenders = {
+        "copyto": lambda: np.copyto(dst, src),
+        "equal": lambda: compare_tensors(a, b),
+        "full": lambda: compare_tensors(a, c, mode="allclose"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for rep in range(repeats):
+        order = names[rep % 3 :] + names[: rep % 3]
+        for name in order:
+            times[name].append(_time(contenders[name]))
+    eq_ratio = [2 * tc / te for tc, te in zip(times["copyto"], times["equal"], strict=True)]
+    full_ratio = [2 * tc / tf for tc, tf in zip(times["copyto"], times["full"], strict=True)]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "equal_over_copyto": statistics.median(eq_ratio),
+        "full_over_copyto": statistics.median(full_ratio),
+        "copyto_gbps": nbytes / med["copyto"] / 1e9,
+        "equal_gbps": 2 * nbytes / med["equal"] / 1e9,
+        "full_gbps": 2 * nbytes / med["full"] / 1e9,
+        "numel": n,
+        "repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2^22 elements instead of 2^26")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(json.dumps(run(args.quick), indent=2))
