@@ -11,6 +11,7 @@ hints go to stderr).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import click
 from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, InputError, ParityTrackerError
 
 EXIT_INTERRUPTED = 130
+# MLflow draws a tqdm bar per artifact download; the CLI shows its own progress instead.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_CONFIG = "pipelines/nightly.toml"
 
 
@@ -281,11 +284,15 @@ class _RichReporter:
         self.task = self.progress.add_task("nightly", total=total)
 
     def cell_started(self, cell: Any) -> None:
-        self.progress.update(self.task, description=cell.name)
+        from rich.markup import escape
+
+        self.progress.update(self.task, description=escape(cell.name))
 
     def cell_done(self, result: Any) -> None:
+        from rich.markup import escape
+
         verdict = "error" if result.error else ("pass" if result.passed else "fail")
-        self.progress.console.print(f"{result.cell.name}: {verdict}")
+        self.progress.console.print(f"{escape(result.cell.name)}: {verdict}")
         self.progress.advance(self.task)
 
     def stop(self) -> None:
@@ -366,12 +373,11 @@ def nightly(
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
     else:
-        from rich.markdown import Markdown
-
-        _console().print(Markdown(result.digest))
-        _console().print(
-            f"\nBrowse the runs: parity-tracker ui --tracking-uri {uri}  (then open the printed "
-            f"URL; the digest and dashboards are on run {result.parent_run_id})"
+        click.echo(result.digest)
+        click.echo(
+            f"Browse the runs: parity-tracker ui --tracking-uri {uri}\n"
+            f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
+            f"nightly run {result.parent_run_id})"
         )
     ctx.exit(result.exit_code)
 
