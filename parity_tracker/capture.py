@@ -212,8 +212,7 @@ class Snapshotter:
             copy = hit[2]()
             if copy is not None:
                 return copy
-        with torch.no_grad():
-            copy = t.detach().clone()
+        copy = t.detach().clone()  # a detached clone records no autograd graph
         if version is not None:
             # an object that refuses weak references gets no reuse
             with contextlib.suppress(TypeError):

@@ -317,6 +317,7 @@ class TensorChecker:
         self._called: dict[int, set[str]] = {}
         self._ran: set[int] = set()
         self._sides: set[int] = set()
+        self._explicit_manual = False
         self._weights_done: set[tuple[int, str]] = set()
         self._frames: dict[tuple[int, int], list[tuple[int, list[_Group]]]] = {}
         self._stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
@@ -378,7 +379,10 @@ class TensorChecker:
         """
         value = as_tensor(tensor, tag)
         step = self._step if step is None else int(step)
-        if side is None:
+        if side is not None:
+            self._explicit_manual = True
+            side = int(side)
+        else:
             active = self._stack[-1][0] if self._stack else None
             group = self._groups.get((tag, step))
             side = active if active is not None else (len(group.captures) if group else 0)
@@ -647,7 +651,7 @@ class TensorChecker:
         return mode, Tolerances(self.tolerances, rtol=rtol, atol=atol)
 
     def _resolve_all(self, mode, tol) -> list[tuple[_Group, Comparison, int]]:
-        ref_side = min(self._sides) if self._sides else 0
+        ref_side = self._reference_side()
         out = []
         for g in self._groups.values():
             if not any(c.is_tensor for c in g.captures):
@@ -820,7 +824,7 @@ class TensorChecker:
 
         writer = DumpWriter(dump_path)
         paths: dict[int, tuple[str, ...]] = {}
-        ref_side = min(self._sides) if self._sides else 0
+        ref_side = self._reference_side()
         for g in plan:
             written = []
             for cap in g.captures:
@@ -835,6 +839,18 @@ class TensorChecker:
         return paths, writer.subdir
 
     # ---------------------------------------------------------------- hooks
+    def _reference_side(self) -> int:
+        """Side 0, unless every side was numbered automatically and side 0 never captured.
+
+        Automatic numbering on the shared instance can hand out sides 2 and 3 while an earlier
+        pair's handles are still alive; then the lowest side that captured is the reference.
+        Sides given explicitly (``side=``) are absolute: 0 is the reference.
+        """
+        explicit = self._explicit_manual or any(h.explicit for h in self._handles)
+        if explicit or not self._sides:
+            return 0
+        return min(self._sides)
+
     def _claim_side(self, side: int | None) -> int:
         if side is not None:
             return int(side)
@@ -1011,6 +1027,7 @@ class HookHandle:
         self.side = side
         self.module_names: list[str] = []
         self.root_name = "model"
+        self.explicit = False
         self._handles: list[Any] = []
         self._warned = False
         self._model_name = type(model).__name__
@@ -1091,6 +1108,7 @@ def module_register_tensor_checker(
         )
     checker = tensor_checker if checker is None else checker
     handle = HookHandle(checker, checker._claim_side(side), model)
+    handle.explicit = side is not None
     try:
         _install(model, checker, handle)
     except BaseException:

@@ -503,6 +503,7 @@ def test_forward_that_raises_leaves_the_checker_usable():
     assert checker.check("equal")["x"].status == "equal"
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_torchscript_root_is_rejected_and_submodules_skipped():
     from parity_tracker.errors import InputError
 
