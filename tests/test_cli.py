@@ -356,3 +356,15 @@ def test_nightly_usage_errors(env, tmp_path):
     assert missing.exit_code == 2 and "absent.toml" in missing.output
     res = invoke("nightly", "--config", str(cfg), "--tracking-uri", "http://127.0.0.1:9")
     assert res.exit_code == 3
+
+
+def test_nightly_interrupted_ends_parent_killed_exit_130(env, tmp_path):
+    from parity_tracker.store import get_client
+
+    cfg = _matrix(tmp_path, '[[matrix]]\ntarget = "cli_targets:interrupting"\n')
+    res = invoke("nightly", "--config", str(cfg), "--json")
+    assert res.exit_code == 130
+    client = get_client(env["uri"])
+    runs = client.search_runs([client.get_experiment_by_name("parity").experiment_id])
+    kinds = {r.data.tags.get("parity.kind", "cell"): r.info.status for r in runs}
+    assert kinds == {"nightly": "KILLED", "cell": "KILLED"}
