@@ -522,3 +522,33 @@ def test_torchscript_root_is_rejected_and_submodules_skipped():
     assert got["checker_0"] == "equal"
     assert got["checker_1.0.weight"] == "equal"
     assert "checker_1" not in got and "checker_1.0" not in got
+
+
+@pytest.mark.slow  # imports transformers (several seconds)
+def test_hf_llama_first_divergence_in_a_real_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    cand = same_weights(ref, LlamaForCausalLM(cfg)).eval()
+    cand.model.layers[1].post_attention_layernorm.variance_epsilon = 1e-2  # the bug
+    ids = torch.randint(0, 64, (1, 8))
+    result, got = run_pair(ref, cand, input_ids=ids, eager="equal")
+    assert result.first_divergence.tag == "checker_model.layers.1.post_attention_layernorm"
+    assert all(w.status == "equal" for w in result.weights)
+    # kwargs inputs, the backbone child named "model", structured outputs
+    assert got["checker_root_input_input_ids"] == "equal"
+    assert got["checker_model_input_input_ids"] == "equal"
+    assert got["checker_model.layers.0.self_attn_input_hidden_states"] == "equal"
+    assert got["checker_model.layers.0.self_attn_input_position_embeddings.0"] == "equal"
+    assert got["checker_root_output_logits"] == "mismatch"
+    assert got["checker_model.layers.1.post_attention_layernorm_input_0"] == "equal"
