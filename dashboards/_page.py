@@ -76,12 +76,14 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 #modules-table td:nth-child(-n+3),#modules-table td:nth-child(n+7):nth-child(-n+11),
 #ops-table td:nth-child(1),#ops-table td:nth-child(6),#ops-table td:nth-child(7)
 {text-align:right;font-variant-numeric:tabular-nums}
-#modules-table td:nth-child(4){white-space:normal;overflow-wrap:anywhere;max-width:420px}
+#modules-table td:nth-child(4){white-space:normal;overflow-wrap:break-word;min-width:260px;
+max-width:460px}
 #modules-table td:nth-child(4),#modules-table td:nth-child(12),#modules-table td:nth-child(13),
 #ops-table td:nth-child(2),#ops-table td:nth-child(8),#ops-table td:nth-child(9)
 {font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
 #modules-table td:nth-child(17),#ops-table td:nth-child(10)
-{white-space:normal;min-width:200px;max-width:380px;overflow-wrap:anywhere;color:#555}
+{white-space:normal;min-width:280px;max-width:420px;overflow-wrap:break-word;color:#555}
+table.data{font-size:13px}
 th[data-sort]{cursor:pointer;user-select:none}
 th[data-sort]:after{content:" \\2195";color:#90a4ae;font-weight:400}
 th.asc:after{content:" \\25B2";color:#37474f}th.desc:after{content:" \\25BC";color:#37474f}
@@ -108,6 +110,12 @@ text-decoration:none}
 .c-regression{background:#b71c1c;color:#fff}.c-expected{background:#fff59d;color:#5d4037}
 .c-error{background:#ffe0b2;color:#bf360c}
 details summary{cursor:pointer;color:#37474f}
+.meta{display:grid;grid-template-columns:repeat(auto-fill,minmax(250px,1fr));gap:3px 18px;
+margin:6px 0;background:#fff;border:1px solid #e0e0e0;border-radius:4px;padding:8px 12px}
+.meta div{overflow-wrap:anywhere}.meta .wide{grid-column:1/-1}
+.meta b{color:#546e7a;font-weight:600;margin-right:8px;white-space:nowrap}
+h1 .note{font-size:16px;font-weight:400}
+tr.reg td{background:#ffebee}tr.reg td:first-child{border-left:4px solid #b71c1c}
 """
 
 # Inflates the gzip+base64 plotly.js, runs it, then draws every stored figure. Sets
@@ -245,7 +253,7 @@ def fmt_num(value: Any, digits: int = 3) -> str:
         return "∞" if v > 0 else "-∞"
     if v == 0:
         return "0"
-    if 1e-3 <= abs(v) < 1e5:
+    if 1e-2 <= abs(v) < 1e5:
         return f"{v:.{digits + 1}g}"
     return f"{v:.{digits - 1}e}"
 

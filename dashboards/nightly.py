@@ -112,12 +112,13 @@ def _problems(cells: Sequence[Mapping[str, Any]]) -> str:
             else ""
         )
         msg = f" — {esc(c['message'])}" if c.get("message") else ""
+        msg = msg.removeprefix(" — ") if c["status"] == "error" else msg
         name = f"{esc(c.get('target'))} {esc(_settings_label(c.get('settings') or {}))}"
         name = f"<a href='{esc(c['url'])}'>{name}</a>" if c.get("url") else name
+        numbers = _numbers(c, ", ") if c["status"] != "error" else ""
         items.append(
             f"<li><span class='cs c-{c['status']}'>&nbsp;{c['status']}&nbsp;</span> {name}: "
-            f"{fmt_num(c.get('tensors_failing'))} tensors failing, output max |Δ| "
-            f"{fmt_num(c.get('output_max_abs_diff'))}{where}{msg}</li>"
+            f"{numbers}{where}{msg}</li>"
         )
     return "<h2>Where parity broke</h2><div class='box bad'><ul>" + "".join(items) + "</ul></div>"
 
@@ -192,11 +193,7 @@ def _cell_td(found: Sequence[Mapping[str, Any]]) -> str:
     worst = min(found, key=lambda c: CELL_STATUSES.index(c["status"]))
     parts = []
     for c in found:
-        inner = (
-            f"<span class='cs'>{esc(c['status'])}</span><br>"
-            f"{fmt_num(c.get('tensors_failing'))} failing<br>"
-            f"max |Δ| {fmt_num(c.get('output_max_abs_diff'))}"
-        )
+        inner = f"<span class='cs'>{esc(c['status'])}</span><br>" + _numbers(c, "<br>")
         if c.get("first_divergence") and c["status"] != "pass":
             inner += f"<br><span class='mono'>{esc(_short(c['first_divergence']))}</span>"
         title = esc(c.get("message") or c.get("run_id") or "")
@@ -209,6 +206,14 @@ def _cell_td(found: Sequence[Mapping[str, Any]]) -> str:
         + "".join(parts)
         + "</td>"
     )
+
+
+def _numbers(cell: Mapping[str, Any], sep: str) -> str:
+    """``N failing`` and ``max |Δ| x``; for an error cell without numbers, its message."""
+    failing, diff = cell.get("tensors_failing"), cell.get("output_max_abs_diff")
+    if failing is None and diff is None:
+        return esc(_short(str(cell.get("message") or "no result"), 60))
+    return f"{fmt_num(failing)} failing{sep}max |Δ| {fmt_num(diff)}"
 
 
 def _short(tag: str, width: int = 40) -> str:
@@ -250,12 +255,71 @@ def render_history(
         groups[str(run.get("fingerprint"))].append(run)
     regressions = [r for r in runs if r.get("regression")]
     banner = _history_banner(regressions, groups)
+    ordered = sorted(groups.items(), key=lambda kv: _interest(kv[1]))
+    charted = [(fp, g) for fp, g in ordered if not _exact(g)]
     body = f"<h1>{esc(title)}</h1>" + _regression_list(regressions)
-    for n, (fingerprint, group) in enumerate(groups.items()):
-        body += _fingerprint_section(n, fingerprint, group)
+    body += _overview(ordered, {fp: n for n, (fp, _) in enumerate(charted)})
     if tag_status:
         body += _heatmaps(tag_status, runs, max_heatmap_tags)
-    return page(title, banner, body, charts=bool(groups) or bool(tag_status), tables=False)
+    for n, (fingerprint, group) in enumerate(charted):
+        body += _fingerprint_section(n, fingerprint, group)
+    charts = bool(charted) or bool(tag_status)
+    return page(title, banner, body, charts=charts, tables=False)
+
+
+def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
+    """Every run of the configuration bitwise equal: zero output error, nothing failing."""
+    return all(
+        not r.get("regression")
+        and (r.get("tensors_failing") or 0) == 0
+        and (finite(r.get("output_max_abs_diff")) or 0.0) == 0.0
+        for r in group
+    )
+
+
+def _interest(group: Sequence[Mapping[str, Any]]) -> tuple[int, int, int, str]:
+    """Sort key: regressed configurations first, then failing, then inexact, then exact."""
+    latest = group[-1]
+    return (
+        0 if any(r.get("regression") for r in group) else 1,
+        0 if (latest.get("tensors_failing") or 0) > 0 else 1,
+        1 if _exact(group) else 0,
+        f"{latest.get('target')} {_settings_label(latest.get('settings') or {})}",
+    )
+
+
+def _overview(
+    ordered: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], charted: Mapping[str, int]
+) -> str:
+    """One plain-HTML row per configuration: its latest run and its trend."""
+    rows = []
+    for fp, group in ordered:
+        first, latest = group[0], group[-1]
+        name = f"{latest.get('target')} {_settings_label(latest.get('settings') or {})}"
+        name = esc(name)
+        if fp in charted:
+            name = f"<a href='#fp-{charted[fp]}'>{name}</a>"
+        regs = sum(bool(r.get("regression")) for r in group)
+        trend = (
+            "bitwise equal at every commit"
+            if _exact(group)
+            else f"{fmt_num(first.get('output_max_abs_diff'))} → "
+            f"{fmt_num(latest.get('output_max_abs_diff'))}"
+        )
+        cls = " class='reg'" if regs else ""
+        rows.append(
+            f"<tr{cls}><td>{name}</td><td class='num'>{len(group)}</td>"
+            f"<td class='mono'>{esc(_short_commit(latest.get('commit')))}</td>"
+            f"<td class='num'>{fmt_num(latest.get('tensors_failing'))}</td>"
+            f"<td>{trend}</td><td class='num'>{regs or ''}</td></tr>"
+        )
+    return (
+        "<h2>Configurations</h2><div class='scroll'><table class='data' id='overview'><thead>"
+        "<tr><th>configuration</th><th>runs</th><th>latest commit</th><th>failing now</th>"
+        "<th>output max |Δ|, first → latest</th><th>regressions</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></div>"
+    )
 
 
 def _time_key(run: Mapping[str, Any]) -> tuple[float, str]:
@@ -343,6 +407,11 @@ def _fingerprint_section(n: int, fingerprint: str, group: Sequence[Mapping[str, 
         placeholder="Chart not drawn (scripts blocked or still loading); the table below "
         "holds the same numbers.",
     )
+    if any(finite(r.get("output_max_abs_diff")) == 0.0 for r in group):
+        html += (
+            "<p class='note'>Hollow markers: output bitwise equal (0), drawn a decade under the "
+            "smallest non-zero error.</p>"
+        )
     rows = []
     for label, r in zip(_x_labels(group), group, strict=True):
         run = (

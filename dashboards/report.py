@@ -362,38 +362,41 @@ def _where(first: Mapping[str, Any]) -> str:
 
 
 def _header(settings: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """Title, then a compact grid: commit, mode and why, run ids, every other setting."""
     env = dict(summary.get("environment") or {})
     commit = env.get("git_commit") or settings.get("git_commit")
     if commit and env.get("git_dirty") in (True, "true", "True", 1):
         commit = f"{commit} (dirty)"
     mode = summary.get("mode") or settings.get("mode")
     reason = summary.get("mode_reason")
-    rows = [
+    items = [
         ("target", settings.get("target")),
         ("candidate", settings.get("candidate")),
         ("commit", commit),
         ("branch", env.get("git_branch")),
-        ("mode", f"{mode} — {reason}" if reason else mode),
         ("parity run", summary.get("run_id")),
         ("MLflow run", summary.get("tracking_run_id")),
     ]
-    others = {
-        k: v for k, v in settings.items() if k not in ("target", "candidate", "mode") and v != ""
-    }
-    html = '<h1>Parity run report</h1><table class="kv">'
-    html += "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows if v)
-    html += "".join(
-        f"<tr><th>{esc(k)}</th><td class='mono'>{esc(v)}</td></tr>" for k, v in others.items()
+    shown = {"target", "candidate", "mode", *env}
+    items += [(k, v) for k, v in settings.items() if k not in shown and v not in ("", None)]
+    html = (
+        f"<h1>{esc(settings.get('target') or '?')} <span class='note'>vs</span> "
+        f"{esc(settings.get('candidate') or '?')}</h1><div class='meta'>"
+        + "".join(f"<div><b>{esc(k)}</b><code>{esc(v)}</code></div>" for k, v in items if v)
     )
-    html += "</table>"
+    if mode:
+        html += (
+            f"<div class='wide'><b>mode</b><code>{esc(mode)}</code>"
+            f"{' — ' + esc(reason) if reason else ''}</div>"
+        )
+    html += "</div>"
     if env:
         html += (
-            "<details><summary>environment</summary><table class='kv'>"
+            "<details><summary>environment</summary><div class='meta'>"
             + "".join(
-                f"<tr><th>{esc(k)}</th><td class='mono'>{esc(v)}</td></tr>"
-                for k, v in sorted(env.items())
+                f"<div><b>{esc(k)}</b><code>{esc(v)}</code></div>" for k, v in sorted(env.items())
             )
-            + "</table></details>"
+            + "</div></details>"
         )
     return html
 
@@ -404,7 +407,18 @@ def _where_it_breaks(
     modules: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any],
 ) -> str:
-    html = '<h2 id="first-divergence">Where parity breaks</h2>'
+    return '<h2 id="first-divergence">Where parity breaks</h2><section id="where">' + (
+        _where_body(first, roots, modules, summary) + "</section>"
+    )
+
+
+def _where_body(
+    first: Mapping[str, Any] | None,
+    roots: Sequence[Mapping[str, Any]],
+    modules: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+) -> str:
+    html = ""
     if summary.get("error"):
         html += (
             f'<div class="box bad"><b>The run failed:</b> {esc(error_text(summary["error"]))}</div>'

@@ -11,6 +11,7 @@ import gzip
 import json
 import re
 import time
+from html import unescape
 from html.parser import HTMLParser
 from types import SimpleNamespace
 
@@ -38,6 +39,7 @@ class _Doc(HTMLParser):
         self.figures: dict[str, dict] = {}
         self._figure: str | None = None
         self.links: list[str] = []
+        self.html = html
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
@@ -66,7 +68,14 @@ class _Doc(HTMLParser):
             self.text_by_id[i].append(data)
 
     def text(self, element_id: str) -> str:
-        return " ".join("".join(self.text_by_id.get(element_id, [])).split())
+        """Text of the element with that id (header, div, section: closed explicitly)."""
+        m = re.search(
+            rf"<(\w+)[^>]*\bid=[\"']{re.escape(element_id)}[\"'][^>]*>(.*?)</\1>",
+            self.html,
+            re.S,
+        )
+        assert m, element_id
+        return " ".join(unescape(re.sub(r"<[^>]+>", " ", m.group(2))).split())
 
 
 def _run(rows, ops=(), **summary):
@@ -180,8 +189,10 @@ def test_report_plain_html_verdict_and_first_divergence():
     doc = _Doc(html)
     verdict = doc.text("verdict")
     assert "PARITY FAILS" in verdict and "2 of 5 tensors failing" in verdict
-    assert "checker_fc2" in verdict and "exec #3" in verdict and "max |Δ| 0.004" in verdict
-    assert "checker_fc2" in doc.text("first-divergence") or "checker_fc2" in html
+    assert "checker_fc2" in verdict and "exec #3" in verdict and "max |Δ| 4.00e-03" in verdict
+    assert "First divergence: checker_fc2 (step 0, exec #3) in module fc2 mismatch" in doc.text(
+        "where"
+    )
     assert doc.rows["modules-table"] == 1 + len(rows)  # header + rows
     # execution order, not insertion order: the param (exec 0) comes first
     body = html[html.index("id='modules-table'") :]
@@ -195,7 +206,7 @@ def test_report_plain_html_verdict_and_first_divergence():
     ]
     assert "http://srv/get-artifact?run_uuid=R&path=tensors/f__ref.npy" in doc.links
     assert "http://srv/get-artifact?run_uuid=R&path=tensors/f__cand.npy" in doc.links
-    assert "equal — no setting calls for allclose" in html
+    assert "<code>equal</code> — no setting calls for allclose" in html
     assert "histogram-unavailable" in html
 
 
@@ -446,3 +457,28 @@ def test_nightly_figures_are_valid_plotly_and_fast():
     assert elapsed < 2.0
     for fig in _Doc(html).figures.values():
         go.Figure(fig)
+
+
+def test_history_collapses_exact_configurations_into_the_overview():
+    runs = [
+        {
+            "fingerprint": fp,
+            "target": t,
+            "settings": {},
+            "commit": c,
+            "run_id": f"{fp}{c}",
+            "start_time": i,
+            "tensors_failing": 0,
+            "output_max_abs_diff": d,
+            "regression": False,
+        }
+        for fp, t, d in (("fpx", "exact", 0.0), ("fpy", "noisy", 1e-5))
+        for i, c in enumerate(("c1", "c2"))
+    ]
+    doc = _Doc(render_history(runs))
+    assert set(doc.figures) == {"history-chart-0"}  # only the inexact configuration is charted
+    assert "noisy" in doc.text("fp-0")
+    overview = doc.text("overview")
+    assert "noisy 2 c2 0 1.00e-05 → 1.00e-05" in overview
+    assert "exact 2 c2 0 bitwise equal at every commit" in overview
+    assert "NO REGRESSION" in doc.text("verdict")

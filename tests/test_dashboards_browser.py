@@ -226,9 +226,16 @@ def test_history_from_file(browser, pages):
     page.goto((pages["dir"] / "history.html").as_uri())
     _wait_charts(page)
     fingerprints = {r["fingerprint"] for r in runs}
+    # a chart for each configuration that is not bitwise equal at every commit
+    inexact = {
+        r["fingerprint"]
+        for r in runs
+        if r["regression"] or r["tensors_failing"] or r["output_max_abs_diff"]
+    }
     charts = page.locator("[id^='history-chart-']")
-    assert charts.count() == len(fingerprints)
-    assert page.locator("[id^='history-chart-'] .main-svg").count() >= 2 * len(fingerprints)
+    assert 0 < charts.count() == len(inexact) < len(fingerprints)
+    assert page.locator("#overview tbody tr").count() == len(fingerprints)
+    assert page.locator("[id^='history-chart-'] .main-svg").count() >= 2 * len(inexact)
     assert page.locator("#heatmap-0 .main-svg").count() >= 1
     assert page.locator("#heatmap-0 .heatmaplayer image, #heatmap-0 .hm").count() >= 1
     regressions = [r for r in runs if r["regression"]]
@@ -255,16 +262,19 @@ def test_pages_in_mlflow_ui(browser, pages, mlflow_server, request):
         lambda route: route.abort(),
     )
     page = context.new_page()
-    console = Console(page, only_url_prefix="blob:")  # our page runs in a blob: iframe
     # The raw artifact URL serves the exact bytes (as an attachment, so the UI is the viewer).
     raw = page.request.get(f"{mlflow_server}/get-artifact?path=report.html&run_uuid={run_id}")
     assert raw.ok and raw.body() == (pages["dir"] / "report.html").read_bytes()
+    page.close()
     checks = {
         "report.html": lambda f: f.locator("#propagation-chart .main-svg").count() >= 2,
         "matrix.html": lambda f: f.locator("#matrix td.cell").count() == len(pages["cells"]),
         "history.html": lambda f: f.locator("[id^='history-chart-'] .main-svg").count() >= 2,
     }
+    errors = []
     for name, check in checks.items():
+        page = context.new_page()  # a fresh page: the UI reuses its iframe between artifacts
+        console = Console(page, only_url_prefix="blob:")  # our page runs in a blob: iframe
         page.goto(f"{mlflow_server}/#/experiments/{exp}/runs/{run_id}/artifacts/{name}")
         iframe = page.wait_for_selector("iframe.mlflow-html-iframe", timeout=60_000)
         assert "allow-scripts" in (iframe.get_attribute("sandbox") or "")
@@ -274,5 +284,7 @@ def test_pages_in_mlflow_ui(browser, pages, mlflow_server, request):
             _wait_charts(frame)
         assert check(frame), name
         _shot(page, f"mlflow_ui_{name.removesuffix('.html')}.png")
-    assert console.errors == []
+        errors += console.errors
+        page.close()
+    assert errors == []
     context.close()
