@@ -472,11 +472,7 @@ class TensorChecker:
         if self._eager_keep(g, comp):
             new.value = value.detach() if alias else self._snap.take(value)
         else:
-            new.value = _RELEASED
-            if not new_is_ref:
-                held.value = _RELEASED
-            else:
-                held.value = _RELEASED
+            new.value = held.value = _RELEASED
 
     def _eager_keep(self, g: _Group, comp: Comparison) -> bool:
         """Whether the planned dump needs this group's tensors after an eager comparison."""
@@ -700,7 +696,8 @@ class TensorChecker:
             else dict(cand_shape=shape, cand_dtype=dtype, cand_device=device)
         )
         numel = None if shape is None else math.prod(shape)
-        if self._cache_hit(g):
+        absent_sides = {ref_side} if absent == "reference" else (self._sides - {present}) or {1}
+        if self._cache_hit(g, absent_sides):
             status = "skipped"
             message = (
                 f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
@@ -754,15 +751,21 @@ class TensorChecker:
             return f"{msg}: module {g.module!r} exists on the {absent} but was not called there"
         return f"{msg}: the {absent} has no module named {g.module!r} (one-sided name)"
 
-    def _cache_hit(self, g: _Group) -> bool | None:
+    def _cache_hit(self, g: _Group, absent: set[int] | None = None) -> bool | None:
+        """Whether a cache skipped ``g``'s module at its step (``None``: no cache in play).
+
+        A mark covers the module and its submodules (the root's name covers all). With
+        ``absent`` given, only marks for one of those sides (or for no side) count.
+        """
         if not self._cache_hits:
             return None
         if g.module is None:
             return False
-        for module, step, _s in self._cache_hits:
-            if step == g.step and (
-                g.module == module or g.module.startswith(module + ".") or module == "model"
-            ):
+        roots = {h.root_name for h in self._handles} or {"model"}
+        for module, step, side in self._cache_hits:
+            if step != g.step or (absent is not None and side is not None and side not in absent):
+                continue
+            if module in roots or g.module == module or g.module.startswith(module + "."):
                 return True
         return False
 

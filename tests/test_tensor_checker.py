@@ -531,3 +531,20 @@ def test_eager_equals_deferred_for_any_registration_order(regs, mode):
             assert got[tag] == "close"
         else:
             assert got[tag] == "mismatch"
+
+
+@pytest.mark.parametrize(("marked_side", "status"), [(0, "missing_candidate"), (1, "skipped")])
+def test_cache_hit_counts_only_for_the_side_that_skipped(marked_side, status):
+    ref, cand = Denoiser().eval(), Denoiser().eval()
+    cand.load_state_dict(ref.state_dict())
+    checker = TensorChecker(verbose=False)
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
+        ref(torch.ones(4))
+        cand(torch.ones(4), skip_block=True)
+        checker.mark_cache_hit("block", side=marked_side)
+    r = checker.check_equal()["checker_block"]
+    assert (r.status, r.cache_hit) == (status, True)
