@@ -16,7 +16,6 @@ Three small pieces used by :mod:`parity_tracker.ops` and :mod:`parity_tracker.ru
 from __future__ import annotations
 
 import difflib
-import fnmatch
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from parity_tracker.compare import Comparison, compare_tensors
 from parity_tracker.errors import InputError
+from parity_tracker.tolerances import Tolerances
 
 #: Above this many DP cells (after trimming the common prefix and suffix) ``align_ops`` falls
 #: back to ``difflib.SequenceMatcher`` (not guaranteed minimal, but linear-ish in practice).
@@ -193,33 +193,6 @@ def classify(
     return CASE_A
 
 
-def tolerance_for(
-    tag: str,
-    tolerances: Mapping[str, tuple[float, float]] | None,
-    rtol: float | None,
-    atol: float | None,
-) -> tuple[float | None, float | None]:
-    """The ``(rtol, atol)`` for ``tag``.
-
-    The first glob in ``tolerances`` matching ``tag`` wins; else the session-wide
-    ``rtol``/``atol`` (``None`` = the comparison core's per-dtype defaults).
-
-    Uses ``parity_tracker.tolerances.resolve`` when the comparison core provides it.
-    """
-    if not tolerances:
-        return rtol, atol
-    try:  # the comparison core's helper, when present, is the single source of truth
-        from parity_tracker.tolerances import resolve  # type: ignore[attr-defined]
-    except ImportError:
-        resolve = None
-    if resolve is not None:
-        return resolve(tag, tolerances, rtol=rtol, atol=atol)
-    for pattern, (r, a) in tolerances.items():
-        if fnmatch.fnmatchcase(tag, pattern):
-            return r, a
-    return rtol, atol
-
-
 def compare_structured(
     reference: Any,
     candidate: Any,
@@ -227,8 +200,12 @@ def compare_structured(
     mode: str,
     rtol: float | None = None,
     atol: float | None = None,
+    tag: str | None = None,
+    tolerances: Tolerances | None = None,
 ) -> tuple[str, float | None]:
-    """Compare two (possibly nested) outputs leaf by leaf.
+    """Compare two (possibly nested) outputs leaf by leaf with ``compare_tensors``.
+
+    ``rtol``/``atol``/``tag``/``tolerances`` are passed on to ``compare_tensors``.
 
     Returns:
         ``(status, max_abs_diff)``: the first non-passing leaf status in flattening order
@@ -241,7 +218,7 @@ def compare_structured(
     if len(ref_leaves) != len(cand_leaves):
         return "shape_mismatch", None
     results: list[Comparison] = [
-        compare_tensors(r, c, mode=mode, rtol=rtol, atol=atol)
+        compare_tensors(r, c, mode=mode, rtol=rtol, atol=atol, tag=tag, tolerances=tolerances)
         for r, c in zip(ref_leaves, cand_leaves, strict=True)
     ]
     diffs = [c.max_abs_diff for c in results if c.max_abs_diff is not None]
@@ -273,7 +250,7 @@ def isolate(
     mode: str,
     rtol: float | None = None,
     atol: float | None = None,
-    tolerances: Mapping[str, tuple[float, float]] | None = None,
+    tolerances: Mapping[str, tuple[float, float]] | Tolerances | None = None,
 ) -> dict[tuple[str, int], tuple[str, float | None]]:
     """Re-run candidate modules on the reference's inputs: each module's own (local) error.
 
@@ -317,6 +294,7 @@ def isolate(
                     f"isolate: module {name!r} is not in the {side} model's named_modules() "
                     f"(the root is 'model'); close matches: {close}"
                 )
+    tol = tolerances if isinstance(tolerances, Tolerances) else Tolerances(tolerances)
     results: dict[tuple[str, int], tuple[str, float | None]] = {}
     calls: dict[str, int] = {}
     pending: dict[str, list[tuple[tuple, dict]]] = {n: [] for n in names}
@@ -331,14 +309,15 @@ def isolate(
             k = calls.get(name, 0)
             calls[name] = k + 1
             tag = name if k == 0 else f"{name}@{k}"
-            r, a = tolerance_for(tag, tolerances, rtol, atol)
             try:
                 with torch.no_grad():
                     cand_out = cand_named[name](*args, **kwargs)
             except Exception:  # the candidate failing is a finding, not a crash
                 results[(name, k)] = ("error", None)
                 return
-            results[(name, k)] = compare_structured(output, cand_out, mode=mode, rtol=r, atol=a)
+            results[(name, k)] = compare_structured(
+                output, cand_out, mode=mode, rtol=rtol, atol=atol, tag=tag, tolerances=tol
+            )
 
         return pre, post
 

@@ -76,7 +76,8 @@ from torch.utils._python_dispatch import (
 
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
-from parity_tracker.localize import align_ops, classify, layout_differences, tolerance_for
+from parity_tracker.localize import align_ops, classify, layout_differences
+from parity_tracker.tolerances import Tolerances
 
 #: Default resident budget for captured storage (bytes): 1 GiB.
 DEFAULT_MAX_RESIDENT_BYTES = 1 << 30
@@ -569,7 +570,7 @@ class OpSession:
         mode: str,
         rtol: float | None = None,
         atol: float | None = None,
-        tolerances: Mapping[str, tuple[float, float]] | None = None,
+        tolerances: Mapping[str, tuple[float, float]] | Tolerances | None = None,
         step_getter: Callable[[], int] = lambda: 0,
         spill_dir: str | os.PathLike[str] | None = None,
         max_resident_bytes: int | None = None,
@@ -579,7 +580,11 @@ class OpSession:
         if max_resident_bytes < 0:
             raise InputError(f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0")
         self.mode, self.rtol, self.atol = mode, rtol, atol
-        self.tolerances = dict(tolerances or {})
+        self.tolerances = (
+            tolerances
+            if isinstance(tolerances, Tolerances)
+            else Tolerances(tolerances, rtol=rtol, atol=atol)
+        )
         self._step_getter = step_getter
         self._store = _Store(max_resident_bytes, spill_dir)
         self._reference: dict[tuple[int, str, int], _Frame] = {}
@@ -839,12 +844,11 @@ class OpSession:
             return results
         for (ri, rh, _), (ci, ch, _) in zip(r.outs, c.outs, strict=False):
             tag = base if ri == 0 else f"{base}:{ri}"
-            rtol, atol = tolerance_for(tag, self.tolerances, self.rtol, self.atol)
             ref_t, cand_t = rh.get(), ch.get()
             if ref_t.device != cand_t.device:
                 ref_t = ref_t.to(cand_t.device)
             with suspended():
-                cmp = compare_tensors(ref_t, cand_t, mode=self.mode, rtol=rtol, atol=atol)
+                cmp = self._compare(ref_t, cand_t, tag)
             results.append((ri, cmp))
             self._cand_status[(c.seq, ci)] = (cmp.status, r.seq, ri)
         return results
@@ -931,8 +935,11 @@ class OpSession:
                 common = torch.promote_types(ref_t.dtype, cand_t.dtype)
                 ref_t, cand_t = ref_t.to(common), cand_t.to(common)
         with suspended():
-            cmp = compare_tensors(ref_t, cand_t, mode=self.mode, rtol=self.rtol, atol=self.atol)
+            cmp = self._compare(ref_t, cand_t, None)
         return _passfail(cmp.status)
+
+    def _compare(self, ref_t: torch.Tensor, cand_t: torch.Tensor, tag: str | None) -> Comparison:
+        return compare_tensors(ref_t, cand_t, mode=self.mode, tag=tag, tolerances=self.tolerances)
 
     def _rebuild_reference(self, rd: _In) -> torch.Tensor | None:
         """The reference op's input as it saw it, from its producer's capture."""
@@ -970,11 +977,8 @@ class OpSession:
                     message=f"no reference registration #{ev.k} of {ev.tag!r}",
                 )
             else:
-                rtol, atol = tolerance_for(ev.tag, self.tolerances, self.rtol, self.atol)
                 with suspended():
-                    cmp = compare_tensors(
-                        r.outs[0][1].get(), h.get(), mode=self.mode, rtol=rtol, atol=atol
-                    )
+                    cmp = self._compare(r.outs[0][1].get(), h.get(), ev.tag)
             self._rows.append(_manual_row(frame, ev, cmp, (ev.seq, 1, 0, 0)))
 
 
