@@ -364,6 +364,7 @@ def log_run(
         SpooledError: the store could not be reached (or failed mid-upload); the run is whole
             under ``err.spool_path`` and ``sync_spool()`` uploads it later. An
             ``InfrastructureError``: the CLI exits 3.
+        KeyboardInterrupt: interrupted mid-upload; the run was spooled first.
     """
     env = result.summary.setdefault("environment", {})
     if commit is not None:
@@ -382,9 +383,11 @@ def log_run(
         )
         try:
             run_id = _upload(staged, uri, result.dump_dir)
-        except Exception as exc:
+        except BaseException as exc:
             cause = f"{type(exc).__name__}: {exc}"
             path = _spool(staged, result.dump_dir, spool_root(spool_dir), result.run_id, cause)
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C mid-upload: the run is spooled, the interruption passes on
             warnings.warn(
                 f"parity run {result.run_id} not logged to {uri}: spooled to {path}",
                 RuntimeWarning,

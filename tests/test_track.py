@@ -284,8 +284,10 @@ def test_find_runs_newest_first(tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd
     assert runs[0].metrics["tensors_failing"] == 0 and torch.__version__
 
 
+@pytest.mark.parametrize("fault", [ConnectionError("connection reset by peer"),
+                                   KeyboardInterrupt()])  # fmt: skip
 def test_upload_failing_midway_is_spooled_and_the_partial_run_replaced(
-    tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd, monkeypatch
+    fault, tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd, monkeypatch
 ):
     from mlflow.tracking import MlflowClient
 
@@ -293,12 +295,17 @@ def test_upload_failing_midway_is_spooled_and_the_partial_run_replaced(
     result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
 
     def lost_connection(self, *a, **k):
-        raise ConnectionError("connection reset by peer")
+        raise fault
 
     with monkeypatch.context() as m:
         m.setattr(MlflowClient, "log_artifacts", lost_connection)
-        with pytest.warns(RuntimeWarning), pytest.raises(SpooledError, match="reset by peer"):
-            log_run(result, tracking_uri=sqlite_tracking_uri)
+        if isinstance(fault, KeyboardInterrupt):  # passed on, after spooling
+            with pytest.raises(KeyboardInterrupt):
+                log_run(result, tracking_uri=sqlite_tracking_uri)
+        else:
+            with pytest.warns(RuntimeWarning), pytest.raises(SpooledError, match="reset by"):
+                log_run(result, tracking_uri=sqlite_tracking_uri)
+    assert (in_tmp_cwd / ".parity" / "spool" / result.run_id / "run.json").is_file()
     client = get_client(sqlite_tracking_uri)
     exp_id = client.get_experiment_by_name("parity").experiment_id
     partial = client.search_runs([exp_id])
