@@ -549,6 +549,55 @@ def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any
     return isolate(ref.model, cand.model, run_reference, sorted(failing), mode=mode, tolerances=tol)
 
 
+def _validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive: Any) -> bool:
+    """Check run_parity's arguments; returns whether the candidate is an ``nn.Module``."""
+    import torch
+
+    from parity_tracker.errors import InputError
+
+    if (inputs is None) == (drive is None and cand_drive is None):
+        raise InputError("run_parity needs exactly one of `inputs` or `drive`/`candidate_drive`")
+    if not isinstance(reference, torch.nn.Module):
+        raise InputError(f"the reference must be a torch.nn.Module, got {type(reference).__name__}")
+    cand_is_module = isinstance(candidate, torch.nn.Module)
+    if not cand_is_module and cand_drive is None:
+        raise InputError(
+            f"candidate {type(candidate).__name__} is not a torch.nn.Module: pass candidate_drive"
+            "(model, rec) that registers its tensors with rec.register(tag, tensor)"
+        )
+    return cand_is_module
+
+
+def _run_both(
+    plans: list[_Plan], checker: Any, ops: Any, seed: int, *, hook_candidate: bool
+) -> tuple[str, dict[str, Any] | None, dict[str, float]]:
+    """Hook both models, run reference then candidate; a raising side stops the run.
+
+    Returns:
+        ``(status, error, durations_s)``: status ``completed`` / ``failed`` / ``killed``.
+    """
+    from parity_tracker.tensor_checker import module_register_tensor_checker
+
+    status, error, durations = "completed", None, {}
+    ref, cand = plans
+    with _eval_mode(ref.model, cand.model), ExitStack() as hooks:
+        hooks.enter_context(module_register_tensor_checker(ref.model, checker, side=0))
+        if hook_candidate:
+            hooks.enter_context(module_register_tensor_checker(cand.model, checker, side=1))
+        for plan in plans:
+            t0 = time.perf_counter()
+            try:
+                _run_side(plan, checker, ops, seed)
+            except KeyboardInterrupt as exc:
+                status, error = "killed", _error_record(exc, plan.side)
+            except Exception as exc:
+                status, error = "failed", _error_record(exc, plan.side)
+            durations["reference" if plan.side == 0 else "candidate"] = time.perf_counter() - t0
+            if error:
+                break
+    return status, error, durations
+
+
 def run_parity(
     reference: Any,
     candidate: Any,
@@ -611,32 +660,16 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
-    import torch
-
     from parity_tracker.env import collect_environment
-    from parity_tracker.errors import InputError
     from parity_tracker.store import parity_home
-    from parity_tracker.tensor_checker import (
-        DumpMode,
-        TensorChecker,
-        module_register_tensor_checker,
-    )
+    from parity_tracker.tensor_checker import DumpMode, TensorChecker
 
     settings = dict(settings or {})
     requested = settings.get("mode", mode) if mode == "auto" else mode
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
     candidate_drive = candidate_drive or drive
-    if (inputs is None) == (drive is None and candidate_drive is None):
-        raise InputError("run_parity needs exactly one of `inputs` or `drive`/`candidate_drive`")
-    if not isinstance(reference, torch.nn.Module):
-        raise InputError(f"the reference must be a torch.nn.Module, got {type(reference).__name__}")
-    cand_is_module = isinstance(candidate, torch.nn.Module)
-    if not cand_is_module and candidate_drive is None:
-        raise InputError(
-            f"candidate {type(candidate).__name__} is not a torch.nn.Module: pass candidate_drive"
-            "(model, rec) that registers its tensors with rec.register(tag, tensor)"
-        )
+    cand_is_module = _validate(reference, candidate, inputs, drive, candidate_drive)
     run_id = uuid.uuid4().hex
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
     if dump_mode is not DumpMode.NOT and dump_path is None:
@@ -656,23 +689,8 @@ def run_parity(
 
         ops = OpSession(mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step)
         _suspend_ops_in(checker)
-    status, error, durations = "completed", None, {}
     start_ms = int(time.time() * 1000)
-    with _eval_mode(reference, candidate), ExitStack() as hooks:
-        hooks.enter_context(module_register_tensor_checker(reference, checker, side=0))
-        if cand_is_module:
-            hooks.enter_context(module_register_tensor_checker(candidate, checker, side=1))
-        for plan in plans:
-            t0 = time.perf_counter()
-            try:
-                _run_side(plan, checker, ops, seed)
-            except KeyboardInterrupt as exc:
-                status, error = "killed", _error_record(exc, plan.side)
-            except Exception as exc:
-                status, error = "failed", _error_record(exc, plan.side)
-            durations["reference" if plan.side == 0 else "candidate"] = time.perf_counter() - t0
-            if error:
-                break
+    status, error, durations = _run_both(plans, checker, ops, seed, hook_candidate=cand_is_module)
     t0 = time.perf_counter()
     check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
     rows = [{**r, "run_id": run_id} for r in check.to_rows()]
