@@ -839,6 +839,15 @@ class TensorChecker:
                 )
             paths[id(g)] = tuple(p for p in written if p is not None)
         writer.close()
+        released = [g.tag for g in plan if any(c.value is _RELEASED for c in g.captures)]
+        if released:
+            warnings.warn(
+                f"TensorChecker: the eager path already released the tensors of "
+                f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
+                "dump_mode=... to TensorChecker(...) so it keeps them",
+                UserWarning,
+                stacklevel=4,
+            )
         return paths, writer.subdir
 
     # ---------------------------------------------------------------- hooks

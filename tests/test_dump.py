@@ -214,3 +214,11 @@ def test_load_dump_rejects_other_folders(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InputError, match="not a folder"):
         DumpWriter(tmp_path / "f")
+
+
+def test_unplanned_dump_on_the_eager_path_warns(tmp_path):
+    checker = TensorChecker(verbose=False, eager_mode="equal")  # dump_mode NOT planned
+    _two_failures(checker)
+    with pytest.warns(UserWarning, match=r"released the tensors of 2 tag\(s\)"):
+        result = checker.check_equal(dump_mode=DumpMode.NOT_EQUAL, dump_path=tmp_path)
+    assert all(r.dump_paths == () for r in result.results)
