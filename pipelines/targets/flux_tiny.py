@@ -130,12 +130,20 @@ def cached_module_names(model: torch.nn.Module) -> list[str]:
 
 
 def make_drive(inputs: dict[str, torch.Tensor], steps: int = STEPS) -> Callable[..., None]:
-    """The denoising loop as a drive; marks cache hits when the model has a First Block Cache."""
+    """The denoising loop as a drive; marks cache hits when the model has a First Block Cache.
+
+    A cached model's stateful cache hooks are reset first, so every run of the drive (the
+    runner's, an isolation re-run, a test's) starts from the same empty cache.
+    """
     sig = sigmas(steps)
 
     def drive(model: torch.nn.Module, rec: Any) -> None:
         manager = _fbc_state_manager(model)
         cached = cached_module_names(model) if manager is not None else []
+        if manager is not None:  # start from an empty cache, as a pipeline call does
+            from diffusers.hooks import HookRegistry
+
+            HookRegistry.check_if_exists_or_initialize(model).reset_stateful_hooks(recurse=True)
         x = inputs["latents"].clone()
         for k in range(steps):
             rec(k)
