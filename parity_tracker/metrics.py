@@ -23,6 +23,7 @@ Sums for SQNR and cosine run over the positions finite on both sides.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -114,25 +115,43 @@ def cosine_from_sums(dot: float, ref_sq: float, cand_sq: float) -> float | None:
     return max(-1.0, min(1.0, dot / (math.sqrt(ref_sq) * math.sqrt(cand_sq))))
 
 
+_EXP64 = 0x7FF0000000000000  # exponent field of a float64
+
+
 @dataclass(frozen=True)
-class _UlpSpec:
-    int_dtype: torch.dtype
-    mask: int
+class UlpSpec:
+    """What the ULP of a reference dtype needs: its eps and its smallest normal (as float64 bits).
+
+    Attributes:
+        eps: ``torch.finfo(dtype).eps`` (the ULP of 1.0).
+        tiny_bits: the float64 bit pattern of ``torch.finfo(dtype).tiny``.
+    """
+
     eps: float
-    tiny: float
+    tiny_bits: int
 
 
-def ulp_spec(dtype: torch.dtype) -> _UlpSpec | None:
-    """Exponent-field mask, eps and tiny of an IEEE-like float dtype (None: not applicable)."""
+def ulp_spec(dtype: torch.dtype) -> UlpSpec | None:
+    """The :class:`UlpSpec` of a float (or complex) dtype; ``None`` for int/bool or e8m0."""
     if dtype.is_complex:
         dtype = dtype.to_real()
     if not dtype.is_floating_point or "e8m0" in str(dtype):
         return None
     info = torch.finfo(dtype)
-    nmant = round(-math.log2(info.eps))
-    exp_bits = info.bits - 1 - nmant
-    ints = {8: torch.int8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
-    return _UlpSpec(ints[info.bits], ((1 << exp_bits) - 1) << nmant, info.eps, info.tiny)
+    tiny_bits = struct.unpack("<q", struct.pack("<d", float(info.tiny)))[0]
+    return UlpSpec(float(info.eps), tiny_bits)
+
+
+def _ulp_ratio(x: torch.Tensor, d: torch.Tensor, spec: UlpSpec, bits: torch.Tensor, out):
+    """``d / (2**e(x) clamped to tiny)`` where x is the float64 image of reference values.
+
+    Masking the exponent field of the float64 bit pattern gives ``2**e(x)`` exactly, for any
+    reference dtype (its values are exact in float64); clamping at the dtype's smallest normal
+    gives the subnormal spacing ÷ eps. Multiply the result by ``1/eps`` for ULPs.
+    """
+    torch.bitwise_and(x.view(torch.int64), _EXP64, out=bits)
+    bits.clamp_min_(spec.tiny_bits)
+    return torch.div(d, bits.view(torch.float64), out=out)
 
 
 class DiffAccumulator:
@@ -156,9 +175,12 @@ class DiffAccumulator:
     ) -> None:
         self.rtol, self.atol = float(rtol), float(atol)
         self.complex = ref_dtype.is_complex or cand_dtype.is_complex
-        ints = (torch.int64, torch.uint64)
+        # exact int64 differences: 64-bit integers on either side (uint64 only against uint64,
+        # compared through an order-preserving sign-bit flip); smaller ints are exact in float64
+        both_u64 = ref_dtype == cand_dtype == torch.uint64
         self.int64 = not _floaty(ref_dtype) and not _floaty(cand_dtype)
-        self.int64 = self.int64 and (ref_dtype in ints or cand_dtype in ints)
+        self.int64 = self.int64 and (both_u64 or torch.int64 in (ref_dtype, cand_dtype))
+        self.int64 = self.int64 and (both_u64 or torch.uint64 not in (ref_dtype, cand_dtype))
         self.ulp = ulp_spec(ref_dtype)
         work = torch.complex128 if self.complex else torch.float64
         size = max(chunk, 1)
@@ -170,7 +192,7 @@ class DiffAccumulator:
         self._q = torch.empty(size, dtype=torch.float64)
         self._b = torch.empty(size, dtype=torch.bool)
         self._di = torch.empty(size, dtype=torch.int64) if self.int64 else None
-        self._ib = torch.empty(size, dtype=self.ulp.int_dtype) if self.ulp else None
+        self._ib = torch.empty(size, dtype=torch.int64) if self.ulp else None
         self._atol_t = torch.tensor(self.atol, dtype=torch.float64)
         self.n = self.mismatch = 0
         self.nan_r = self.nan_c = self.inf_r = self.inf_c = 0
@@ -214,7 +236,8 @@ class DiffAccumulator:
             rel.nan_to_num_(nan=0.0, posinf=INF)
             top_rel = float(rel.max())
         self._track_max(rel, top_rel, offset, "rel")
-        self._count_mismatch(d, absr, top, n)
+        if top_rel > self.rtol * (1.0 - 1e-12):  # else d <= rtol·|r| <= allowed everywhere
+            self._count_mismatch(d, absr, top, n)
         self._ulp(r, c, rd, cd, d, n, unmatched)
 
     def _mask_nonfinite(self, rd: torch.Tensor, cd: torch.Tensor, n: int) -> torch.Tensor:
@@ -243,7 +266,8 @@ class DiffAccumulator:
             d.abs_()
             return
         di = self._di[:n]
-        torch.sub(c.to(torch.int64), r.to(torch.int64), out=di)
+        r, c = _as_int64(r), _as_int64(c)
+        torch.sub(c, r, out=di)
         d.copy_(di)
         d.abs_()
         wrapped = torch.gt(c, r) != torch.gt(di, 0)
@@ -277,26 +301,15 @@ class DiffAccumulator:
         spec = self.ulp
         if spec is None:
             return
-        if self.complex:
-            self._ulp_complex(r, c, rd, cd, unmatched)
-            return
-        u, q = self._a[:n], self._q[:n]
-        torch.bitwise_and(r.view(spec.int_dtype), spec.mask, out=self._ib[:n])
-        u.copy_(self._ib[:n].view(r.dtype))
-        torch.div(d, u.clamp_min_(spec.tiny), out=q)
-        if unmatched is not None:
-            q.nan_to_num_(nan=0.0, posinf=INF).masked_fill_(unmatched, INF)
-        self.max_q = max(self.max_q, float(q.max()) / spec.eps)
-
-    def _ulp_complex(self, r, c, rd, cd, unmatched) -> None:
-        spec = self.ulp
-        rr = torch.view_as_real(r.to(_complex_of(r.dtype))).reshape(-1)
-        diff = (torch.view_as_real(cd) - torch.view_as_real(rd)).abs().reshape(-1)
-        bits = torch.bitwise_and(rr.view(spec.int_dtype), spec.mask).view(rr.dtype)
-        q = diff / bits.double().clamp_min(spec.tiny)
-        q = q.reshape(-1, 2).amax(1)
-        if unmatched is not None:
-            q = q.nan_to_num(nan=0.0, posinf=INF).masked_fill(unmatched, INF)
+        if self.complex:  # per component: |Δre| / ulp(re_r) and |Δim| / ulp(im_r)
+            x = torch.view_as_real(rd).reshape(-1)
+            diff = (torch.view_as_real(cd).reshape(-1) - x).abs_()
+            q = _ulp_ratio(x, diff, spec, torch.empty_like(x, dtype=torch.int64), diff)
+            q = q.reshape(-1, 2).amax(1)
+            if unmatched is not None:
+                q.masked_fill_(unmatched, INF)
+        else:
+            q = _ulp_ratio(rd, d, spec, self._ib[:n], self._q[:n])
         self.max_q = max(self.max_q, float(q.max()) / spec.eps)
 
     def merge(self, other: DiffAccumulator) -> None:
@@ -332,6 +345,13 @@ class DiffAccumulator:
             ref_inf=self.inf_r,
             cand_inf=self.inf_c,
         )
+
+
+def _as_int64(x: torch.Tensor) -> torch.Tensor:
+    """int64 values with the order (and pairwise differences) of ``x``; uint64 sign-flipped."""
+    if x.dtype == torch.uint64:
+        return torch.bitwise_xor(x.view(torch.int64), -(2**63))
+    return x.to(torch.int64)
 
 
 def _floaty(dtype: torch.dtype) -> bool:
@@ -506,10 +526,13 @@ def max_ulp(reference: torch.Tensor, candidate: torch.Tensor) -> float | None:
     """Greatest difference measured in units in the last place (ULP) of the reference dtype.
 
     Formula: ``max_i |c_i − r_i| / ulp(r_i)`` with ``ulp(x) = 2**e(x) · eps`` for normal ``x``
-    (``2**e(x)`` read from the exponent field of ``x``'s integer bit pattern in the reference
-    dtype, ``eps = torch.finfo(dtype).eps``) and ``ulp(x) = tiny · eps`` (the subnormal spacing)
-    for zero and subnormal ``x``; the same as ``numpy.spacing`` for float16/32/64 and extended
-    to bfloat16 and float8. Cross-dtype pairs are measured in the reference's ULP. Complex:
+    (``2**e(x)``, the power of two at or below ``|x|``, read from the exponent field of the
+    integer bit pattern of ``x`` widened exactly to float64; ``eps = torch.finfo(dtype).eps``)
+    and ``ulp(x) = tiny · eps`` (the subnormal spacing) for zero and subnormal ``x`` of the
+    reference dtype; the same as ``numpy.spacing`` for float16/32/64 and extended to bfloat16
+    and float8. Not the count of representable values between (the integer bit-pattern
+    distance); the two agree when ``r`` and ``c`` lie in one binade. Cross-dtype pairs are
+    measured in the reference's ULP. Complex:
     the larger of the real and imaginary parts' ULP distances. ``None`` for integer and bool
     references, where the difference itself is exact.
     """

@@ -146,6 +146,13 @@ def test_int64_ids_512_apart_mismatch_in_allclose() -> None:
     assert compare_tensors(r, c, mode="allclose", rtol=1.0, atol=1.0).status == "mismatch"
 
 
+def test_uint64_exact_near_the_top() -> None:
+    r = torch.tensor([2**64 - 1, 9], dtype=torch.uint64)
+    c = torch.tensor([2**64 - 513, 9], dtype=torch.uint64)
+    got = compare_tensors(r, c, mode="allclose")
+    assert got.status == "mismatch" and got.max_abs_diff == 512.0 and got.mismatch_count == 1
+
+
 def test_bool_exact() -> None:
     r = torch.tensor([True, False, True])
     got = compare_tensors(r, torch.tensor([True, True, True]), mode="allclose")
