@@ -548,3 +548,36 @@ def test_cache_hit_counts_only_for_the_side_that_skipped(marked_side, status):
         checker.mark_cache_hit("block", side=marked_side)
     r = checker.check_equal()["checker_block"]
     assert (r.status, r.cache_hit) == (status, True)
+
+
+def test_half_given_tolerance_takes_the_torch_allclose_default():
+    checker = TensorChecker(verbose=False)
+    checker.register_tensor("x", torch.tensor([1.0]))
+    checker.register_tensor("x", torch.tensor([1.0 + 5e-4]))
+    r = checker.check_allclose(rtol=1e-3)["x"]  # atol = 1e-8 (torch.allclose's default)
+    assert r.status == "close"
+    assert (r.comparison.rtol, r.comparison.atol) == (1e-3, 1e-8)
+    assert checker.check_allclose(atol=1e-4)["x"].status == "mismatch"  # rtol = 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("eager", [None, "equal"])
+def test_cuda_capture_compare_and_dump(tmp_path, eager):
+    checker = TensorChecker(verbose=False, eager_mode=eager, dump_mode=DumpMode.ALL)
+    ref, cand, x = seed_demo.build()
+    ref, cand, x = ref.cuda().to(torch.bfloat16), cand.cuda().to(torch.bfloat16), x.cuda()
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
+        ref(x.to(torch.bfloat16))
+        cand(x.to(torch.bfloat16))
+    result = checker.check_equal(dump_mode=DumpMode.ALL, dump_path=tmp_path)
+    r = result["checker_conv_in"]
+    assert r.status == "equal" and r.comparison.ref_device.startswith("cuda")
+    import json
+
+    entry = json.loads((tmp_path / "check-0001" / "index.json").read_text())["files"][0]
+    assert entry["device"].startswith("cuda") and entry["dtype"] == "bfloat16"
+    assert entry["stored_dtype"] == "float32"
