@@ -101,7 +101,8 @@ def test_run_input_errors_exit_2(env, args, needles):
 
 
 def test_run_store_unreachable_exits_3_with_spool_path(env):
-    res = invoke("run", TINY, "--tracking-uri", "http://127.0.0.1:9", "--json")
+    with pytest.warns(RuntimeWarning, match="spooled to"):
+        res = invoke("run", TINY, "--tracking-uri", "http://127.0.0.1:9", "--json")
     assert res.exit_code == 3
     assert "spooled to" in res.stderr
     spooled = list((env["cwd"] / ".parity" / "spool").iterdir())
