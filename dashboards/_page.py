@@ -289,7 +289,7 @@ def link(base_url: str, path: str | None, label: str) -> str:
     if not path:
         return ""
     href = path if "://" in path or path.startswith("/") else base_url + quote(path, safe="/")
-    return f'<a href="{esc(href)}">{esc(label)}</a>'
+    return f'<a href="{esc(href)}" title="{esc(path)}">{esc(label)}</a>'
 
 
 def figure_block(fig_id: str, figure: Mapping[str, Any], *, height: int, placeholder: str) -> str:

@@ -7,10 +7,11 @@ in execution order, steps concatenated); the ops of the first divergent module; 
 elementwise differences of the worst tensor; the module table (sortable, filterable, with links
 to the dumped tensors).
 
-The histogram needs elementwise data, which the tables do not hold: ``run_parity`` computes it
-with :func:`diff_histogram` on the pair picked by :func:`pick_worst` while it still holds the
-tensors, and stores it as ``summary["worst_tensor_histogram"]``; without it the section says the
-histogram is not available.
+The histogram needs elementwise data, which the tables do not hold. It is taken from
+``summary["worst_tensor_histogram"]`` (what :func:`diff_histogram` returns, for the pair
+:func:`pick_worst` names) when the run recorded one, else computed from the run's local dump
+(``dump_dir``: ``index.json`` + both sides' ``.npy``), else the section says it is not
+available.
 """
 
 from __future__ import annotations
