@@ -51,6 +51,7 @@ from its producer's capture, the candidate's is the live input. ``passing`` = al
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import os
@@ -104,7 +105,6 @@ LAYOUT_OPS = frozenset(
 )
 
 _TOP = "_top_"
-_END = 1 << 62  # sort key of reference-only module calls: after every candidate op
 _SUSPEND = threading.local()
 
 
@@ -595,6 +595,8 @@ class OpSession:
         self._visited: set[tuple[int, str, int]] = set()
         # candidate (seq, out) -> (status, reference seq, reference out)
         self._cand_status: dict[tuple[int, int], tuple[str, int | None, int | None]] = {}
+        self._ref_status: dict[tuple[int, int], str] = {}  # reference (seq, out) -> status
+        self._matched: list[tuple[int, int]] = []  # (reference seq, candidate seq) pairs
         self._ext_cache: dict[tuple, str] = {}
         self._rows: list[dict[str, Any]] = []
         self._recorded: set[int] = set()
@@ -734,28 +736,41 @@ class OpSession:
                     message=f"no candidate registration #{ev.k} of {tag!r}",
                 )
                 frame = self._manual_frames[ev.seq]
-                self._rows.append(_manual_row(frame, ev, cmp, (_END, 1, ev.seq, 0)))
-        self._rows.sort(key=lambda r: r["_order"])
+                self._rows.append(_manual_row(frame, ev, cmp, None, ev.seq))
+        self._rows.sort(key=self._order_key())
         for i, r in enumerate(self._rows):
             r["exec_order"] = i
+
+    def _order_key(self) -> Callable[[dict[str, Any]], tuple[int, int, int, int]]:
+        """Sort key: execution order in candidate time.
+
+        A reference-only row goes right after the candidate op matched with the last
+        reference op that ran before it.
+        """
+        matched = sorted(self._matched)
+        ref_seqs = [a for a, _ in matched]
+
+        def key(row: dict[str, Any]) -> tuple[int, int, int, int]:
+            if row["_cand_seq"] is not None:
+                return (row["_cand_seq"], 0, 0, row["_out"])
+            at = bisect.bisect_left(ref_seqs, row["_ref_seq"]) - 1
+            anchor = matched[at][1] if at >= 0 else -1
+            return (anchor, 1, row["_ref_seq"], row["_out"])
+
+        return key
 
     def _compare_frame(self, ref_events: list[_Event], frame: _Frame) -> None:
         cand_events = frame.events
         ref_ops = [e for e in ref_events if e.tag is None]
         cand_ops = [e for e in cand_events if e.tag is None]
         pairs = align_ops([_align_key(e) for e in ref_ops], [_align_key(e) for e in cand_ops])
-        anchor = (cand_ops[0].seq if cand_ops else _END, -1)
-        for sub, (i, j) in enumerate(pairs):
+        for i, j in pairs:
             r = ref_ops[i] if i is not None else None
             c = cand_ops[j] if j is not None else None
-            if c is not None:
-                anchor = (c.seq, 0)
-            self._compare_event(frame, r, c, (*anchor, sub))
+            self._compare_event(frame, r, c)
         self._compare_manual(frame, [e for e in cand_events if e.tag is not None])
 
-    def _compare_event(
-        self, frame: _Frame, r: _Event | None, c: _Event | None, order: tuple
-    ) -> None:
+    def _compare_event(self, frame: _Frame, r: _Event | None, c: _Event | None) -> None:
         ev = c if c is not None else r
         assert ev is not None
         present = (
@@ -789,7 +804,9 @@ class OpSession:
                     "inputs_status": inputs_status,
                     "root_cause": root,
                     "cause": cause,
-                    "_order": (*order, i),
+                    "_cand_seq": c.seq if c is not None else None,
+                    "_ref_seq": r.seq if r is not None else None,
+                    "_out": i,
                 }
             )
 
@@ -841,6 +858,8 @@ class OpSession:
                 results.append((i, cmp))
                 if c is not None:
                     self._cand_status[(c.seq, i)] = (status, None, None)
+                else:
+                    self._ref_status[(ev.seq, i)] = status
             return results
         for (ri, rh, _), (ci, ch, _) in zip(r.outs, c.outs, strict=False):
             tag = base if ri == 0 else f"{base}:{ri}"
@@ -851,6 +870,8 @@ class OpSession:
                 cmp = self._compare(ref_t, cand_t, tag)
             results.append((ri, cmp))
             self._cand_status[(c.seq, ci)] = (cmp.status, r.seq, ri)
+            self._ref_status[(r.seq, ri)] = cmp.status
+        self._matched.append((r.seq, c.seq))
         return results
 
     # -- inputs ----------------------------------------------------------------------------------
@@ -870,13 +891,16 @@ class OpSession:
         return _combine(statuses), layout
 
     def _one_sided_inputs(self, ev: _Event, side: int) -> str:
+        """Inputs of an op that ran on one side only: its producers' statuses where known."""
         statuses = []
         for d in ev.inputs:
-            if d.src is None or side == 0:
+            if d.src is None:
                 statuses.append("unknown")
-                continue
-            known = self._cand_status.get(d.src)
-            statuses.append("unknown" if known is None else _passfail(known[0]))
+            elif side == 0:
+                statuses.append(_passfail(self._ref_status.get(d.src, "skipped")))
+            else:
+                known = self._cand_status.get(d.src)
+                statuses.append("unknown" if known is None else _passfail(known[0]))
         return _combine(statuses)
 
     def _input_status(self, rd: _In, cd: _In) -> str:
@@ -930,13 +954,31 @@ class OpSession:
         """
         if ref_t.device != cand_t.device:
             ref_t = ref_t.to(cand_t.device)
-        if ref_t.dtype != cand_t.dtype:
-            with suspended():
-                common = torch.promote_types(ref_t.dtype, cand_t.dtype)
-                ref_t, cand_t = ref_t.to(common), cand_t.to(common)
         with suspended():
-            cmp = self._compare(ref_t, cand_t, None)
-        return _passfail(cmp.status)
+            return self._verdict(ref_t, cand_t)
+
+    def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
+        """``passing`` / ``failing`` by the session's mode, without the metrics.
+
+        ``equal``: identical values, NaN at the same positions counts as equal; ``allclose``:
+        ``|c - r| <= atol + rtol * |r|`` with the session's tolerances for the two dtypes
+        (``Tolerances.resolve``), NaN matched by position — the comparison core's rules.
+        """
+        if ref_t.shape != cand_t.shape:
+            return "failing"
+        if ref_t.dtype != cand_t.dtype:
+            common = torch.promote_types(ref_t.dtype, cand_t.dtype)
+            ref_t, cand_t = ref_t.to(common), cand_t.to(common)
+        if torch.equal(ref_t, cand_t):
+            return "passing"
+        if not (ref_t.is_floating_point() or ref_t.is_complex()):
+            return "failing"
+        if self.mode == "allclose":
+            rtol, atol = self.tolerances.resolve(None, ref_t.dtype, cand_t.dtype)
+            ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            ok = (ref_t == cand_t) | (ref_t.isnan() & cand_t.isnan())
+        return "passing" if bool(ok.all()) else "failing"
 
     def _compare(self, ref_t: torch.Tensor, cand_t: torch.Tensor, tag: str | None) -> Comparison:
         return compare_tensors(ref_t, cand_t, mode=self.mode, tag=tag, tolerances=self.tolerances)
@@ -979,7 +1021,7 @@ class OpSession:
             else:
                 with suspended():
                     cmp = self._compare(r.outs[0][1].get(), h.get(), ev.tag)
-            self._rows.append(_manual_row(frame, ev, cmp, (ev.seq, 1, 0, 0)))
+            self._rows.append(_manual_row(frame, ev, cmp, ev.seq, None))
 
 
 def _align_key(ev: _Event) -> tuple:
@@ -1014,7 +1056,9 @@ def _explain(cause: str | None, layout: list[str], out_diffs: list[str]) -> str:
     return ""
 
 
-def _manual_row(frame: _Frame, ev: _Event, cmp: Comparison, order: tuple) -> dict[str, Any]:
+def _manual_row(
+    frame: _Frame, ev: _Event, cmp: Comparison, cand_seq: int | None, ref_seq: int | None
+) -> dict[str, Any]:
     return {
         "tag": ev.tag,
         "module": frame.module,
@@ -1028,5 +1072,7 @@ def _manual_row(frame: _Frame, ev: _Event, cmp: Comparison, order: tuple) -> dic
         "inputs_status": "unknown",
         "root_cause": False,
         "cause": None,
-        "_order": order,
+        "_cand_seq": cand_seq,
+        "_ref_seq": ref_seq,
+        "_out": 0,
     }
