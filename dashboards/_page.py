@@ -301,13 +301,28 @@ def figure_block(fig_id: str, figure: Mapping[str, Any], *, height: int, placeho
         height: the div's height in CSS pixels.
         placeholder: text shown until (or unless) the chart is drawn.
     """
-    payload = json.dumps(figure, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    try:
+        text = json.dumps(figure, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or inf slipped in (e.g. an MLflow metric): JSON has no such value
+        text = json.dumps(_finite_only(figure), separators=(",", ":"), allow_nan=False)
+    payload = text.replace("</", "<\\/")
     return (
         f'<div class="chart" id="{esc(fig_id)}" style="height:{height}px">'
         f'<div class="placeholder">{esc(placeholder)}</div></div>'
         f'<script type="application/json" class="pt-figure" data-target="{esc(fig_id)}">'
         f"{payload}</script>"
     )
+
+
+def _finite_only(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (plotly draws a gap)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_only(v) for v in value]
+    return value
 
 
 def json_script(element_id: str, data: Any) -> str:

@@ -444,7 +444,7 @@ def _history_figure(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return history_figure(
         _x_labels(group),
         [finite(r.get("output_max_abs_diff")) for r in group],
-        [r.get("tensors_failing") for r in group],
+        [finite(r.get("tensors_failing")) for r in group],
         [bool(r.get("regression")) for r in group],
         hover,
     )
@@ -473,14 +473,23 @@ def _heatmaps(
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in tag_status:
         groups[str(row.get("fingerprint") or "")].append(row)
+    names = {
+        str(r.get("fingerprint")): f"{r.get('target')} {_settings_label(r.get('settings') or {})}"
+        for r in runs
+    }
     html = "<h2 id='heatmap'>Failing tags across commits</h2>"
     for n, (fingerprint, rows) in enumerate(groups.items()):
-        html += _heatmap(n, fingerprint, rows, order, cap)
+        html += _heatmap(n, fingerprint, names.get(fingerprint, ""), rows, order, cap)
     return html
 
 
 def _heatmap(
-    n: int, fingerprint: str, rows: Sequence[Mapping[str, Any]], order: list[str], cap: int
+    n: int,
+    fingerprint: str,
+    name: str,
+    rows: Sequence[Mapping[str, Any]],
+    order: list[str],
+    cap: int,
 ) -> str:
     commits = list(order)
     for r in rows:
@@ -490,7 +499,9 @@ def _heatmap(
     for r in rows:
         status[(str(r.get("tag")), str(r.get("commit")))] = str(r.get("status"))
     fails = Counter(t for (t, _), s in status.items() if s in FAILING)
-    head = f"<p class='note'>fingerprint <code>{esc(fingerprint)}</code></p>" if fingerprint else ""
+    head = f"<h3>{esc(name)}</h3>" if name else ""
+    if fingerprint:
+        head += f"<p class='note'>fingerprint <code>{esc(fingerprint)}</code></p>"
     if not fails:
         return head + "<p class='note'>No tag failed at any commit.</p>"
     tags = [t for t, _ in sorted(fails.items(), key=lambda kv: (-kv[1], kv[0]))][:cap]

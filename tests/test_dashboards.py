@@ -482,3 +482,24 @@ def test_history_collapses_exact_configurations_into_the_overview():
     assert "noisy 2 c2 0 1.00e-05 → 1.00e-05" in overview
     assert "exact 2 c2 0 bitwise equal at every commit" in overview
     assert "NO REGRESSION" in doc.text("verdict")
+
+
+def test_history_survives_nan_metrics():
+    nan = float("nan")
+    runs = [
+        {
+            "fingerprint": "fp",
+            "target": "a",
+            "settings": {},
+            "commit": c,
+            "run_id": c,
+            "start_time": i,
+            "tensors_failing": f,
+            "output_max_abs_diff": d,
+            "regression": False,
+        }
+        for i, (c, f, d) in enumerate((("c1", nan, nan), ("c2", 2, 1e-3)))
+    ]
+    fig = _Doc(render_history(runs)).figures["history-chart-0"]  # strict JSON: parses
+    assert fig["data"][0]["y"] == [None, 1e-3]
+    assert fig["data"][1]["y"] == [None, 2.0]
