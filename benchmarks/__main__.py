@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Row, failed
+from benchmarks._common import CLOCK, Row, failed
 
 MEASUREMENTS = {
     1: "benchmarks.bench_module",
@@ -41,6 +41,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     size.add_argument("--full", action="store_true", help="every measurement at full size")
     p.add_argument("--only", default="", help="comma-separated measurement numbers, e.g. 1,3")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="clock of the overhead ratios (1-3): process CPU time (default) or wall time",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     return p.parse_args(argv)
 
@@ -115,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    meta = {**_machine(args.threads), "mode": "quick" if quick else "full"}
+    CLOCK["name"] = args.clock
+    meta = {**_machine(args.threads), "mode": "quick" if quick else "full", "clock": args.clock}
     rows: list[Row] = []
     durations: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks._common import (
+    CLOCK,
     Contender,
     Row,
     alternate,
@@ -212,18 +213,22 @@ def ratio_row(
         if name in s.errors:
             return Row(measurement, s.label, None, "", target, None, "error", s.errors[name])
     value = paired_ratio(s.times, numerator, denominator)
+    clock = CLOCK["name"]
+    other = "wall" if clock == "cpu" else "cpu"
+    other_ratio = paired_ratio(s.times, f"{other}:{numerator}", f"{other}:{denominator}")
     cov = "; ".join(f"{n}: {s.coverage[n]}" for n in (numerator, denominator) if n in s.coverage)
     detail = "; ".join(
         x
         for x in (
             note,
             cov,
-            f"median s: {numerator} {s.median(numerator):.3f}, "
-            f"{denominator} {s.median(denominator):.3f}",
+            f"median {clock} s: {numerator} {s.median(numerator):.3f}, "
+            f"{denominator} {s.median(denominator):.3f}; {other}-clock ratio {other_ratio:.3g}",
         )
         if x
     )
-    extra = {"times_s": {n: s.times[n] for n in (numerator, denominator)}}
+    names = (numerator, denominator, f"{other}:{numerator}", f"{other}:{denominator}")
+    extra = {"clock": clock, "times_s": {n: s.times[n] for n in names}}
     if limit is None:
         return Row(measurement, s.label, value, "×", "", None, "info", detail, extra)
     return judged(measurement, s.label, value, "×", limit, detail=detail, extra=extra)
