@@ -71,3 +71,40 @@ def test_installed_script_two_commits_diff_history_expected(mlflow_server, tmp_p
     assert ok.returncode == 0, ok.stderr
     changes = {r["tag"]: r["change"] for r in json.loads(ok.stdout)["rows"]}
     assert changes == dict.fromkeys(DOWNSTREAM, "expected")
+
+
+@pytest.mark.server
+def test_installed_ui_serves_the_store_on_loopback(sqlite_tracking_uri, tmp_path):
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen(
+        [str(SCRIPT), "ui", "--port", str(port), "--tracking-uri", sqlite_tracking_uri],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        first = proc.stdout.readline() + proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in first
+        deadline, healthy = time.monotonic() + 180, False
+        while time.monotonic() < deadline and proc.poll() is None and not healthy:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    healthy = r.status == 200
+            except OSError:
+                time.sleep(0.5)
+        assert healthy, "mlflow server started by `parity-tracker ui` never became healthy"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # our script and the server it started
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
