@@ -101,12 +101,24 @@ def _download_modules(client: Any, run_id: str, dst: Path) -> Any:
 
 
 def _modules_tables(run_ids: Sequence[str], tracking_uri: str | None) -> list[Any]:
-    """The ``modules`` table of each run (only that artifact), downloaded in 8 threads."""
+    """The ``modules`` table of each run (only that artifact), downloaded in 8 threads.
+
+    Raises:
+        InfrastructureError: the store could not be reached or a run has no modules table.
+    """
     from parity_tracker.store import get_client
 
-    client = get_client(tracking_uri)
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(lambda r: _download_modules(client, r, Path(tmp)), run_ids))
+    try:
+        client = get_client(tracking_uri)
+        with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=8) as pool:
+            return list(pool.map(lambda r: _download_modules(client, r, Path(tmp)), run_ids))
+    except ParityTrackerError:
+        raise
+    except Exception as exc:
+        raise InfrastructureError(
+            f"cannot download tables/modules.parquet of runs {list(run_ids)[:5]}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 @dataclass
