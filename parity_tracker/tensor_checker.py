@@ -539,8 +539,9 @@ class TensorChecker:
         versions = (tensor_version(ref), tensor_version(cand))
         if None in versions:
             return None
-        override = tol.match(g.tag) if mode == "allclose" else None
-        return (id(ref), id(cand), mode, id(tol), override, versions)
+        # tolerance VALUES, never id(tol): a freed Tolerances' id is reused by the next check
+        limits = (tol.default, tol.match(g.tag)) if mode == "allclose" else None
+        return (id(ref), id(cand), mode, limits, versions)
 
     # ---------------------------------------------------------------- check
     def check_equal(self, dump_mode: DumpMode = DumpMode.NOT, dump_path: Any = None) -> CheckResult:

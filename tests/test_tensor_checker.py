@@ -581,3 +581,14 @@ def test_cuda_capture_compare_and_dump(tmp_path, eager):
     entry = json.loads((tmp_path / "check-0001" / "index.json").read_text())["files"][0]
     assert entry["device"].startswith("cuda") and entry["dtype"] == "bfloat16"
     assert entry["stored_dtype"] == "float32"
+
+
+def test_repeated_checks_with_other_tolerances_are_recomputed():
+    checker = TensorChecker(verbose=False)
+    checker.register_tensor("x", torch.tensor([1.0]))
+    checker.register_tensor("x", torch.tensor([1.0 + 5e-4]))
+    verdicts = [
+        checker.check_allclose(rtol=r, atol=a)["x"].status
+        for r, a in [(1e-3, 0.0), (0.0, 1e-4), (1e-3, 0.0), (0.0, 1e-4)] * 3
+    ]
+    assert verdicts == ["close", "mismatch"] * 6
