@@ -25,6 +25,7 @@ pitch and formant-weighted harmonics under attack/decay envelopes, plus seeded n
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,12 @@ class TorchScriptVAD(torch.nn.Module):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
-        object.__setattr__(self, "engine", torch.jit.load(str(path), map_location="cpu").eval())
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore", DeprecationWarning
+            )  # torch.jit.load: the wheel's format
+            engine = torch.jit.load(str(path), map_location="cpu").eval()
+        object.__setattr__(self, "engine", engine)
 
     def forward(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         prob, new_state = self.engine._model(window, state)
