@@ -379,6 +379,12 @@ def nightly(
             f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
             f"nightly run {result.parent_run_id})"
         )
+    if result.spooled:
+        click.echo(
+            "tracking store unreachable for some cells; spooled to "
+            + ", ".join(result.spooled) + "; upload them with `parity-tracker sync`",
+            err=True,
+        )  # fmt: skip
     ctx.exit(result.exit_code)
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parity_tracker.diff import count_changes, diff_tables, interesting
-from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.errors import EXIT_INFRA, InfrastructureError, InputError
 from parity_tracker.expected import ExpectedEntry, apply_expected, expired_entries, load_expected
 from parity_tracker.targets import resolve_target
 from parity_tracker.tomlfile import load_toml
@@ -227,13 +227,20 @@ class NightlyResult:
         return [c for c in self.cells if c.error]
 
     @property
+    def spooled(self) -> list[str]:
+        """Spool paths of cells the store did not take (upload with ``parity-tracker sync``)."""
+        return [c.spool_path for c in self.cells if c.spool_path]
+
+    @property
     def exit_code(self) -> int:
-        """0 or 1 by ``fail_on``.
+        """The exit code: 0 or 1 by ``fail_on``; 3 when cells were spooled.
 
         ``regression``: 1 on a regression row, a cell that did not complete, or an expired
         expected entry; ``mismatch``: also on any failing tensor not marked expected;
-        ``never``: always 0.
+        ``never``: 0. Whatever ``fail_on`` says, 3 (infrastructure) when cells were spooled.
         """
+        if self.spooled:
+            return EXIT_INFRA
         if self.fail_on == "never":
             return 0
         bad = self.regressions > 0 or bool(self.failed_cells) or bool(self.expired)
@@ -250,6 +257,7 @@ class NightlyResult:
             "fail_on": self.fail_on,
             "exit_code": self.exit_code,
             "regressions": self.regressions,
+            "spooled": self.spooled,
             "expired": [e.describe() for e in self.expired],
             "cells": [c.to_dict() for c in self.cells],
         }
@@ -596,8 +604,9 @@ def run_nightly(
 
     Raises:
         InputError: malformed config or expected file, bad shard or fail_on, unknown baseline.
-        InfrastructureError: the store could not be reached to open the parent run, or cells
-            were spooled (the message lists the spool paths); the digest is still computed.
+        InfrastructureError: the store could not be reached to open the parent run. (Cells
+            the store refused later are spooled; ``NightlyResult.spooled`` lists them and
+            ``exit_code`` is then 3.)
         KeyboardInterrupt: the parent run is ended KILLED first.
     """
     from parity_tracker.env import git_info
@@ -664,13 +673,6 @@ def run_nightly(
     out.digest = render_digest(out)
     _publish(out, tracking_uri=tracking_uri, experiment=experiment)
     end_run(parent, "FINISHED", tracking_uri=tracking_uri)
-    spooled = [c.spool_path for c in out.cells if c.spool_path]
-    if spooled:
-        raise InfrastructureError(
-            "tracking store unreachable for some cells; spooled to "
-            + ", ".join(spooled)
-            + "; upload with `parity-tracker sync`"
-        )
     return out
 
 

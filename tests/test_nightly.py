@@ -196,6 +196,9 @@ def test_verdict_by_fail_on():
     assert _result([ok, regressed], "never").exit_code == 0
     assert _result([ok, broken]).exit_code == 1
     assert _result([ok], expired=["e"]).exit_code == 1
+    spooled = CellResult(Cell("x", ()), error="not logged", spool_path="/s/1")
+    assert _result([ok, spooled], "never").exit_code == 3
+    assert _result([ok, spooled]).spooled == ["/s/1"]
     assert [cell_status(c) for c in (ok, failing, regressed, broken)] == [
         "pass", "fail", "regression", "error"
     ]  # fmt: skip
