@@ -10,7 +10,6 @@ import base64
 import gzip
 import json
 import re
-import time
 from html import unescape
 from html.parser import HTMLParser
 from types import SimpleNamespace
@@ -18,7 +17,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dashboards import _page
 from dashboards.nightly import render_history, render_matrix
 from dashboards.report import diff_histogram, pick_worst, render_run_report
 from dashboards.samples import synthetic_nightly, synthetic_run
@@ -319,19 +317,13 @@ def test_plotly_inlined_once_and_exact():
     assert gzip.decompress(base64.b64decode(payload)).decode() == get_plotlyjs()
 
 
-def test_report_size_and_build_time_2000_rows():
+def test_report_size_2000_rows():
+    # Build time is a benchmark figure (benchmarks/), not a timed test: only the size is asserted.
     run = synthetic_run(rows=2000, steps=20)
-    _page.plotly_payload.cache_clear()
-    t0 = time.perf_counter()
-    html = render_run_report(run)  # cold: includes compressing plotly.js once
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    render_run_report(run)
-    warm = time.perf_counter() - t0
+    html = render_run_report(run)
     size = len(html.encode("utf-8"))
-    print(f"report 2000 rows: {size / MB:.2f} MB, cold {cold:.2f} s, warm {warm:.2f} s")
+    print(f"report 2000 rows: {size / MB:.2f} MB")
     assert size <= 5 * MB
-    assert cold < 2.0 and warm < 2.0
 
 
 def test_escaping_of_hostile_tags():
@@ -444,17 +436,12 @@ def test_history_orders_commits_and_marks_regressions():
     assert "REGRESSION" in doc.text("verdict")
 
 
-def test_nightly_figures_are_valid_plotly_and_fast():
+def test_nightly_figures_are_valid_plotly():
     import plotly.graph_objects as go
 
     cells, runs, tag_status = synthetic_nightly()
-    render_history(runs[:3], tag_status[:3])  # warm the plotly payload cache
-    t0 = time.perf_counter()
     html = render_history(runs, tag_status)
     render_matrix(cells)
-    elapsed = time.perf_counter() - t0
-    print(f"history ({len(runs)} runs) + matrix: {elapsed:.2f} s, {len(html) / MB:.2f} MB")
-    assert elapsed < 2.0
     for fig in _Doc(html).figures.values():
         go.Figure(fig)
 
