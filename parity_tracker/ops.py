@@ -345,6 +345,7 @@ class _In:
     stride: tuple[int, ...]
     dtype: torch.dtype
     contiguous: bool
+    version: int = 0  # the tensor's version counter when the op ran (in-place updates)
     held: _Held | None = None  # the live input (candidate) / external tensor (reference)
 
     def layout(self) -> dict[str, Any]:
@@ -392,11 +393,16 @@ class _Recorder(TorchDispatchMode):
         if _is_suspended():
             return func(*args, **kwargs)
         info = _op_info(func)
-        for pos, name in info.written_args:
-            target = args[pos] if pos < len(args) else kwargs.get(name)
-            self.side.store.before_write(target)
+        before = None
+        if info.written_args:
+            # Describe (and pin) the inputs before the write, then copy-on-write every held
+            # tensor the op is about to overwrite, so inputs keep their pre-write values.
+            before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
+            for pos, name in info.written_args:
+                target = args[pos] if pos < len(args) else kwargs.get(name)
+                self.side.store.before_write(target)
         out = func(*args, **kwargs)
-        self.side.on_op(info, args, kwargs, out)
+        self.side.on_op(info, args, kwargs, out, before)
         return out
 
 
@@ -406,6 +412,7 @@ class _Side:
     def __init__(self, session: OpSession, index: int, model: torch.nn.Module | None):
         self.session, self.index, self.store = session, index, session._store
         self.names: dict[int, str] = {}
+        session._params[index] = set()
         if model is not None:
             self._learn(model, "model")
         self.stack: list[_Frame] = []
@@ -419,6 +426,9 @@ class _Side:
     # -- module tracking ---------------------------------------------------------------------
 
     def _learn(self, model: torch.nn.Module, root: str) -> None:
+        if root == "model":  # parameters/buffers: long-lived, their comparisons are cached
+            for t in itertools.chain(model.parameters(), model.buffers()):
+                self.session._params[self.index].add(_ptr(t.detach()))
         for name, mod in model.named_modules():
             full = root if not name else f"{root}.{name}" if root != "model" else name
             self.names.setdefault(id(mod), full)
@@ -477,23 +487,31 @@ class _Side:
 
     # -- ops -----------------------------------------------------------------------------------
 
-    def on_op(self, info: _OpInfo, args: tuple, kwargs: Mapping[str, Any], out: Any) -> None:
+    def on_op(
+        self,
+        info: _OpInfo,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        out: Any,
+        before: list[_In] | None,
+    ) -> None:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         new = [
             (i, t)
             for i, t in enumerate(outs)
             if _capturable(t) and not (i < len(info.view_returns) and info.view_returns[i])
         ]
-        if not new:
-            return
         tensors = _tensors_in(args, kwargs)
-        if not info.written_args:  # undeclared aliases (``_unsafe_view``): same storage as an input
+        if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
             shared = {_ptr(t) for t in tensors}
             new = [(i, t) for i, t in new if _ptr(t) not in shared or _ptr(t) == 0]
-            if not new:
-                return
+        if not new:
+            for d in before or ():
+                if d.held is not None:
+                    self.store.release(d.held)
+            return
         frame = self.frame()
-        inputs = [self._describe(t) for t in tensors]
+        inputs = before if before is not None else [self.describe(t) for t in tensors]
         seq = next(self.seq)
         held = []
         for i, t in new:
@@ -506,13 +524,14 @@ class _Side:
         frame.counts[info.name] = k + 1
         frame.events.append(_Event(seq, info.name, k, held, inputs))
 
-    def _describe(self, t: torch.Tensor) -> _In:
+    def describe(self, t: torch.Tensor) -> _In:
+        """Where an op input comes from (producer or external) and its layout; pins it."""
         src, rel = None, 0
         if _capturable(t) and t.untyped_storage().nbytes():
             prod = self.producers.get(t.untyped_storage().data_ptr())
             if prod is not None:
                 src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
-        d = _In(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous())
+        d = _In(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
         # The reference keeps external inputs (parameters, model inputs) to compare them with
         # the candidate's; the candidate keeps every input until its module call is compared.
         if _capturable(t) and (self.index == 1 or src is None):
@@ -598,6 +617,7 @@ class OpSession:
         self._ref_status: dict[tuple[int, int], str] = {}  # reference (seq, out) -> status
         self._matched: list[tuple[int, int]] = []  # (reference seq, candidate seq) pairs
         self._ext_cache: dict[tuple, str] = {}
+        self._params: list[set[int]] = [set(), set()]  # storage pointers, per side
         self._rows: list[dict[str, Any]] = []
         self._recorded: set[int] = set()
         self._finalized = False
@@ -922,16 +942,14 @@ class OpSession:
         if rd.held is None or cd.held is None:
             return "unknown"
         ref_t, cand_t = rd.held.get(), cd.held.get()
+        ref_p, cand_p = _ptr(ref_t), _ptr(cand_t)
+        if ref_p not in self._params[0] or cand_p not in self._params[1]:
+            return self._value_compare(ref_t, cand_t)
+        # Both are parameters/buffers of the models (alive all session, so their storage
+        # pointers are not reused); the version counters catch in-place updates.
         key = (
-            ref_t.untyped_storage().data_ptr() if rd.held.tensor is not None else rd.held.id,
-            rd.shape,
-            rd.stride,
-            ref_t.storage_offset(),
-            cand_t.untyped_storage().data_ptr(),
-            cd.shape,
-            cd.stride,
-            cand_t.storage_offset(),
-            rd.held.id if rd.held.path is not None else -1,
+            (ref_p, ref_t.storage_offset(), rd.shape, rd.stride, rd.version),
+            (cand_p, cand_t.storage_offset(), cd.shape, cd.stride, cd.version),
         )
         status = self._ext_cache.get(key)
         if status is None:

@@ -485,3 +485,68 @@ def test_recording_order_is_enforced():
         s.record_manual(0, "t", torch.ones(1))
     with pytest.raises(InputError, match="max_resident_bytes"):
         OpSession(mode="equal", max_resident_bytes=-1)
+
+
+def test_in_place_update_of_a_buffer_compares_pre_write_inputs():
+    """Two steps of a stateful module: ``state`` is multiplied in, then bumped in place."""
+
+    class Stateful(nn.Module):
+        def __init__(self, increment):
+            super().__init__()
+            self.register_buffer("state", torch.ones(3))
+            self.increment = increment
+
+        def forward(self, x):
+            y = x * self.state
+            self.state.add_(self.increment)
+            return y
+
+    x = torch.arange(3.0)
+    step = {"k": 0}
+    s = OpSession(mode="equal", step_getter=lambda: step["k"])
+    with torch.no_grad():
+        for side, model in ((0, Stateful(1.0)), (1, Stateful(2.0))):
+            with s.recording(side, model=model):
+                for k in range(2):
+                    step["k"] = k
+                    model(x)
+    rows = {(r["step"], r["tag"]): r for r in s.rows()}
+    # Step 0 by hand: state = 1 on both sides, so the product is equal; add_ makes 2 vs 3.
+    assert rows[(0, "model@0::mul#0")]["status"] == "equal"
+    bump = rows[(0, "model@0::add_#0")]
+    assert bump["status"] == "mismatch" and bump["max_abs_diff"] == 1.0
+    assert bump["inputs_status"] == "passing"  # the pre-write state (1 vs 1), not 2 vs 3
+    assert bump["cause"] == "A"
+    # Step 1: the product sees 2 vs 3 (produced by the failing add_): propagated.
+    mul1 = rows[(1, "model@0::mul#0")]
+    assert mul1["status"] == "mismatch" and mul1["max_abs_diff"] == 2.0  # x[2] * (3 - 2)
+    assert mul1["inputs_status"] == "failing" and mul1["root_cause"] is False
+    assert [r["tag"] for r in s.root_causes()] == ["model@0::add_#0"]
+
+
+def test_parameter_changed_in_place_between_calls_is_compared_again():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.w
+
+    ref, cand = Scale(), Scale()
+    x = torch.ones(4)
+    s = OpSession(mode="equal")
+    with torch.no_grad():
+        with s.recording(0, model=ref):
+            ref(x)
+            ref(x)
+        with s.recording(1, model=cand):
+            cand(x)
+            with suspended():  # changed in place, unseen: only the version counter tells
+                cand.w[0] = 5.0
+            cand(x)
+    rows = [r for r in s.rows() if r["op"] == "mul"]
+    assert [(r["status"], r["inputs_status"]) for r in rows] == [
+        ("equal", "passing"),
+        ("mismatch", "failing"),
+    ]
