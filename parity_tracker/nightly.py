@@ -569,6 +569,33 @@ def run_cell(
     return out, result
 
 
+def _cell(
+    cell: Cell,
+    parent: str,
+    *,
+    baseline: str,
+    explicit: dict[str, str] | None,
+    commit: str | None,
+    branch: str | None,
+    entries: list[ExpectedEntry],
+    today: dt.date,
+    tracking_uri: str | None,
+    experiment: str,
+) -> CellResult:
+    """Run, log and diff one cell; a diff fault (e.g. an unreadable baseline) becomes ``error``."""
+    res, result = run_cell(cell, parent_run_id=parent, tracking_uri=tracking_uri,
+                           experiment=experiment, commit=commit, branch=branch)  # fmt: skip
+    if result is None or res.run_id is None:
+        return res
+    try:
+        _diff_cell(res, result, baseline=baseline, explicit=explicit, commit=commit,
+                   entries=entries, today=today, tracking_uri=tracking_uri,
+                   experiment=experiment)  # fmt: skip
+    except Exception as exc:
+        res.error = f"diff against the baseline failed: {type(exc).__name__}: {exc}"[:500]
+    return res
+
+
 def run_nightly(
     config: str | Path,
     *,
@@ -645,30 +672,15 @@ def run_nightly(
     try:
         for cell in cells:
             reporter.cell_started(cell)
-            res, result = run_cell(
-                cell,
-                parent_run_id=parent,
-                tracking_uri=tracking_uri,
-                experiment=experiment,
-                commit=commit,
-                branch=branch,
-            )
-            if result is not None and res.run_id is not None:
-                _diff_cell(
-                    res,
-                    result,
-                    baseline=baseline,
-                    explicit=explicit,
-                    commit=commit,
-                    entries=entries,
-                    today=today,
-                    tracking_uri=tracking_uri,
-                    experiment=experiment,
-                )
-            out.cells.append(res)
-            reporter.cell_done(res)
-    except KeyboardInterrupt:
-        end_run(parent, "KILLED", tracking_uri=tracking_uri)
+            out.cells.append(
+                _cell(cell, parent, baseline=baseline, explicit=explicit, commit=commit,
+                      branch=branch, entries=entries, today=today, tracking_uri=tracking_uri,
+                      experiment=experiment)
+            )  # fmt: skip
+            reporter.cell_done(out.cells[-1])
+    except BaseException as exc:  # Ctrl-C: KILLED; a bug of ours: FAILED; then re-raise
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        end_run(parent, status, tracking_uri=tracking_uri)
         raise
     out.digest = render_digest(out)
     _publish(out, tracking_uri=tracking_uri, experiment=experiment)
