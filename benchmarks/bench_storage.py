@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 import time
 import warnings
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import synthetic
-from benchmarks._common import Row, failed, find, judged, missing, timed
+from benchmarks._common import CLOCK, Row, failed, find, judged, missing, other_clock, timed
 
 NAME = "6 storage"
 SIZES = {
@@ -134,7 +133,10 @@ def history_rows(quick: bool, tmp: Path) -> list[Row]:
         (None, "metrics only (one paged search)"),
         ("checker_layers.3.linear1", "tag= (reads every run's modules.parquet)"),
     ):
-        secs, hist = timed(lambda t=tag: build_history(TARGET, tracking_uri=uri, tag=t))
+        reps = 3 if quick or tag is None else 1  # one --tag pass over 1,000 runs is minutes
+        secs, other, hist = timed(
+            lambda t=tag: build_history(TARGET, tracking_uri=uri, tag=t), repeats=reps
+        )
         if len(hist.points) != size["runs"]:
             raise AssertionError(f"history saw {len(hist.points)} commits, stored {size['runs']}")
         out.append(
@@ -144,7 +146,8 @@ def history_rows(quick: bool, tmp: Path) -> list[Row]:
                 secs,
                 "s",
                 1.0,
-                detail=f"{how}; median of 3; storing the runs took {build_s:.0f} s (untimed)",
+                detail=f"{how}; median of {reps} on the {CLOCK['name']} clock ({other_clock()} "
+                f"{other:.2f} s); storing the runs took {build_s:.0f} s (untimed)",
             )
         )
     return out
@@ -162,13 +165,14 @@ def diff_rows(quick: bool, tmp: Path) -> list[Row]:
     def from_disk() -> Any:
         return diff_tables(read_table(base), read_table(head))
 
-    secs, diff = timed(from_disk)
+    secs, other, diff = timed(from_disk)
     counts = count_changes(diff)
     b, h = read_table(base), read_table(head)
-    join_s, _ = timed(lambda: diff_tables(b, h))
+    join_s, _, _ = timed(lambda: diff_tables(b, h))
     case = f"two {n:,}-row runs"
     detail = (
-        f"read both modules.parquet + diff_tables, median of 3 (join alone {join_s:.3f} s); "
+        f"read both modules.parquet + diff_tables, median of 3 on the {CLOCK['name']} clock "
+        f"({other_clock()} {other:.2f} s; diff_tables alone {join_s:.3f} s); "
         f"{counts.get('regression', 0)} regressions, {counts.get('fix', 0)} fixes found"
     )
     return [judged(f"{NAME}: diff", case, secs, "s", 1.0, detail=detail)]
@@ -190,28 +194,32 @@ def log_rows(quick: bool, tmp: Path) -> list[Row]:
     rng = np.random.default_rng(0)
     for i in range(n):
         np.save(dumps / f"t{i:04d}.npy", rng.standard_normal(numel, dtype=np.float32))
-    times = []
+    results = []
     for k in range(3):
         result = synthetic.run_result(n, seed=k, commit="b" * 40, target="bench-log")
         paths = pa.array([f"tensors/t{i:04d}.npy" for i in range(n)], pa.string())
         idx = result.modules.schema.get_field_index("dump_path")
         result.modules = result.modules.set_column(idx, "dump_path", paths)
         result.dump_dir = dumps
+        results.append(result)
+    pending = iter(results)
+
+    def log_one() -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t0 = time.perf_counter()
-            log_run(result, tracking_uri=uri)
-            times.append(time.perf_counter() - t0)
+            return log_run(next(pending), tracking_uri=uri)
+
+    secs, other, _ = timed(log_one)
     mib = n * numel * 4 / 2**20
     detail = (
         f"track.log_run incl. report.html, {n} × {numel * 4 >> 10} KiB .npy ({mib:.0f} MiB); "
-        f"median of 3: {', '.join(f'{t:.2f}' for t in times)} s"
+        f"median of 3 on the {CLOCK['name']} clock ({other_clock()} {other:.2f} s)"
     )
     return [
         judged(
             f"{NAME}: log run + dumps",
             f"{n} dumped tensors",
-            statistics.median(times),
+            secs,
             "s",
             3.0,
             detail=detail,
