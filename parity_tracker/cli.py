@@ -120,6 +120,7 @@ def targets(as_json: bool) -> None:
 
 
 def _print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     s = result.summary
@@ -131,22 +132,29 @@ def _print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> No
     fd = s.get("first_divergence")
     if fd:
         con.print(
-            f"first divergence: [bold]{fd.get('tag')}[/] (step {fd.get('step')}, "
-            f"{fd.get('status')}, max abs diff {fd.get('max_abs_diff')})"
+            f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
+            f"{fd.get('status')}, max abs diff {_n(fd.get('max_abs_diff'))})"
         )
+    op = s.get("first_divergent_op")
+    if op:
+        con.print(f"first divergent op: {escape(str(op.get('tag')))} ({op.get('status')}, "
+                  f"max abs diff {_n(op.get('max_abs_diff'))})")  # fmt: skip
     for rc in (s.get("root_causes") or [])[:3]:
-        con.print(f"root cause op: {rc.get('op') or rc.get('tag')} {rc.get('cause') or ''}")
+        con.print(
+            f"root cause: op {escape(str(rc.get('op')))} in module {escape(str(rc.get('module')))}"
+            f" (step {rc.get('step')}, seed case {rc.get('cause') or '?'})"
+        )
     if s.get("error"):
-        con.print(f"[red]error[/]: {s['error'].get('type')}: {s['error'].get('message')}")
+        err = f"{s['error'].get('type')}: {s['error'].get('message')}"
+        con.print(f"[red]error[/]: {escape(err)}")
     worst = _worst(result.modules)
     if worst:
         table = Table(title="worst tensors")
         for col in ("tag", "step", "status", "max_abs_diff", "sqnr_db"):
             table.add_column(col)
         for r in worst:
-            table.add_row(
-                *(str(r.get(c)) for c in ("tag", "step", "status", "max_abs_diff", "sqnr_db"))
-            )
+            table.add_row(escape(str(r["tag"])), str(r["step"]), r["status"],
+                          _n(r["max_abs_diff"]), _n(r["sqnr_db"]))  # fmt: skip
         con.print(table)
     if run_id:
         con.print(f"logged: run {run_id} in experiment {experiment!r} at {uri}")
