@@ -683,7 +683,10 @@ def ui(
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
         payload = {"url": uri, "command": None, "note": "the store is already an MLflow server"}
-        _emit_json(payload) if as_json else click.echo(f"MLflow UI: {uri} (already a server)")
+        if as_json:
+            _emit_json(payload)
+        else:
+            click.echo(f"MLflow UI: {uri} (already a server)")
         return
     get_client(uri)  # create/migrate the store first, so the server starts on a ready database
     url = f"http://{host}:{port}"
