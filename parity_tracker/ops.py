@@ -24,20 +24,20 @@ copied (copy-on-write), so each capture keeps the value its op produced.
 
 Lockstep and the memory bound: the reference side (``recording(0)``) runs first and its
 captures are kept for the session; the candidate side (``recording(1)``) is compared module call
-by module call as each call completes (align, compare, release). All captures of both sides go
-through one store that keeps at most ``max_resident_bytes`` of captured storage resident; past
-that, the oldest captures are written to ``spill_dir`` and read back memory-mapped
-(``torch.from_file``) when compared. Peak extra memory is therefore::
+by module call as each call completes (align, compare, release). The candidate also keeps a
+reference to each input of the ops of its open module calls (to compare inputs by value), and
+the reference to each input made outside the recorded ops (model inputs, parameters). All of
+these go through one store that keeps at most ``max_resident_bytes`` resident, counting each
+held storage once and not counting parameters/buffers of the models (memory the models hold
+anyway); past the budget, the oldest holdings are written to ``spill_dir`` and read back
+memory-mapped (``torch.from_file``) when compared. After every capture::
 
-    max_resident_bytes                                  (captures, both sides, all depths)
-    + the largest single op output                      (admitted before the spill check)
-    + the comparison temporaries of one pair            (compare_tensors, a few x its numel)
+    resident_bytes <= max_resident_bytes        (both sides, whatever the model depth)
 
-independent of model depth; disk holds the reference's spilled captures (about the size of the
-reference's new-storage op outputs). The candidate also keeps *references* (no copy) to the
-inputs of the ops of its currently open module calls until that call is compared; these are
-tensors the forward itself holds at that time, and if an in-place op would overwrite one it is
-copied and counted in ``max_resident_bytes`` like a capture.
+so the peak extra memory is ``max_resident_bytes`` plus the comparison temporaries of one pair
+(``compare_tensors`` works chunk by chunk) plus the output of the op being recorded (which the
+forward made anyway) — independent of model depth. Disk holds what was spilled (at most the
+reference's new-storage op outputs plus the candidate's open-call holdings).
 
 ``inputs_status`` of an op: each tensor input is traced to the op output that produced its
 storage (a map storage ``data_ptr`` -> producing op). An input whose producers on both sides are
@@ -255,6 +255,10 @@ class _Store:
         if counted:
             self._admit(h)
         return h
+
+    def counts(self, ptr: int) -> bool:
+        """Whether a counted, resident capture holds the storage at ``ptr``."""
+        return any(h.counted for h in self._by_ptr.get(ptr, ()))
 
     def _index(self, h: _Held) -> None:
         assert h.tensor is not None
@@ -535,7 +539,11 @@ class _Side:
         # The reference keeps external inputs (parameters, model inputs) to compare them with
         # the candidate's; the candidate keeps every input until its module call is compared.
         if _capturable(t) and (self.index == 1 or src is None):
-            d.held = self.store.hold(t.detach(), counted=False)
+            # Counted (and spillable) unless it only references memory held anyway: a
+            # parameter/buffer of the model or a storage a counted capture already holds.
+            ptr = _ptr(t)
+            counted = ptr not in self.session._params[self.index] and not self.store.counts(ptr)
+            d.held = self.store.hold(t.detach(), counted=counted)
         return d
 
     def manual(self, tag: str, tensor: torch.Tensor) -> _Event:

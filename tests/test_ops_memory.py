@@ -35,19 +35,24 @@ def _record(ref, cand, x, **kwargs) -> OpSession:
     with torch.no_grad():
         with s.recording(0, model=ref):
             ref(x)
+        x_cand = x.clone()  # each side its own input, as run_parity does
         with s.recording(1, model=cand):
-            cand(x)
+            cand(x_cand)
     return s
 
 
 @pytest.mark.parametrize("depth", [4, 16])
 def test_without_a_budget_resident_bytes_grow_with_depth(depth):
-    # By hand: each layer captures addmm and gelu outputs (2 x 2048 B) on the reference; the
-    # candidate holds at most one op output (its module call is compared and released at once).
+    # By hand. Reference: each layer captures its addmm and gelu outputs (2 x 2048 B), plus a
+    # reference to the model input x (made outside the recorded ops; weights and biases are
+    # parameters, not counted). Candidate: every module call is compared and released as it
+    # ends; the most it holds at once is one op output plus a reference to that op's input
+    # (x for the first addmm, the previous call's output for each later op): 2 x 2048 B.
     ref, cand = _pair(depth)
     s = _record(ref, cand, torch.randn(BATCH, WIDTH))
-    assert s.resident_bytes == depth * 2 * OUT_BYTES  # the reference's captures remain
-    assert s.peak_resident_bytes == depth * 2 * OUT_BYTES + OUT_BYTES
+    reference_bytes = (depth * 2 + 1) * OUT_BYTES
+    assert s.resident_bytes == reference_bytes  # the reference's captures remain
+    assert s.peak_resident_bytes == reference_bytes + 2 * OUT_BYTES
     assert s.spilled_bytes == 0
     assert len(s.rows()) == depth * 2
 
@@ -79,7 +84,9 @@ def test_zero_budget_spills_every_capture(tmp_path):
     ref, cand = _pair(3, wrong_layer=1)
     s = _record(ref, cand, torch.randn(BATCH, WIDTH), max_resident_bytes=0, spill_dir=tmp_path)
     assert s.peak_resident_bytes == 0
-    assert s.spilled_bytes == 2 * 3 * 2 * OUT_BYTES  # both sides, every capture
+    # By hand (depth 3): reference 2 captures per layer + the input x = 7 x 2048 B; candidate
+    # per layer: the addmm's input, its output, the gelu's input and output = 4 x 2048 B.
+    assert s.spilled_bytes == (7 + 3 * 4) * OUT_BYTES
     assert [r["tag"] for r in s.root_causes()] == ["3@0::gelu#0"]
 
 
