@@ -99,3 +99,35 @@ def test_spilled_bfloat16_and_strided_captures_round_trip(tmp_path):
     s = _record(Perm(), Perm(), x, max_resident_bytes=0, spill_dir=tmp_path)
     assert s.spilled_bytes > 0
     assert all(r["status"] == "equal" for r in s.rows())
+
+
+class ResidualStack(nn.Module):
+    """The root adds every layer's output to a running sum (ops of the root's own call)."""
+
+    def __init__(self, depth: int, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(depth))
+
+    def forward(self, h):
+        for layer in self.layers:
+            h = h + layer(h)
+        return h
+
+
+def test_budget_holds_when_the_root_call_spans_every_layer(tmp_path):
+    # Without counting the candidate's input references, the open root call would keep every
+    # layer's output alive until the end: memory growing with depth.
+    depth, budget = 24, 3 * OUT_BYTES
+    ref, cand = ResidualStack(depth), ResidualStack(depth, seed=1)
+    cand.load_state_dict(ref.state_dict())
+    x = torch.randn(BATCH, WIDTH)
+    s = _record(ref, cand, x, max_resident_bytes=budget, spill_dir=tmp_path)
+    assert s.peak_resident_bytes <= budget
+    rows = s.rows()
+    assert len(rows) == 2 * depth  # by hand: addmm in layers.i, add in the root, per layer
+    assert all(r["status"] == "equal" and r["inputs_status"] == "passing" for r in rows)
+    unbounded = _record(ref, cand, x)
+    # Same check without a budget: the root's add outputs and the candidate's references to
+    # the layer outputs pile up (depth-proportional), so the budget really did the bounding.
+    assert unbounded.peak_resident_bytes >= 2 * depth * OUT_BYTES
