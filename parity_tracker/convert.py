@@ -107,7 +107,28 @@ def _is_fake(t: torch.Tensor) -> bool:
     return type(t).__name__ in ("FakeTensor", "FunctionalTensor") or t.is_meta
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain(x: torch.Tensor) -> bool:
+    """True for a dense, contiguous CPU tensor that needs no conversion (the common case)."""
+    return (
+        type(x) in _PLAIN_TYPES
+        and x.is_cpu
+        and x.layout == torch.strided
+        and not x.is_nested
+        and not x.is_quantized
+        and x.is_contiguous()
+        and not x.is_conj()
+        and not x.is_neg()
+        and x.dtype != torch.complex32
+    )
+
+
 def _from_tensor(x: torch.Tensor, side: str) -> Converted:
+    if _plain(x):
+        t = x.detach() if x.requires_grad else x
+        return Converted(tensor=t, dtype=dtype_name(x.dtype), device="cpu", shape=tuple(x.shape))
     dtype, device, shape = dtype_name(x.dtype), str(x.device), tuple(x.shape)
     if _is_fake(x):
         return _fail("skipped", f"{side} is a {device} tensor without data", x)

@@ -14,11 +14,14 @@ the same digest as :func:`content_hash` over the whole tensor (xxh3 streaming is
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import xxhash
 
 
+@functools.cache
 def dtype_name(dtype: torch.dtype) -> str:
     """The dtype's short name as used in records and hashes: ``torch.bfloat16`` → ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
@@ -47,6 +50,37 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
     if flat.is_neg():
         flat = flat.resolve_neg()
     return flat.view(torch.uint8).numpy()
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
+    """The raw bytes of a contiguous CPU tensor as a buffer-protocol object (no copy).
+
+    The cheap form of :func:`byte_view` for hashing: a tensor whose dtype numpy knows is
+    returned as ``tensor.numpy()`` (its buffer holds the same bytes in the same order, 0-d
+    included); other dtypes (bfloat16, float8, unsigned 16–64-bit) go through the ``uint8``
+    view. Same preconditions as :func:`byte_view` except that they are not re-checked: no
+    conjugate/negative bit, no ``requires_grad`` (the comparison's converted tensors).
+    """
+    if tensor.dtype in _NUMPY_DTYPES:
+        return tensor.numpy()
+    return byte_view(tensor)
 
 
 class StreamHasher:

@@ -22,6 +22,7 @@ Sums for SQNR and cosine run over the positions finite on both sides.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Iterator
@@ -37,6 +38,15 @@ CHUNK = 1 << 16
 """Elements per chunk: float64 scratch buffers of 512 KiB each stay in the L2/L3 cache."""
 
 INF = math.inf
+
+SMALL = 1 << 20
+"""Up to this many elements (with ``workers`` not given) :func:`diff_stats` runs in the calling
+thread without touching torch's thread count: worker threads and ``torch.set_num_threads``
+(process-wide, tens of µs per call) cost more than the metrics of a small pair."""
+
+SERIAL_CHUNK = 1 << 14
+"""Chunk of that small path: below torch's intra-op grain (32 Ki elements) every op runs
+serially in the calling thread, without a parallel region's barrier."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,7 @@ class UlpSpec:
     tiny_bits: int
 
 
+@functools.cache
 def ulp_spec(dtype: torch.dtype) -> UlpSpec | None:
     """The :class:`UlpSpec` of a float (or complex) dtype; ``None`` for int/bool or e8m0."""
     if dtype.is_complex:
@@ -438,7 +449,8 @@ def diff_stats(
         hashers: optional content hashers fed with both tensors from flat index ``start`` on
             (so hashing shares the pass).
         start: first flat index to feed to ``hashers``.
-        workers: threads for the metrics; default ``torch.get_num_threads()``.
+        workers: threads for the metrics; default ``torch.get_num_threads()`` (one, in the
+            calling thread with torch's thread count untouched, up to :data:`SMALL` elements).
 
     Returns:
         :class:`DiffStats`.
@@ -450,6 +462,12 @@ def diff_stats(
         raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(candidate.shape)}")
     r, c = flat(reference), flat(candidate)
     n = r.numel()
+    if workers is None and n <= SMALL:
+        chunk = min(chunk, SERIAL_CHUNK)
+        acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol)
+        if hashers is not None:
+            _feed(hashers, r, c, start, n)
+        return _run_chunks(acc, r, c, range(0, n, chunk), chunk).result()
     workers = torch.get_num_threads() if workers is None else max(int(workers), 1)
     workers = min(workers, -(-n // chunk)) if n else 1
     size = min(chunk, n)
