@@ -43,7 +43,8 @@ reference's new-storage op outputs plus the candidate's open-call holdings).
 storage (a map storage ``data_ptr`` -> producing op). An input whose producers on both sides are
 an aligned pair already compared, seen through the same view (shape, stride, offset, dtype),
 takes that pair's status; inputs made outside the recorded ops on both sides (model inputs,
-parameters, buffers) are compared directly (cached per pair); any other input (a producer that
+parameters, buffers) are compared directly (parameter/buffer pairs cached by storage and
+version counter); any other input (a producer that
 is not aligned yet, a different view) is compared by value: the reference's input is rebuilt
 from its producer's capture, the candidate's is the live input. ``passing`` = all inputs pass,
 ``failing`` = one fails, else ``unknown``.
