@@ -550,3 +550,34 @@ def test_parameter_changed_in_place_between_calls_is_compared_again():
         ("equal", "passing"),
         ("mismatch", "failing"),
     ]
+
+
+def test_candidate_that_raises_keeps_what_was_compared():
+    class Fails(nn.Module):
+        def __init__(self, fail):
+            super().__init__()
+            self.inner = Steps()
+            self.fail = fail
+
+        def forward(self, x):
+            y = self.inner(x)
+            if self.fail:
+                raise RuntimeError("engine error")
+            return y * 5
+
+    from torch.nn.modules import module as module_mod
+
+    pre_hooks = len(module_mod._global_forward_pre_hooks)
+    post_hooks = len(module_mod._global_forward_hooks)
+    x = torch.randn(3, 4)
+    s = OpSession(mode="equal")
+    with s.recording(0, model=Fails(False)):
+        Fails(False)(x)
+    with pytest.raises(RuntimeError, match="engine error"), s.recording(1, model=Fails(True)):
+        Fails(True)(x)
+    rows = _by_tag(s)
+    assert rows["inner@0::sum#0"]["status"] == "equal"  # compared before the failure
+    assert rows["model@0::mul#0"]["status"] == "missing_candidate"  # never reached
+    # The global module hooks are gone after the failed recording.
+    assert len(module_mod._global_forward_pre_hooks) == pre_hooks
+    assert len(module_mod._global_forward_hooks) == post_hooks
