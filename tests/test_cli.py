@@ -369,3 +369,12 @@ def test_nightly_interrupted_ends_parent_killed_exit_130(env, tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("parity").experiment_id])
     kinds = {r.data.tags.get("parity.kind", "cell"): r.info.status for r in runs}
     assert kinds == {"nightly": "KILLED", "cell": "KILLED"}
+
+
+def test_ui_on_a_server_store_just_prints_its_url(env):
+    res = invoke("ui", "--tracking-uri", "http://127.0.0.1:5999", "--json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout) == {
+        "url": "http://127.0.0.1:5999", "command": None,
+        "note": "the store is already an MLflow server",
+    }  # fmt: skip
