@@ -258,6 +258,14 @@ def diff_histogram(
     return out
 
 
+def worst_tensor_histogram(result: Any) -> dict | None:
+    """:func:`diff_histogram` of the worst tensor (:func:`pick_worst`) read from the run's dump.
+
+    Returns None when the run has no local dump or the worst tensor was not dumped.
+    """
+    return _histogram_from_dump(getattr(result, "dump_dir", None), pick_worst(result.modules))
+
+
 def _histogram_from_dump(dump_dir: Any, worst: Mapping[str, Any] | None) -> dict | None:
     """:func:`diff_histogram` of ``worst`` read back from a dump folder, or None.
 

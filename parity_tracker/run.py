@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from parity_tracker.compare import PASSING, STATUSES
 from parity_tracker.env import ENV_KEYS
@@ -217,8 +218,6 @@ def _json_clean(obj: Any) -> Any:
 
 def status_counts(table: pa.Table) -> dict[str, int]:
     """Rows per status, every status of the contract present (zero when absent)."""
-    import pyarrow.compute as pc
-
     counts = dict.fromkeys(STATUSES, 0)
     if table.num_rows:
         for item in pc.value_counts(table.column("status")).to_pylist():
@@ -231,8 +230,6 @@ def _failing_mask(table: pa.Table, weights: bool | None = None) -> pa.ChunkedArr
 
     ``weights`` True keeps only param/buffer rows, False only the others, None all.
     """
-    import pyarrow.compute as pc
-
     bad = pc.invert(pc.is_in(table.column("status"), pa.array(sorted(PASSING | NEUTRAL))))
     if weights is not None:
         is_weight = pc.fill_null(pc.is_in(table.column("kind"), pa.array(WEIGHT_KINDS)), False)
@@ -240,9 +237,16 @@ def _failing_mask(table: pa.Table, weights: bool | None = None) -> pa.ChunkedArr
     return bad
 
 
+def _not_cache_hit(table: pa.Table) -> pa.ChunkedArray:
+    """True for rows not marked ``cache_hit`` (null counts as not a hit)."""
+    return pc.invert(pc.fill_null(table.column("cache_hit"), False))
+
+
 def first_divergence(table: pa.Table) -> dict[str, Any] | None:
     """The first failing row (by step, then exec_order, then table order), weights left out.
 
+    Rows marked ``cache_hit`` are left out too: their error belongs to the cache that skipped
+    the module, not to the module (issue 7; counted in ``summary["cache_hits_failing"]``).
     ``skipped`` rows are not divergences; parameters and buffers are reported apart
     (``summary["weights_failing"]``) so a weight-loading error is never blamed on a module
     (the TensorChecker's rule). Returns the keys tag, module, kind, step, exec_order, status,
@@ -250,7 +254,7 @@ def first_divergence(table: pa.Table) -> dict[str, Any] | None:
     """
     if not table.num_rows:
         return None
-    bad = _failing_mask(table, weights=False)
+    bad = pc.and_(_failing_mask(table, weights=False), _not_cache_hit(table))
     failing = table.append_column("_row", pa.array(range(table.num_rows), pa.int64())).filter(bad)
     if not failing.num_rows:
         return None
@@ -262,8 +266,11 @@ def first_divergence(table: pa.Table) -> dict[str, Any] | None:
     return {k: row[k] for k in keys}
 
 
-def output_metrics(table: pa.Table) -> dict[str, Any]:
-    """Output-level metrics from the root model's output rows (``module == "model"``).
+def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
+    """Output-level metrics from the root model's output rows (``module == root``).
+
+    ``root`` is the root's tag name: ``"model"``, or ``"root"`` when the model has a child
+    named ``model`` (``parity_tracker.capture.root_name``; Hugging Face ``*ForCausalLM``).
 
     Over every root output row (all steps, all structured-output leaves):
     ``output_max_abs_diff`` is the largest max_abs_diff, ``output_sqnr_db`` the smallest
@@ -274,7 +281,7 @@ def output_metrics(table: pa.Table) -> dict[str, Any]:
     rows = [
         r
         for r in table.select(["module", "kind", "status", "max_abs_diff", "sqnr_db"]).to_pylist()
-        if r["module"] == "model" and r["kind"] == "output"
+        if r["module"] == root and r["kind"] == "output"
     ]
     if not rows:
         return {"output_max_abs_diff": None, "output_sqnr_db": None, "output_equal": None}
@@ -302,6 +309,7 @@ def build_summary(
     root_causes: list[dict[str, Any]] | None = None,
     durations_s: Mapping[str, float] | None = None,
     start_time_ms: int | None = None,
+    root: str = "model",
 ) -> dict[str, Any]:
     """The run summary (see ``RunResult.summary``), JSON-clean.
 
@@ -333,7 +341,13 @@ def build_summary(
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
         "root_causes": list(root_causes or []),
-        **output_metrics(modules),
+        "cache_hits_failing": pc.sum(
+            pc.and_(_failing_mask(modules, weights=False), pc.invert(_not_cache_hit(modules)))
+        ).as_py()
+        or 0
+        if modules.num_rows
+        else 0,
+        **output_metrics(modules, root),
         "mode": mode,
         "mode_reason": mode_reason,
         "requested_mode": requested_mode,
@@ -660,6 +674,7 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
+    from parity_tracker.capture import root_name
     from parity_tracker.env import collect_environment
     from parity_tracker.store import parity_home
     from parity_tracker.tensor_checker import DumpMode, TensorChecker
@@ -688,7 +703,6 @@ def run_parity(
         from parity_tracker.ops import OpSession
 
         ops = OpSession(mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step)
-        _suspend_ops_in(checker)
     start_ms = int(time.time() * 1000)
     status, error, durations = _run_both(plans, checker, ops, seed, hook_candidate=cand_is_module)
     t0 = time.perf_counter()
@@ -713,33 +727,10 @@ def run_parity(
         modules, ops_table, run_id=run_id, status=status, mode=chosen, mode_reason=reason,
         requested_mode=requested or "auto", settings=settings, environment=env, error=error,
         root_causes=[_root_cause_record(r) for r in root_causes], durations_s=durations,
-        start_time_ms=start_ms,
+        start_time_ms=start_ms, root=root_name(reference),
     )  # fmt: skip
     dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)
-
-
-def _suspend_ops_in(checker: Any) -> None:
-    """Keep the checker's own tensor work (snapshots, eager compares) out of the op record.
-
-    ``ops.suspended()`` must wrap capture code that runs inside a recorded forward, or its
-    clones and reductions appear as ops of the module being recorded. The checker's hook entry
-    points are wrapped on this instance only.
-    """
-    import functools
-
-    from parity_tracker.ops import suspended
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            with suspended():
-                return fn(*args, **kwargs)
-
-        return inner
-
-    for name in ("_pre_call", "_post_call", "_root_done", "register_tensor", "mark_cache_hit"):
-        setattr(checker, name, wrap(getattr(checker, name)))
 
 
 def _root_cause_record(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -209,10 +209,19 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _render_report(result: RunResult, path: Path) -> None:
-    """Write ``report.html`` with the dashboards' renderer; a renderer fault only warns."""
-    from dashboards.report import render_run_report
+    """Write ``report.html`` with the dashboards' renderer; a renderer fault only warns.
+
+    The worst tensor's difference histogram is put into ``result.summary`` first (read from
+    the dump while it is still local), so ``summary.json`` keeps it for a later
+    ``parity-tracker report RUN``.
+    """
+    from dashboards.report import render_run_report, worst_tensor_histogram
 
     try:
+        if not result.summary.get("worst_tensor_histogram"):
+            hist = worst_tensor_histogram(result)
+            if hist:
+                result.summary["worst_tensor_histogram"] = hist
         html = render_run_report(result)
     except Exception as exc:  # a report bug must not lose the run
         warnings.warn(f"report.html not written: {exc!r}", RuntimeWarning, stacklevel=3)
@@ -240,8 +249,8 @@ def stage_run(
     art = folder / "artifacts"
     write_table(result.modules, art / "tables" / "modules.parquet")
     write_table(result.ops, art / "tables" / "ops.parquet")
-    _write_json(art / "summary.json", result.summary)
     _render_report(result, art / "report.html")
+    _write_json(art / "summary.json", result.summary)
     now = int(time.time() * 1000)
     meta = {
         "parity_run_id": result.run_id,

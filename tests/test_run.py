@@ -332,3 +332,49 @@ def test_weight_difference_is_reported_apart(tiny_equal_pair):
     assert result.summary["weights_failing"] == 1
     assert result.first_divergence["tag"] == "checker_fc1"  # the module the weight broke
     assert result.summary["tensors_failing"] >= 2 and not result.passed
+
+
+def _rows_table(rows):
+    from parity_tracker.tables import MODULES_SCHEMA, rows_to_table
+
+    base = {"kind": "output", "step": 0, "mode": "allclose"}
+    return rows_to_table([{**base, **r} for r in rows], MODULES_SCHEMA)
+
+
+def test_first_divergence_skips_cache_hits_and_counts_them():
+    from parity_tracker.run import build_summary, first_divergence
+    from parity_tracker.tables import OPS_SCHEMA, rows_to_table
+
+    table = _rows_table(
+        [
+            {"tag": "checker_a", "module": "a", "exec_order": 0, "status": "equal"},
+            {"tag": "checker_b", "module": "b", "exec_order": 1, "status": "mismatch",
+             "cache_hit": True},
+            {"tag": "checker_c", "module": "c", "exec_order": 2, "status": "mismatch",
+             "cache_hit": False},
+        ]
+    )  # fmt: skip
+    assert first_divergence(table)["tag"] == "checker_c"
+    summary = build_summary(
+        table, rows_to_table([], OPS_SCHEMA), run_id="r", status="completed", mode="allclose",
+        mode_reason="cache", requested_mode="auto", settings={}, environment={},
+    )  # fmt: skip
+    assert summary["cache_hits_failing"] == 1
+    assert summary["tensors_failing"] == 2
+
+
+def test_output_metrics_use_the_root_name():
+    from parity_tracker.run import output_metrics
+
+    table = _rows_table(
+        [
+            # a Hugging Face *ForCausalLM: the backbone child is called "model", the root "root"
+            {"tag": "checker_model", "module": "model", "exec_order": 0, "status": "mismatch",
+             "max_abs_diff": 0.5, "sqnr_db": 10.0},
+            {"tag": "checker_root_output_logits", "module": "root", "exec_order": 1,
+             "status": "mismatch", "max_abs_diff": 0.25, "sqnr_db": 20.0},
+        ]
+    )  # fmt: skip
+    assert output_metrics(table, "root")["output_max_abs_diff"] == 0.25
+    assert output_metrics(table, "root")["output_sqnr_db"] == 20.0
+    assert output_metrics(table)["output_max_abs_diff"] == 0.5
