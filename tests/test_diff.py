@@ -130,7 +130,7 @@ def test_renderers_show_only_changes():
     assert to_rich(out).row_count == 1
 
 
-def test_diff_of_100k_rows_is_fast():
+def test_diff_of_100k_rows():
     n = 100_000
     rng = np.random.default_rng(0)
 
@@ -158,4 +158,5 @@ def test_diff_of_100k_rows_is_fast():
     b_pass = np.asarray(base.column("status").to_pylist()) == "equal"
     h_pass = np.asarray(head.column("status").to_pylist()) == "equal"
     assert count_changes(out)["regression"] == int((b_pass & ~h_pass).sum())
-    assert elapsed < 1.0, f"100,000-row diff took {elapsed:.2f} s"
+    # the time is a benchmark figure (benchmarks/), printed here, never a timed assertion
+    print(f"100,000-row diff: {elapsed:.3f} s")
