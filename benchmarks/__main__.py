@@ -74,7 +74,14 @@ def _git_commit() -> str:
 def _machine(threads: int) -> dict[str, Any]:
     import torch
 
+    try:
+        from importlib.metadata import version
+
+        torchlens = version("torchlens")
+    except Exception:  # not installed: measurement 3 says so in its rows
+        torchlens = None
     return {
+        "torchlens": torchlens,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "machine": f"{os.cpu_count()}-core CPU",
