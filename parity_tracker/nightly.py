@@ -38,7 +38,12 @@ from parity_tracker.targets import resolve_target
 from parity_tracker.tomlfile import load_toml
 
 #: Keys of a ``[[matrix]]`` entry that are options, not setting axes.
-OPTION_KEYS = ("target", "mode", "ops")
+OPTION_KEYS = ("target", "mode", "ops", "rtol", "atol", "dump_mode")
+#: Dump mode of a nightly cell unless its entry says otherwise: one tensor pair per failing
+#: cell is enough to start from, and keeps a nightly's artifacts small (``NOT_EQUAL`` on a
+#: bf16 VAE writes ~200 MB per run).
+DEFAULT_DUMP_MODE = "FIRST_NOT_EQUAL"
+DUMP_MODES = ("NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL")
 FAIL_ON = ("regression", "mismatch", "never")
 
 
@@ -51,12 +56,19 @@ class Cell:
         settings: every setting of the target (defaults filled in).
         mode: ``auto``, ``equal`` or ``allclose``.
         ops: capture per-op outputs too.
+        rtol: allclose rtol for every tag of the cell (None: the target's own overrides, else
+            the per-dtype defaults of ``torch.testing.assert_close``); set with ``atol``.
+        atol: allclose atol for every tag of the cell.
+        dump_mode: which tensors the cell dumps (``DumpMode`` name).
     """
 
     target: str
     settings: tuple[tuple[str, str], ...]
     mode: str = "auto"
     ops: bool = False
+    rtol: float | None = None
+    atol: float | None = None
+    dump_mode: str = DEFAULT_DUMP_MODE
 
     @property
     def name(self) -> str:
@@ -76,12 +88,31 @@ def _axes(entry: Mapping[str, Any], where: str) -> dict[str, list[str]]:
     return axes
 
 
+def _cell_options(entry: Mapping[str, Any], where: str) -> tuple[Any, Any, str]:
+    """``(rtol, atol, dump_mode)`` of a ``[[matrix]]`` entry, validated."""
+    from parity_tracker.tolerances import check_pair
+
+    tol = (entry.get("rtol"), entry.get("atol"))
+    if any(v is not None and not isinstance(v, (int, float)) for v in tol):
+        raise InputError(f"{where}: rtol and atol must be numbers, got {tol}")
+    try:
+        pair = check_pair(*tol)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from exc
+    dump_mode = str(entry.get("dump_mode", DEFAULT_DUMP_MODE)).upper()
+    if dump_mode not in DUMP_MODES:
+        raise InputError(f"{where}: dump_mode = {dump_mode!r}; allowed: {', '.join(DUMP_MODES)}")
+    rtol, atol = pair if pair is not None else (None, None)
+    return rtol, atol, dump_mode
+
+
 def _expand(entry: Any, where: str) -> list[Cell]:
     if not isinstance(entry, dict) or "target" not in entry:
         raise InputError(f'{where}: each [[matrix]] entry needs target = "name"')
     mode = str(entry.get("mode", "auto"))
     if mode not in ("auto", "equal", "allclose"):
         raise InputError(f"{where}: mode = {mode!r}; allowed: auto, equal, allclose")
+    rtol, atol, dump_mode = _cell_options(entry, where)
     try:
         target = resolve_target(str(entry["target"]))
         axes = _axes(entry, where)
@@ -94,6 +125,9 @@ def _expand(entry: Any, where: str) -> list[Cell]:
                     tuple(settings.items()),
                     mode,
                     bool(entry.get("ops", False)),
+                    rtol,
+                    atol,
+                    dump_mode,
                 )
             )
     except InputError as exc:
@@ -542,6 +576,9 @@ def run_cell(
             cell.target,
             dict(cell.settings),
             mode=cell.mode,
+            rtol=cell.rtol,
+            atol=cell.atol,
+            dump_mode=cell.dump_mode,
             capture_ops=cell.ops,
             tracking_uri=tracking_uri,
             experiment=experiment,

@@ -56,6 +56,18 @@ def test_matrix_expands_axes_fills_defaults_and_dedupes(tmp_path):
     assert cells[-1].ops is True and cells[0].ops is False
 
 
+def test_matrix_cell_options_tolerance_and_dump_mode(tmp_path):
+    cfg = write(
+        tmp_path,
+        "m.toml",
+        f'[[matrix]]\ntarget = "{TINY}"\nrtol = 0.01\natol = 2e-3\ndump_mode = "all"\n'
+        f'[[matrix]]\ntarget = "{TINY}"\nquantization = "bf16"\n',
+    )
+    first, second = load_matrix(cfg)
+    assert (first.rtol, first.atol, first.dump_mode) == (0.01, 0.002, "ALL")
+    assert (second.rtol, second.atol, second.dump_mode) == (None, None, "FIRST_NOT_EQUAL")
+
+
 def test_builtin_matrix_has_every_target_and_at_least_14_cells():
     cells = load_matrix(REPO / "pipelines" / "nightly.toml")
     assert len(cells) >= 14
@@ -74,6 +86,9 @@ def test_builtin_matrix_has_every_target_and_at_least_14_cells():
         (f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n', "allowed: auto, equal, allclose"),
         (f'[[matrix]]\ntarget = "{TINY}"\nperturb = []\n', "non-empty list"),
         (f'[[matrix]]\ntarget = "{TINY}"\n[[matrix]]\ntarget = "{TINY}"\nx = "1"\n', "#2"),
+        (f'[[matrix]]\ntarget = "{TINY}"\nrtol = 0.01\n', "rtol without atol"),
+        (f'[[matrix]]\ntarget = "{TINY}"\nrtol = "a"\natol = 1\n', "must be numbers"),
+        (f'[[matrix]]\ntarget = "{TINY}"\ndump_mode = "some"\n', "allowed: NOT, ALL"),
     ],
 )
 def test_matrix_errors_name_file_and_entry(tmp_path, text, needle):
