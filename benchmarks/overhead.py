@@ -104,15 +104,34 @@ def numeric_suite_contender(pair: Pair, with_equal: bool) -> Contender:
 
 
 def torchlens_runner(pair: Pair) -> tuple[Callable[[], Any] | None, str]:
-    """Two ``torchlens.trace`` calls (reference, candidate) saving every layer's output."""
+    """Two torchlens traces (reference, candidate) saving every layer's output.
+
+    ``torchlens.trace`` (2.x, every layer saved by default), else the older
+    ``log_forward_pass(..., layers_to_save="all")``.
+    """
     try:
         import torchlens
     except ImportError:
         return None, "torchlens not installed (pip install -e '.[bench]')"
 
+    if hasattr(torchlens, "trace"):  # torchlens >= 2: saves every layer by default
+
+        def trace(model: torch.nn.Module) -> Any:
+            return torchlens.trace(model, list(pair.inputs))
+
+    elif hasattr(torchlens, "log_forward_pass"):  # torchlens 0.x / 1.x
+
+        def trace(model: torch.nn.Module) -> Any:
+            return torchlens.log_forward_pass(
+                model, list(pair.inputs), layers_to_save="all", vis_opt="none"
+            )
+
+    else:
+        return None, "torchlens has neither trace() nor log_forward_pass()"
+
     def call() -> Any:
         with torch.no_grad():
-            return [torchlens.trace(m, list(pair.inputs)) for m in (pair.reference, pair.candidate)]
+            return [trace(m) for m in (pair.reference, pair.candidate)]
 
     return call, ""
 
