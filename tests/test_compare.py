@@ -306,3 +306,49 @@ def test_missing_and_statuses_contract() -> None:
     assert m.status == "missing_candidate" and m.status in STATUSES and not m.passed
     assert {"equal", "close"} == PASSING
     assert re.fullmatch(r"[0-9a-f]{16}", compare_tensors(1.0, 1.0).ref_hash)
+
+
+def test_small_pairs_leave_torch_thread_count_alone(monkeypatch) -> None:
+    # set_num_threads is process-wide and costs more than a small comparison: the small path
+    # (<= compare.SMALL elements) must never call it, equal or not.
+    def refuse(n: int) -> None:
+        raise AssertionError("torch.set_num_threads called on the small path")
+
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+    a = torch.randn(70_000)
+    assert compare_tensors(a, a.clone()).status == "equal"
+    b = a.clone()
+    b[69_999] += 1.0
+    got = compare_tensors(a, b, mode="allclose")
+    assert (got.status, got.mismatch_count, got.max_abs_diff_index) == ("mismatch", 1, (69_999,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.complex64])
+def test_small_identical_counts_nan_and_inf(dtype: torch.dtype) -> None:
+    r = torch.tensor([1.0, NAN, INF, -INF, 2.0, NAN]).to(dtype)
+    got = compare_tensors(r, r.clone())
+    assert got.status == "equal" and got.ref_hash == got.cand_hash
+    assert (got.ref_nan, got.cand_nan, got.ref_inf, got.cand_inf) == (2, 2, 2, 2)
+    fin = compare_tensors(r.nan_to_num(), r.nan_to_num().clone())
+    assert (fin.ref_nan, fin.ref_inf) == (0, 0)
+
+
+def test_pair_above_small_limit_takes_chunked_path() -> None:
+    from parity_tracker.compare import SMALL
+    from parity_tracker.hashing import content_hash
+
+    g = np.random.default_rng(5)
+    r_np = g.standard_normal(SMALL + 7).astype(np.float32)
+    r_np[[10, SMALL + 3]] = np.nan
+    r = torch.from_numpy(r_np)
+    same = compare_tensors(r, r.clone())
+    assert same.status == "equal" and (same.ref_nan, same.cand_nan) == (2, 2)
+    assert same.ref_hash == content_hash(r)
+    c_np = r_np.copy()
+    c_np[SMALL + 5] += np.float32(0.25)
+    got = compare_tensors(r, torch.from_numpy(c_np))
+    want = float(abs(np.float64(c_np[SMALL + 5]) - np.float64(r_np[SMALL + 5])))
+    assert (got.status, got.mismatch_count, got.max_abs_diff) == ("mismatch", 1, want)
+    assert got.max_abs_diff_index == (SMALL + 5,) and got.cand_hash == content_hash(
+        torch.from_numpy(c_np)
+    )

@@ -259,3 +259,32 @@ def test_pure_functions_match_engine() -> None:
     )
     assert metrics.max_ulp(r, c) == 0.5 / 2**-23  # float32 ULP at 1.0 is 2**-23
     assert metrics.nonfinite_counts(torch.tensor([NAN, INF, -INF, 1.0])) == (1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_max_ulp_exact_across_binades_and_chunks(dtype: torch.dtype) -> None:
+    # The engine skips chunks/elements whose ULP ratio cannot beat the running max (ratio <=
+    # 2·rel); values spread over 40 binades, zeros and subnormals make the ULP maximum sit
+    # where the relative maximum does not. Expected: numpy frexp spacing, every element.
+    g = np.random.default_rng(11)
+    n = 6_000
+    r = g.standard_normal(n) * np.exp2(g.integers(-20, 20, n))
+    r[::97] = 0.0
+    r[5::101] = 1e-45 if dtype == torch.float32 else 0.0
+    c = r + r * g.standard_normal(n) * 1e-2 + np.where(g.random(n) < 0.01, 1e-6, 0.0)
+    rt, ct = torch.from_numpy(r).to(dtype), torch.from_numpy(c).to(dtype)
+    want = _np_expected(rt.double().numpy(), ct.double().numpy(), 0.0, 0.0, dtype)["max_ulp"]
+    for chunk, workers in [(64, 1), (500, 2), (1 << 16, None)]:
+        got = diff_stats(rt, ct, chunk=chunk, workers=workers)
+        assert _close(got.max_ulp, want), (chunk, workers, got.max_ulp, want)
+
+
+def test_max_ulp_later_chunk_with_smaller_rel_but_larger_ulp() -> None:
+    # Hand-worked: chunk 1 r = 1.0, c = 1 + 2**-10 → rel 2**-10, 2**13 ULP (eps 2**-23);
+    # chunk 2 r = 1.875, c = r + 1.5·2**-10 → rel 0.8·2**-10 (smaller), but ulp(1.875) =
+    # 2**-23 too, so 1.5·2**13 = 12288 ULP (larger). Max ULP 12288, max rel 2**-10.
+    r = torch.tensor([1.0, 1.0, 1.875, 1.875])
+    c = torch.tensor([1.0 + 2**-10, 1.0, 1.875 + 1.5 * 2**-10, 1.875])
+    got = diff_stats(r, c, chunk=2, workers=1)
+    assert got.max_ulp == 12288.0
+    assert (got.max_rel_diff, got.max_rel_diff_index) == (2**-10, 0)
