@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks._common import Row, find, judged, missing
+from benchmarks._common import CLOCK, Row, find, judged, missing
 
 NAME = "4 compare ÷ copyto"
 
@@ -36,29 +36,32 @@ RATIOS = (
 
 
 def _rows_from_dict(out: dict[str, Any]) -> list[Row]:
+    """One judged row per ratio; the ``*_cpu`` variant is the figure on the CPU clock."""
     n = out.get("numel")
     size = f"2^{int(n).bit_length() - 1} float32 pair" if n else "float32 pair"
     rows = []
     for key, label, limit in RATIOS:
         if key not in out:
             continue
+        use_cpu = CLOCK["name"] == "cpu" and f"{key}_cpu" in out
+        value = float(out[f"{key}_cpu"] if use_cpu else out[key])
+        clock = "cpu" if use_cpu else "wall"
+        parts = [f"{clock} clock"]
+        if use_cpu:
+            parts.append(f"wall-clock ratio {out[key]:.3g}")
         gbps = out.get(key.replace("_over_copyto", "_gbps"))
-        detail = (
-            f"compare_tensors bytes read (both inputs) per s ÷ numpy.copyto bytes copied per s; "
-            f"{gbps:.2f} vs copyto {out.get('copyto_gbps', float('nan')):.2f} GB/s; "
-            f"median of {out.get('repeats')} alternating repeats"
-            if gbps is not None
-            else ""
-        )
+        if gbps is not None:
+            parts.append(f"wall {gbps:.2f} GB/s vs copyto {out.get('copyto_gbps', 0.0):.2f} GB/s")
+        parts.append(f"median of {out.get('repeats')} alternating repeats (bench_compare.run)")
         rows.append(
             judged(
                 f"{NAME}: {label}",
                 size,
-                float(out[key]),
+                value,
                 "×",
                 limit,
                 at_least=True,
-                detail=detail,
+                detail="; ".join(parts),
                 extra=out,
             )
         )

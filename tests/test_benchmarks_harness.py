@@ -84,10 +84,15 @@ def test_throughput_rows_from_bench_compare_dict():
         "repeats": 7,
     }
     rows = bench_throughput._rows_from_dict(out)
-    assert [(r.case, r.status, r.target) for r in rows] == [
-        ("2^26 float32 pair", "ok", "≥ 0.5"),
-        ("2^26 float32 pair", "missed", "≥ 0.25"),
+    assert [(r.case, r.value, r.status, r.target) for r in rows] == [
+        ("2^26 float32 pair", 0.66, "ok", "≥ 0.5"),
+        ("2^26 float32 pair", 0.07, "missed", "≥ 0.25"),
     ]
+    # with CPU-time ratios present, the CPU clock (the default) takes them
+    rows = bench_throughput._rows_from_dict(
+        {**out, "equal_over_copyto_cpu": 0.4, "full_over_copyto_cpu": 0.3}
+    )
+    assert [(r.value, r.status) for r in rows] == [(0.4, "missed"), (0.3, "ok")]
 
 
 @pytest.mark.parametrize(
