@@ -192,7 +192,19 @@ def test_expected_file_errors(tmp_path, text, needle):
 
 def test_missing_expected_file_is_empty(tmp_path):
     assert load_expected(tmp_path / "absent.toml") == [] and load_expected(None) == []
-    assert load_expected(REPO / "pipelines" / "expected.toml") == []
+
+
+def test_builtin_expected_entries_name_real_targets_and_settings():
+    import datetime as dt
+
+    from parity_tracker.targets import resolve_target
+
+    entries = load_expected(REPO / "pipelines" / "expected.toml")
+    assert {e.target for e in entries} == {"digits-cnn", "llama-tiny", "flux-tiny"}
+    for e in entries:
+        allowed = resolve_target(e.target).settings
+        assert all(v in allowed[k] for k, v in e.settings.items()), e.source
+        assert e.reason and e.until > dt.date(2026, 11, 29)
 
 
 def _result(cells, fail_on="regression", expired=()):
