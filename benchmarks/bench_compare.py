@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import timeit
 
 import numpy as np
 import torch
@@ -84,6 +85,41 @@ def run(quick: bool = False) -> dict:
     }
 
 
+PER_CALL_SIZES = (64, 4096, 1 << 16, 1 << 20)
+
+
+def _per_call_us(fn, n: int) -> float:
+    """Best-of-5 mean process CPU time of one call, in µs (CPU time: robust to a busy machine)."""
+    number = max(3, min(2000, (1 << 17) // n))
+    laps = timeit.repeat(fn, number=number, repeat=5, timer=time.process_time)
+    return min(laps) / number * 1e6
+
+
+def per_call() -> dict:
+    """Per-call cost of ``compare_tensors`` on identical float32 pairs vs ``torch.equal``.
+
+    For each size in :data:`PER_CALL_SIZES`: µs per ``compare_tensors(a, a.clone())``
+    (status ``equal``, both hashes, NaN/inf counts), per ``torch.equal`` on the same pair, and
+    per ``compare_tensors(a, a + 1e-3, mode="allclose")`` (every metric), plus the ratio of the
+    first two. Targets (issue 2 follow-up): ≤ 30 µs at 64 elements, ≤ 2× torch.equal at 2^20.
+    """
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    for n in PER_CALL_SIZES:
+        a = torch.randn(n, generator=gen)
+        b, c = a.clone(), a + 1e-3
+        ours = _per_call_us(lambda: compare_tensors(a, b), n)  # noqa: B023 (called at once)
+        ref = _per_call_us(lambda: torch.equal(a, b), n)  # noqa: B023
+        full = _per_call_us(lambda: compare_tensors(a, c, mode="allclose"), n)  # noqa: B023
+        out[n] = {
+            "equal_us": ours,
+            "torch_equal_us": ref,
+            "ratio": ours / ref,
+            "allclose_mismatch_us": full,
+        }
+    return out
+
+
 if __name__ == "__main__":
     import argparse
     import json
@@ -91,7 +127,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2^22 elements instead of 2^26")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--per-call", action="store_true", help="per-call µs on small pairs")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(json.dumps(run(args.quick), indent=2))
+    print(json.dumps(per_call() if args.per_call else run(args.quick), indent=2))

@@ -161,7 +161,8 @@ def _from_numpy(a: np.ndarray, side: str) -> Converted:
         a = a.astype(np.float64)
     if a.dtype == np.clongdouble and a.dtype.itemsize > 16:
         a = a.astype(np.complex128)
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn 0-d into shape (1,))
+        a = np.ascontiguousarray(a)
     if not a.flags.writeable:
         a = a.copy()
     try:

@@ -352,3 +352,28 @@ def test_pair_above_small_limit_takes_chunked_path() -> None:
     assert got.max_abs_diff_index == (SMALL + 5,) and got.cand_hash == content_hash(
         torch.from_numpy(c_np)
     )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(3, 5),
+        lambda: torch.tensor(2.5, dtype=torch.float16),
+        lambda: torch.empty(0, 4),
+        lambda: torch.arange(-6, 6, dtype=torch.int64).reshape(3, 4),
+        lambda: torch.tensor([True, False, True]),
+        lambda: torch.randn(4, dtype=torch.complex64),
+        lambda: torch.tensor([1.0, NAN, -INF]),
+    ],
+)
+@pytest.mark.parametrize("mode", ["equal", "allclose"])
+def test_identical_shortcut_matches_general_path(make, mode: str) -> None:
+    # torch tensors take the one-step identical shortcut; the same data as numpy arrays
+    # takes the general path (conversion records, scan, notes): the records must be equal.
+    from parity_tracker.hashing import content_hash
+
+    a = make()
+    fast = compare_tensors(a, a.clone(), mode=mode)
+    general = compare_tensors(a.numpy(), a.clone().numpy(), mode=mode)
+    assert fast == general and fast.status == "equal"
+    assert fast.ref_hash == content_hash(a)

@@ -146,3 +146,12 @@ def test_complex32_widened_exactly() -> None:
     conv = to_tensor(z)
     assert conv.dtype == "complex32" and conv.tensor.dtype == torch.complex64
     assert conv.tensor.tolist() == [1 + 2j, 0.5 - 0.25j]
+
+
+def test_zero_d_numpy_keeps_shape_and_matches_torch() -> None:
+    from parity_tracker.compare import compare_tensors
+
+    conv = to_tensor(np.array(2.5, dtype=np.float32))
+    assert conv.shape == () and tuple(conv.tensor.shape) == ()
+    got = compare_tensors(np.array(2.5, dtype=np.float32), torch.tensor(2.5))
+    assert got.status == "equal" and got.ref_shape == ()
