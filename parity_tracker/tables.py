@@ -80,15 +80,6 @@ OPS_SCHEMA = pa.schema(
 SCHEMAS: dict[str, pa.Schema] = {"modules": MODULES_SCHEMA, "ops": OPS_SCHEMA}
 
 
-def _clean(value: Any) -> Any:
-    """Map NaN to null (the contract: nulls where a value does not apply, never NaN)."""
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
 def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     """Build a table from dict rows; keys not in ``schema`` are ignored, missing ones are null.
 
@@ -103,8 +94,13 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
     """
     rows = list(rows)
-    columns = {f.name: pa.array([_clean(r.get(f.name)) for r in rows], type=f.type) for f in schema}
+    columns = {f.name: _column([r.get(f.name) for r in rows], f.type) for f in schema}
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """One column; NaN becomes null in float columns (never NaN as a stand-in for "n/a")."""
+    return pa.array(values, type=type_, from_pandas=pa.types.is_floating(type_))
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:
