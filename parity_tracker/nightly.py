@@ -357,7 +357,7 @@ def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.cells:
-        parity = "error" if c.error else ("pass" if c.passed else "fail")
+        parity = cell_status(c)
         ch = c.changes
         lines.append(
             f"| {c.cell.name} | {parity} | {_fmt(c.mode)} | {c.tensors_failing} | "
