@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -119,8 +119,12 @@ class Comparison:
         return self.status in PASSING
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (tuples kept), ready for a table row."""
-        return asdict(self)
+        """The fields as a plain dict (tuples kept), ready for a table row.
+
+        Shallow on purpose: every field is immutable, and ``dataclasses.asdict``'s deep copy
+        cost more than the comparison of a small identical pair.
+        """
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def _fast(cls, values: dict[str, Any]) -> Comparison:
@@ -137,6 +141,7 @@ class Comparison:
 
 
 _DEFAULTS = {f.name: f.default for f in fields(Comparison)}
+_FIELD_NAMES = tuple(_DEFAULTS)
 
 
 def missing(side: str, mode: str, other: Any = None) -> Comparison:
