@@ -56,13 +56,10 @@ import bisect
 import contextlib
 import itertools
 import os
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,10 +76,14 @@ from torch.utils._python_dispatch import (
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
 from parity_tracker.localize import align_ops, classify, layout_differences
+from parity_tracker.spill import SpillDir, Spilled
 from parity_tracker.tolerances import Tolerances
 
-#: Default resident budget for captured storage (bytes): 1 GiB.
-DEFAULT_MAX_RESIDENT_BYTES = 1 << 30
+#: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
+#: target of a parity run (issue 5/9), so the op store, the TensorChecker's module snapshots
+#: (``tensor_checker.DEFAULT_EAGER_RESIDENT_BYTES``, 512 MiB) and the comparison temporaries of
+#: one pair fit together; before, the op store alone could fill the whole 1 GiB.
+DEFAULT_MAX_RESIDENT_BYTES = 512 << 20
 
 #: Ops that only copy or allocate; present on one side only they are a layout difference,
 #: not a missing computation, so they are never reported as a case-C root cause.
@@ -211,13 +212,15 @@ def _flat_span(t: torch.Tensor) -> torch.Tensor:
 class _Held:
     """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
 
-    __slots__ = ("counted", "device", "dtype", "id", "nbytes", "path", "size", "stride", "tensor")
+    __slots__ = (
+        "counted", "device", "dtype", "id", "nbytes", "size", "spilled", "stride", "tensor",
+    )  # fmt: skip
 
     def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
         self.id = hid
         self.tensor: torch.Tensor | None = tensor
         self.counted = counted
-        self.path: Path | None = None
+        self.spilled: Spilled | None = None
         self.size, self.stride = tuple(tensor.shape), tensor.stride()
         self.dtype, self.device = tensor.dtype, tensor.device
         self.nbytes = tensor.untyped_storage().nbytes() if counted else 0
@@ -226,12 +229,8 @@ class _Held:
         """The tensor, read back memory-mapped if it was spilled."""
         if self.tensor is not None:
             return self.tensor
-        assert self.path is not None
-        n = 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride, strict=True))
-        if 0 in self.size:
-            return torch.empty_strided(self.size, self.stride, dtype=self.dtype)
-        flat = torch.from_file(str(self.path), shared=False, size=n, dtype=self.dtype)
-        return flat.as_strided(self.size, self.stride, 0)
+        assert self.spilled is not None
+        return self.spilled.load()
 
 
 class _Store:
@@ -239,8 +238,7 @@ class _Store:
 
     def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
         self.max_resident_bytes = max_resident_bytes
-        self._spill_root = Path(spill_dir) if spill_dir is not None else None
-        self._spill_dir: Path | None = None
+        self._spill_dir = SpillDir(spill_dir, prefix="ops-spill-")
         self._resident: OrderedDict[int, _Held] = OrderedDict()
         self._by_ptr: dict[int, list[_Held]] = {}
         self._ids = itertools.count()
@@ -305,14 +303,7 @@ class _Store:
         if h.tensor is None:
             return
         self._unindex(h)
-        if self._spill_dir is None:
-            if self._spill_root is not None:
-                self._spill_root.mkdir(parents=True, exist_ok=True)
-            self._spill_dir = Path(tempfile.mkdtemp(prefix="ops-spill-", dir=self._spill_root))
-        path = self._spill_dir / f"{h.id}.bin"
-        flat = _flat_span(h.tensor).detach().cpu().contiguous()
-        flat.view(torch.uint8).numpy().tofile(path)
-        h.path, h.tensor = path, None
+        h.spilled, h.tensor = self._spill_dir.write(h.tensor, f"{h.id}.bin"), None
         self.spilled_bytes += h.nbytes
         self.spilled_count += 1
 
@@ -322,18 +313,16 @@ class _Store:
         if self._resident.pop(h.id, None) is not None:
             self.resident_bytes -= h.nbytes
         h.tensor = None
-        if h.path is not None:
-            h.path.unlink(missing_ok=True)
-            h.path = None
+        if h.spilled is not None:
+            h.spilled.delete()
+            h.spilled = None
 
     def close(self) -> None:
         """Drop everything and delete the spill directory."""
         for h in list(self._resident.values()):
             self.release(h)
         self._by_ptr.clear()
-        if self._spill_dir is not None:
-            shutil.rmtree(self._spill_dir, ignore_errors=True)
-            self._spill_dir = None
+        self._spill_dir.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,7 +574,7 @@ class OpSession:
             module call indices restart at each step.
         spill_dir: where captures beyond the budget are written (a fresh temporary folder
             inside it, deleted by ``close()``); default: the system temporary folder.
-        max_resident_bytes: resident budget for captured storage, in bytes (default 1 GiB;
+        max_resident_bytes: resident budget for captured storage, in bytes (default 512 MiB;
             0 spills every capture).
 
     Raises:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import tempfile
 import time
 import traceback
 import uuid
@@ -694,28 +695,38 @@ def run_parity(
         _Plan(0, reference, drive, inputs),
         _Plan(1, candidate, candidate_drive, inputs),
     ]
+    # snapshots and op captures past their resident budgets spill here; deleted after the check
+    spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
-        dump_mode=dump_mode,
+        dump_mode=dump_mode, spill_dir=spill.name,
     )  # fmt: skip
     ops = None
     if capture_ops:
         from parity_tracker.ops import OpSession
 
-        ops = OpSession(mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step)
+        ops = OpSession(
+            mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step,
+            spill_dir=spill.name,
+        )  # fmt: skip
     start_ms = int(time.time() * 1000)
-    status, error, durations = _run_both(plans, checker, ops, seed, hook_candidate=cand_is_module)
-    t0 = time.perf_counter()
-    check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
-    rows = [{**r, "run_id": run_id} for r in check.to_rows()]
-    _prefix_dump_paths(rows)
-    _name_unreached(rows, error)
-    op_rows, root_causes = [], []
-    if ops is not None:
-        op_rows = [{**r, "run_id": run_id} for r in ops.rows()]
-        _name_unreached(op_rows, error)
-        root_causes = ops.root_causes()
-        ops.close()
+    try:
+        status, error, durations = _run_both(
+            plans, checker, ops, seed, hook_candidate=cand_is_module
+        )
+        t0 = time.perf_counter()
+        check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
+        rows = [{**r, "run_id": run_id} for r in check.to_rows()]
+        _prefix_dump_paths(rows)
+        _name_unreached(rows, error)
+        op_rows, root_causes = [], []
+        if ops is not None:
+            op_rows = [{**r, "run_id": run_id} for r in ops.rows()]
+            _name_unreached(op_rows, error)
+            root_causes = ops.root_causes()
+            ops.close()
+    finally:
+        spill.cleanup()
     durations["compare"] = time.perf_counter() - t0
     if isolate and status == "completed" and cand_is_module:
         t0 = time.perf_counter()

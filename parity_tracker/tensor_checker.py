@@ -23,14 +23,27 @@ Two capture paths give identical results:
 - eager (``eager_mode="equal"`` or ``"allclose"``, the low-memory path of ``run_parity``): when
   the second side's tensor of a tag arrives it is compared at once, without cloning it, and
   the reference's snapshot is released unless a planned dump needs it.
+
+The memory bound: on the eager path the reference runs first, so its snapshots wait for the
+candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot
+storage resident (each snapshot counted once, however many captures share it; parameters and
+buffers are referenced, not copied, and not counted). Past the budget the oldest snapshots are
+written to ``spill_dir`` (``parity_tracker.spill``, shared with the op store) and read back
+memory-mapped when their pair is compared or dumped. After every capture::
+
+    resident_bytes <= max_resident_bytes        (whatever the model depth)
+
+Spilling changes where a snapshot lives, never its value: results are identical.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +65,7 @@ from parity_tracker.capture import (
 )
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
+from parity_tracker.spill import SpillDir, Spilled
 from parity_tracker.tolerances import Tolerances
 
 try:  # the op recorder must not record the checker's own copies and comparisons
@@ -74,6 +88,10 @@ WEIGHT_KINDS = frozenset({"param", "buffer"})
 #: Statuses that are neither passing nor a divergence: nothing could be compared.
 NEUTRAL = frozenset({"skipped"})
 _ROLE = {True: "reference", False: "candidate"}
+#: Default resident budget of the eager path's snapshots (bytes): 256 MiB. With the op store's
+#: 512 MiB (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``) it leaves room under the 1 GiB
+#: extra-memory target of a parity run (issue 5/9) for the comparison temporaries of one pair.
+DEFAULT_EAGER_RESIDENT_BYTES = 256 << 20
 
 
 class DumpMode(enum.Enum):
@@ -249,7 +267,73 @@ def _leaf_desc(value: Any) -> str:
         return "None"
     if isinstance(value, NonTensor):
         return f"a non-tensor {value.type_name}"
+    if isinstance(value, Spilled):
+        return f"a tensor of shape {value.size}"
     return f"a tensor of shape {tuple(value.shape)}"
+
+
+def _load(value: Any) -> Any:
+    """A captured value ready to compare: spilled snapshots read back onto their device."""
+    return value.load(to_device=True) if isinstance(value, Spilled) else value
+
+
+class _SnapshotStore:
+    """Keeps snapshots within ``max_resident_bytes``, spilling the oldest to ``spill_dir``.
+
+    Each snapshot is tracked by a weak reference: it stops counting as soon as no capture
+    holds it (the eager path releasing a pair), and a spilled snapshot's file is deleted once
+    no capture holds its ``Spilled`` record.
+    """
+
+    def __init__(self, max_resident_bytes: float, spill_dir: Any) -> None:
+        self.max_resident_bytes = max_resident_bytes
+        self._dir = SpillDir(spill_dir, prefix="checker-spill-")
+        self._ids = itertools.count()
+        self._resident: OrderedDict[int, tuple[weakref.ref, int, list[_Capture]]] = OrderedDict()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every snapshot and delete the spill folder."""
+        self._resident = OrderedDict()
+        self._dir.close()
+        self.resident_bytes = self.peak_resident_bytes = 0
+        self.spilled_bytes = self.spilled_count = 0
+
+    def admit(self, copy: torch.Tensor, cap: _Capture) -> None:
+        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
+        key = id(copy)
+        entry = self._resident.get(key)
+        if entry is not None and entry[0]() is copy:
+            entry[2].append(cap)  # a snapshot shared with an earlier capture counts once
+            return
+        nbytes = copy.untyped_storage().nbytes()
+        self._resident[key] = (weakref.ref(copy, self._gone(key)), nbytes, [cap])
+        self.resident_bytes += nbytes
+        while self.resident_bytes > self.max_resident_bytes and self._resident:
+            self._spill(*self._resident.popitem(last=False)[1])
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+
+    def _gone(self, key: int) -> Callable[[weakref.ref], None]:
+        def callback(ref: weakref.ref) -> None:
+            entry = self._resident.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._resident[key]
+                self.resident_bytes -= entry[1]
+
+        return callback
+
+    def _spill(self, ref: weakref.ref, nbytes: int, caps: list[_Capture]) -> None:
+        self.resident_bytes -= nbytes
+        copy = ref()
+        if copy is None:
+            return
+        spilled = self._dir.write(copy, f"{next(self._ids)}.bin")
+        weakref.finalize(spilled, spilled.path.unlink, True)
+        for c in caps:
+            if c.value is copy:
+                c.value = spilled
+        self.spilled_bytes += nbytes
+        self.spilled_count += 1
 
 
 class TensorChecker:
@@ -273,9 +357,16 @@ class TensorChecker:
         atol: default absolute tolerance for the eager path (as ``rtol``).
         dump_mode: the dump the eager path must keep tensors for (``check``'s ``dump_mode``
             can only dump what was kept). Ignored by the deferred path, which keeps all.
+        max_resident_bytes: resident budget for snapshot storage, in bytes; the oldest
+            snapshots past it are spilled to disk and read back memory-mapped when compared
+            (0 spills every snapshot, ``math.inf`` never spills). Default (``None``):
+            ``DEFAULT_EAGER_RESIDENT_BYTES`` (256 MiB) with ``eager_mode``, unbounded without.
+        spill_dir: folder for spilled snapshots (a fresh temporary folder is made inside it
+            and deleted by ``clear``); default: the system temporary folder.
 
     Raises:
-        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``.
+        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``;
+            ``max_resident_bytes`` is negative.
     """
 
     def __init__(
@@ -288,9 +379,19 @@ class TensorChecker:
         rtol: float | None = None,
         atol: float | None = None,
         dump_mode: DumpMode = DumpMode.NOT,
+        max_resident_bytes: float | None = None,
+        spill_dir: Any = None,
     ) -> None:
         if eager_mode is not None and eager_mode not in MODES:
             raise InputError(f"eager_mode must be 'equal', 'allclose' or None, got {eager_mode!r}")
+        if max_resident_bytes is None:
+            max_resident_bytes = DEFAULT_EAGER_RESIDENT_BYTES if eager_mode else math.inf
+        if not max_resident_bytes >= 0:
+            raise InputError(
+                f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0 (math.inf for "
+                "no bound)"
+            )
+        self._store = _SnapshotStore(max_resident_bytes, spill_dir)
         self.verbose = verbose
         self.align = align
         self.eager_mode = eager_mode
@@ -325,12 +426,33 @@ class TensorChecker:
         self._eager_first: dict[bool, _Group] = {}
         self._pair_cache: dict[tuple, tuple] = {}
         self._snap.clear()
+        self._store.clear()
 
     def clear(self) -> None:
         """Forget every registered tensor and result, ready for the next round (hooks stay)."""
         live = {h.side for h in self._handles}
         self._hooked = {s: names for s, names in self._hooked.items() if s in live}
         self._reset()
+
+    @property
+    def max_resident_bytes(self) -> float:
+        """The resident budget for snapshot storage, in bytes (``math.inf``: unbounded)."""
+        return self._store.max_resident_bytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of snapshot storage resident in memory now (each snapshot counted once)."""
+        return self._store.resident_bytes
+
+    @property
+    def peak_resident_bytes(self) -> int:
+        """The most ``resident_bytes`` after any capture since the last ``clear``."""
+        return self._store.peak_resident_bytes
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of snapshots spilled to disk since the last ``clear``."""
+        return self._store.spilled_bytes
 
     @property
     def step(self) -> int:
@@ -443,9 +565,17 @@ class TensorChecker:
             return
         ref_i = self._eager_reference(g, side)
         if ref_i is None:
-            cap.value = value.detach() if alias else self._snap.take(value)
+            self._keep(cap, value, alias)
             return
         self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
+
+    def _keep(self, cap: _Capture, value: torch.Tensor, alias: bool) -> None:
+        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
+        if alias:
+            cap.value = value.detach()
+            return
+        cap.value = copy = self._snap.take(value)
+        self._store.admit(copy, cap)
 
     # ---------------------------------------------------------------- eager
     def _eager_reference(self, g: _Group, side: int) -> int | None:
@@ -456,7 +586,7 @@ class TensorChecker:
         if len(g.captures) < 2:
             return None
         held = g.captures[i]
-        if held.side == side or not isinstance(held.value, torch.Tensor):
+        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
             return None
         return i
 
@@ -465,12 +595,13 @@ class TensorChecker:
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        ref, cand = (value, held.value) if new_is_ref else (held.value, value)
+        held_value = _load(held.value)
+        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
         comp = self._compare_pair(g, ref, cand, self.eager_mode, self._eager_tol)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
-            new.value = value.detach() if alias else self._snap.take(value)
+            self._keep(new, value, alias)
         else:
             new.value = held.value = _RELEASED
 
@@ -685,7 +816,7 @@ class TensorChecker:
                     "candidate; groups of more than two tensors need eager_mode=None"
                 ),
             )
-        return self._compare_pair(g, ref.value, cap.value, mode, tol)
+        return self._compare_pair(g, _load(ref.value), _load(cap.value), mode, tol)
 
     def _missing(self, g: _Group, mode: str, present: int, ref_side: int) -> Comparison:
         absent = "candidate" if present == ref_side else "reference"
@@ -832,11 +963,11 @@ class TensorChecker:
         for g in plan:
             written = []
             for cap in g.captures:
-                if not isinstance(cap.value, torch.Tensor):
+                if not isinstance(cap.value, (torch.Tensor, Spilled)):
                     continue
                 role = _ROLE[cap.side == ref_side]
                 written.append(
-                    writer.write(g.tag, cap.value, side=cap.side, role=role, step=g.step)
+                    writer.write(g.tag, _load(cap.value), side=cap.side, role=role, step=g.step)
                 )
             paths[id(g)] = tuple(p for p in written if p is not None)
         writer.close()

@@ -163,3 +163,142 @@ def test_manual_listeners_see_every_registration():
     checker.register_tensor("a", torch.ones(2))
     checker.register_tensor("a", torch.ones(2))
     assert seen == [(0, "a", torch.Size([2])), (1, "a", torch.Size([2]))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Resident budget of the snapshots: spilled to disk past it, results unchanged (issue 5/9)
+
+
+class _Deep(nn.Module):
+    """48 near-identity Linear(16, 16) blocks, each followed by an elementwise op."""
+
+    def __init__(self, depth=48, bump=None):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(depth))
+        with torch.no_grad():
+            for i, lin in enumerate(self.layers):
+                lin.weight.copy_(
+                    torch.eye(16) + 0.01 * torch.sin(torch.arange(256.0) + i).view(16, 16)
+                )
+                lin.bias.fill_(0.001 * i)
+                if i == bump:
+                    lin.bias[3] += 1e-3  # a real divergence from this block on
+
+    def forward(self, x):
+        for lin in self.layers:
+            x = torch.tanh(lin(x))
+        return x
+
+
+def _deep_run(tmp_path, monkeypatch, budget, name):
+    """run_parity over the deep pair with the snapshot budget ``budget``; (result, checker)."""
+    import parity_tracker.tensor_checker as tc
+    from parity_tracker.run import run_parity
+
+    made = []
+
+    class Recorded(TensorChecker):
+        def __init__(self, **kw):
+            super().__init__(**kw, max_resident_bytes=budget)
+            made.append(self)
+
+    monkeypatch.setattr(tc, "TensorChecker", Recorded)
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)  # 512 bytes per activation
+    result = run_parity(
+        _Deep(),
+        _Deep(bump=30),
+        (x,),
+        mode="allclose",
+        dump_mode="not_equal",
+        dump_path=tmp_path / name,
+        environment={},
+    )
+    (checker,) = made
+    return result, checker
+
+
+def _rows(result):
+    drop = {"run_id", "dump_path"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in result.modules.to_pylist()]
+
+
+def test_deep_run_keeps_snapshots_within_budget_with_identical_results(tmp_path, monkeypatch):
+    import math
+
+    from parity_tracker.dump import load_dump
+
+    budget = 4 << 10  # 4 KiB: 8 activations of 512 bytes
+    bounded, checker = _deep_run(tmp_path, monkeypatch, budget, "bounded")
+    free, unbounded = _deep_run(tmp_path, monkeypatch, math.inf, "free")
+    # without a bound the reference's 97 snapshots (48 blocks' outputs + the input; each
+    # block's input is the previous output, one shared snapshot) wait for the candidate
+    assert unbounded.peak_resident_bytes >= 97 * 512
+    assert unbounded.spilled_bytes == 0
+    assert 0 < checker.peak_resident_bytes <= budget
+    assert checker.spilled_bytes >= (97 - 8) * 512
+    rows = _rows(bounded)
+    assert rows == _rows(free)
+    failing = [r["tag"] for r in rows if r["status"] == "mismatch"]
+    assert "checker_layers.30" in failing and "checker_layers.29" not in failing
+    # the tensors dumped for the divergences were read back from disk intact
+    (b_dir,), (f_dir,) = (list((tmp_path / n).iterdir()) for n in ("bounded", "free"))
+    b_dump, f_dump = load_dump(b_dir), load_dump(f_dir)
+    assert len(b_dump) == len(f_dump) >= 2 * 18
+    for (be, bt), (fe, ft) in zip(b_dump, f_dump, strict=True):
+        assert be["tag"] == fe["tag"] and be["role"] == fe["role"]
+        assert torch.equal(bt, ft)
+    # the spill folder went with the run
+    assert checker._store._dir.path is None or not checker._store._dir.path.exists()
+
+
+def test_spilled_snapshots_compare_like_resident_ones_in_both_paths():
+    import math
+
+    ref, cand = _pair()
+    with torch.no_grad():
+        cand.layers[3].weight[0, 0] += 1e-3
+    x = torch.randn(4, 16)
+    seen = {}
+    for eager in ("equal", None):
+        for budget in (0, math.inf):
+            checker = TensorChecker(verbose=False, eager_mode=eager, max_resident_bytes=budget)
+            with (
+                module_register_tensor_checker(ref, checker),
+                module_register_tensor_checker(cand, checker),
+                torch.no_grad(),
+            ):
+                ref(x)
+                if budget == 0:
+                    assert checker.resident_bytes == 0 and checker.spilled_bytes > 0
+                    files = list(checker._store._dir.path.iterdir())
+                    assert files  # written to disk, not kept
+                cand(x)
+            seen[(eager, budget)] = [
+                (r["tag"], r["status"], r["max_abs_diff"]) for r in checker.check_equal().to_rows()
+            ]
+            if eager and budget == 0:
+                # every pair compared and released: its spill file deleted
+                gc.collect()
+                weights = {"param", "buffer"}
+                kept = [
+                    c
+                    for g in checker._groups.values()
+                    if g.kind not in weights
+                    for c in g.captures
+                    if c.value is not None
+                ]
+                assert not list(checker._store._dir.path.iterdir()), kept
+            assert checker.peak_resident_bytes <= budget
+    first = seen[("equal", 0)]
+    assert any(status == "mismatch" for _, status, _ in first)
+    assert all(v == first for v in seen.values())
+
+
+def test_negative_budget_is_an_input_error():
+    import pytest
+
+    from parity_tracker.errors import InputError
+
+    with pytest.raises(InputError, match="max_resident_bytes"):
+        TensorChecker(verbose=False, eager_mode="equal", max_resident_bytes=-1)
