@@ -1,8 +1,11 @@
 """History of one configuration across commits: counts, output error, and the first bad commit.
 
 The stored nightlies become a bisection without re-running anything: per commit, the run's
-headline metrics come straight from one paged MLflow ``search_runs`` (no artifact download);
-only ``--tag`` downloads each run's ``tables/modules.parquet`` (in parallel threads).
+headline metrics come from ``track.find_run_heads`` (on the embedded SQLite store one SQL query
+over MLflow's tables; elsewhere one paged MLflow ``search_runs``), no artifact download. Only
+``--tag`` reads each run's ``tables/modules.parquet``: in place, in one filtered
+``pyarrow.dataset`` scan of the ``tag`` and ``status`` columns, when the artifacts are on a
+local path (the embedded default), else downloaded through MLflow (in parallel threads).
 
 "First bad commit" is the first commit of the *current* failing streak: walking commits from
 newest to oldest while the tag (or the run) keeps failing, the oldest one reached.
@@ -16,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow.compute as pc
 
@@ -45,6 +49,31 @@ def search_runs(
 
     try:
         return find_runs(tracking_uri=tracking_uri, experiment=experiment, **settings)
+    except ParityTrackerError:
+        raise
+    except Exception as exc:
+        uri = resolve_tracking_uri(tracking_uri)
+        raise InfrastructureError(
+            f"cannot search runs in {uri}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def search_heads(
+    settings: Mapping[str, Any],
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+) -> list[Any]:
+    """``track.find_run_heads`` (only the fields history needs), newest first.
+
+    Raises:
+        InfrastructureError: the store could not be reached (names the URI).
+    """
+    from parity_tracker.store import resolve_tracking_uri
+    from parity_tracker.track import find_run_heads
+
+    try:
+        return find_run_heads(tracking_uri=tracking_uri, experiment=experiment, **settings)
     except ParityTrackerError:
         raise
     except Exception as exc:
@@ -121,6 +150,108 @@ def _modules_tables(run_ids: Sequence[str], tracking_uri: str | None) -> list[An
         ) from exc
 
 
+def local_modules_path(artifact_uri: str | None) -> Path | None:
+    """``<artifact root>/tables/modules.parquet`` when the root is a local path, else None.
+
+    Local: a ``file:`` URI (the embedded store's ``file:///.../.parity/artifacts/...``) or a
+    plain path; anything else (``mlflow-artifacts:``, ``s3:``, ``http(s):``) is remote.
+    """
+    if not artifact_uri:
+        return None
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        root = Path(unquote(parsed.path))
+    elif parsed.scheme == "":
+        root = Path(artifact_uri)
+    else:
+        return None
+    return root / "tables" / "modules.parquet"
+
+
+def _statuses_by_file(paths: Sequence[Path], tag: str) -> dict[str, list[str]]:
+    """Each file's statuses of ``tag`` in row order, from one filtered scan of all files."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from parity_tracker.tables import MODULES_SCHEMA
+
+    schema = pa.schema([MODULES_SCHEMA.field("tag"), MODULES_SCHEMA.field("status")])
+    dataset = ds.dataset([str(p) for p in paths], schema=schema, format="parquet")
+    rows = dataset.to_table(
+        columns=["status", "__filename"], filter=pc.field("tag") == tag, use_threads=False
+    )
+    out: dict[str, list[str]] = {}
+    for name, status in zip(
+        rows.column("__filename").to_pylist(), rows.column("status").to_pylist(), strict=True
+    ):
+        out.setdefault(name, []).append(status)
+    return out
+
+
+def _first_failing(statuses: Sequence[str]) -> str | None:
+    """The first failing status over steps, else the first (passing) one; None when empty."""
+    if not statuses:
+        return None
+    return next((s for s in statuses if s not in PASSING), statuses[0])
+
+
+def _local_tag_statuses(paths: Sequence[Path], tag: str) -> list[str | None]:
+    """``tag``'s status in each local ``modules.parquet`` (None where the tag is absent).
+
+    Raises:
+        InfrastructureError: a run's modules table is missing or unreadable.
+    """
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise InfrastructureError(
+            f"cannot read tables/modules.parquet of {len(missing)} runs, e.g. {missing[:3]}: "
+            "no such file (artifacts moved or deleted?)"
+        )
+    try:
+        found = _statuses_by_file(paths, tag)
+    except Exception as exc:
+        raise InfrastructureError(
+            f"cannot read tables/modules.parquet of runs {[str(p) for p in paths[:3]]}...: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return [_first_failing(found.get(str(p), [])) for p in paths]
+
+
+def tag_statuses(
+    heads: Sequence[Any], tag: str, tracking_uri: str | None
+) -> tuple[list[str | None], list[str]]:
+    """``tag``'s status in each run's modules table, and up to 8 tags of the newest run's table.
+
+    Runs whose artifacts are on a local path are read in place (one scan); the others are
+    downloaded (``_modules_tables``). The sample tags (for an error message) are read only when
+    the tag is in none of the runs.
+
+    Raises:
+        InfrastructureError: the store could not be reached or a run has no modules table.
+    """
+    paths = [local_modules_path(getattr(h, "artifact_uri", None)) for h in heads]
+    local = [i for i, p in enumerate(paths) if p is not None]
+    remote = [i for i, p in enumerate(paths) if p is None]
+    out: list[str | None] = [None] * len(heads)
+    if local:
+        found = _local_tag_statuses([paths[i] for i in local], tag)
+        for i, status in zip(local, found, strict=True):
+            out[i] = status
+    tables = _modules_tables([heads[i].run_id for i in remote], tracking_uri) if remote else []
+    for i, table in zip(remote, tables, strict=True):
+        out[i] = _tag_status(table, tag)
+    sample: list[str] = []
+    if heads and all(s is None for s in out):
+        newest = paths[-1]
+        if newest is not None:
+            import pyarrow.parquet as pq
+
+            sample = pq.read_table(newest, columns=["tag"]).column("tag").to_pylist()[:8]
+        else:
+            sample = tables[-1].column("tag").to_pylist()[:8]
+    return out, sample
+
+
 @dataclass
 class CommitPoint:
     """One commit of a history: its newest run's headline numbers (and the tag's status)."""
@@ -195,7 +326,8 @@ def build_history(
         settings: settings the runs must have (``{"quantization": "int8"}``).
         tracking_uri: the store (default: ``store.resolve_tracking_uri``).
         experiment: the MLflow experiment.
-        tag: also report this tag's status per commit (downloads each run's modules table).
+        tag: also report this tag's status per commit (reads each run's modules table: in
+            place when the artifacts are local, else downloaded).
         last: keep only the newest ``last`` commits.
 
     Raises:
@@ -204,7 +336,7 @@ def build_history(
         InfrastructureError: the store could not be reached.
     """
     wanted = {"target": target, **{str(k): str(v) for k, v in (settings or {}).items()}}
-    runs = search_runs(wanted, tracking_uri=tracking_uri, experiment=experiment)
+    runs = search_heads(wanted, tracking_uri=tracking_uri, experiment=experiment)
     if not runs:
         raise InputError(f"no stored run of {target} matches {wanted} in experiment {experiment!r}")
     fingerprint = runs[0].fingerprint
@@ -216,13 +348,13 @@ def build_history(
     if tag is None:
         failing = [_is_failing(r) for r in chosen]
     else:
-        tables = _modules_tables([r.run_id for r in chosen], tracking_uri)
-        for point, table in zip(points, tables, strict=True):
-            point.tag_status = _tag_status(table, tag)
+        statuses, sample = tag_statuses(chosen, tag, tracking_uri)
+        for point, status in zip(points, statuses, strict=True):
+            point.tag_status = status
         if points and all(p.tag_status is None for p in points):
-            sample = ", ".join(tables[-1].column("tag").to_pylist()[:8])
             raise InputError(
-                f"tag {tag!r} is in none of the {len(points)} runs; tags look like: {sample}"
+                f"tag {tag!r} is in none of the {len(points)} runs; "
+                f"tags look like: {', '.join(sample)}"
             )
         failing = [None if p.tag_status is None else p.tag_status not in PASSING for p in points]
     index = first_bad(failing)

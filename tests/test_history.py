@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from pathlib import Path
 
 import pytest
 
-from parity_tracker.errors import InputError
+from parity_tracker.errors import InfrastructureError, InputError
 from parity_tracker.history import build_history, first_bad, latest_per_commit
 from parity_tracker.tables import MODULES_SCHEMA, rows_to_table, write_table
 
@@ -139,3 +141,146 @@ def test_history_over_many_runs(store):
     elapsed = time.perf_counter() - start
     assert len(hist.points) == n and hist.first_bad_commit == "c0030"
     print(f"history over {n} runs: {elapsed:.3f} s")
+
+
+def _mixed_store(client, exp, tmp):
+    """Runs that exercise every branch both paths must agree on (see the comments)."""
+    plan = [
+        ("c1", 1, "equal", 0, "fp1"),
+        ("c2", 2, "mismatch", 1, "fp1"),
+        ("c2", 3, "close", 0, "fp1"),  # a re-run of c2: the newest run of a commit counts
+        ("c9", 4, "mismatch", 1, "other-device"),  # another fingerprint: left out
+        ("c3", 5, "shape_mismatch", 2, "fp1"),
+        ("c4", 6, "mismatch", 1, "fp1"),
+    ]
+    ids = [
+        _log(client, exp, commit=c, t=t, failing=f, fingerprint=fp, tag_status=s, tmp=tmp)
+        for c, t, s, f, fp in plan
+    ]
+    client.log_metric(ids[-1], "output_sqnr_db", float("nan"), timestamp=6, step=0)
+    client.log_metric(ids[-1], "tensors_compared", 12.0, timestamp=7, step=1)  # latest: step 1
+    deleted = _log(client, exp, commit="c5", t=7, failing=0, tag_status="equal", tmp=tmp)
+    client.delete_run(deleted)  # deleted runs are not searched
+    other = _log(client, exp, commit="c6", t=8, failing=0, tag_status="equal", tmp=tmp)
+    client.log_param(other, "quantization_extra", "x")  # fine: only given settings filter
+    return ids
+
+
+def _slow_paths(monkeypatch):
+    """Force MLflow's search (as for an http store) and the download of each modules table."""
+    import sqlite3
+
+    import parity_tracker.history as history
+    import parity_tracker.track as track
+
+    def refuse(*_args, **_kwargs):
+        raise sqlite3.OperationalError("no such table: forced for the test")
+
+    monkeypatch.setattr(track, "_sqlite_heads", refuse)
+    monkeypatch.setattr(history, "local_modules_path", lambda _uri: None)
+
+
+def test_sql_and_scan_paths_equal_mlflow_search_and_download(store, monkeypatch):
+    import parity_tracker.history as history
+    import parity_tracker.track as track
+    from parity_tracker.track import find_run_heads, find_runs
+
+    client, exp, uri, tmp = store
+    _mixed_store(client, exp, tmp)
+    calls = []
+    monkeypatch.setattr(track, "_sqlite_heads", _spy(track._sqlite_heads, calls, "sql"))
+    scan = _spy(history._statuses_by_file, calls, "scan")
+    monkeypatch.setattr(history, "_statuses_by_file", scan)
+    monkeypatch.setattr(history, "_modules_tables", _spy(history._modules_tables, calls, "dl"))
+
+    fast_heads = find_run_heads(tracking_uri=uri, target="toy", quantization="none")
+    fast = {
+        tag: build_history("toy", {"quantization": "none"}, tracking_uri=uri, tag=tag)
+        for tag in (None, "checker_fc1", "checker_fc0")
+    }
+    assert "dl" not in calls and {"sql", "scan"} <= set(calls)
+    # the newest run (c6, fp1) leads; c9 (other fingerprint) and deleted c5 are out
+    assert [p.commit for p in fast[None].points] == ["c1", "c2", "c3", "c4", "c6"]
+    assert [p.tag_status for p in fast["checker_fc1"].points] == [
+        "equal", "close", "shape_mismatch", "mismatch", "equal"
+    ]  # fmt: skip
+    assert fast["checker_fc1"].first_bad_commit is None
+    assert fast[None].points[3].tensors_compared == 12.0  # latest step's value
+    assert math.isnan(fast[None].points[3].output_sqnr_db)
+    assert [p.tag_status for p in fast["checker_fc0"].points] == ["equal"] * 5
+
+    _slow_paths(monkeypatch)
+    calls.clear()
+    slow_heads = find_run_heads(tracking_uri=uri, target="toy", quantization="none")
+    slow = {
+        tag: build_history("toy", {"quantization": "none"}, tracking_uri=uri, tag=tag)
+        for tag in (None, "checker_fc1", "checker_fc0")
+    }
+    assert "sql" not in calls and "scan" not in calls and "dl" in calls
+    for tag in fast:
+        assert repr(fast[tag].to_dict()) == repr(slow[tag].to_dict())  # repr: nan == nan
+    strip = [dataclasses.replace(h, artifact_uri=None) for h in fast_heads]
+    assert repr(strip) == repr(slow_heads)
+    assert [i.run_id for i in find_runs(tracking_uri=uri, target="toy")] == [
+        h.run_id for h in fast_heads
+    ]
+    with pytest.raises(InputError, match=r"checker_nope.*checker_fc1"):
+        build_history("toy", tracking_uri=uri, tag="checker_nope")
+
+
+def test_scan_path_first_bad_commit_and_errors(store, monkeypatch):
+    client, exp, uri, tmp = store
+    plan = [("c1", "equal"), ("c2", "mismatch"), ("c3", "close"), ("c4", "mismatch"),
+            ("c5", "shape_mismatch")]  # fmt: skip
+    failing = [int(s not in ("equal", "close")) for _, s in plan]
+    ids = [
+        _log(client, exp, commit=c, t=10 + i, failing=f, tag_status=s, tmp=tmp)
+        for i, ((c, s), f) in enumerate(zip(plan, failing, strict=True))
+    ]
+    hist = build_history("toy", tracking_uri=uri, tag="checker_fc1")
+    assert hist.first_bad_commit == "c4"
+    with pytest.raises(InputError, match=r"checker_nope.*checker_fc1, checker_fc0"):
+        build_history("toy", tracking_uri=uri, tag="checker_nope")
+    # a run whose modules table vanished from the artifact folder: named, not a traceback
+    from parity_tracker.history import local_modules_path
+
+    local_modules_path(client.get_run(ids[2]).info.artifact_uri).unlink()
+    with pytest.raises(InfrastructureError, match="no such file"):
+        build_history("toy", tracking_uri=uri, tag="checker_fc1")
+
+
+def test_local_modules_path():
+    from parity_tracker.history import local_modules_path
+
+    assert local_modules_path("file:///a%20b/run/artifacts") == Path(
+        "/a b/run/artifacts/tables/modules.parquet"
+    )
+    assert local_modules_path("/x/y") == Path("/x/y/tables/modules.parquet")
+    assert local_modules_path("mlflow-artifacts:/1/abc/artifacts") is None
+    assert local_modules_path("s3://bucket/p") is None
+    assert local_modules_path(None) is None
+
+
+def _spy(fn, calls, name):
+    def wrapped(*args, **kwargs):
+        calls.append(name)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def test_local_scan_takes_first_failing_step_per_file(tmp_path):
+    from parity_tracker.history import _local_tag_statuses
+
+    def table(name, statuses):
+        rows = [{"tag": "t", "status": s, "step": k} for k, s in enumerate(statuses)]
+        rows.append({"tag": "u", "status": "mismatch", "step": 0})
+        return write_table(rows_to_table(rows, MODULES_SCHEMA), tmp_path / name / "m.parquet")
+
+    paths = [
+        table("a", ["close", "mismatch", "shape_mismatch"]),  # first failing step: mismatch
+        table("b", ["close", "equal"]),  # all passing: the first step's
+        table("c", []),  # tag absent
+        table("d", ["missing_candidate"]),
+    ]
+    assert _local_tag_statuses(paths, "t") == ["mismatch", "close", None, "missing_candidate"]
