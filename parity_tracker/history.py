@@ -176,7 +176,11 @@ def _statuses_by_file(paths: Sequence[Path], tag: str) -> dict[str, list[str]]:
     from parity_tracker.tables import MODULES_SCHEMA
 
     schema = pa.schema([MODULES_SCHEMA.field("tag"), MODULES_SCHEMA.field("status")])
-    dataset = ds.dataset([str(p) for p in paths], schema=schema, format="parquet")
+    # pre_buffer off: each file is small (one row group), coalescing reads only adds work
+    # (measured: 1.05 s vs 1.21 s of CPU over 1,000 files of 2,000 rows)
+    options = ds.ParquetFragmentScanOptions(pre_buffer=False)
+    fmt = ds.ParquetFileFormat(default_fragment_scan_options=options)
+    dataset = ds.dataset([str(p) for p in paths], schema=schema, format=fmt)
     rows = dataset.to_table(
         columns=["status", "__filename"], filter=pc.field("tag") == tag, use_threads=False
     )
