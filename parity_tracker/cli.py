@@ -51,7 +51,10 @@ class ParityGroup(click.Group):
 def _console(err: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=err, highlight=False, soft_wrap=True)
+    # Off a terminal (CI logs, pipes) rich would cut tables to 80 columns: use a wide page
+    # unless COLUMNS says otherwise.
+    wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+    return Console(stderr=err, highlight=False, soft_wrap=True, width=wide)
 
 
 def _emit_json(payload: Any) -> None:
@@ -228,6 +231,8 @@ def run(
 
     shortcuts = {"quantization": quantization, "cache": cache}
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
+    if rtol is not None and mode == "equal":
+        click.echo("warning: --rtol/--atol have no effect with --mode equal", err=True)
     outcome = run_target(
         target,
         settings,
@@ -413,11 +418,16 @@ def _run_for_commit(
     if target is None:
         raise InputError("--base-commit/--head-commit need --target (and optionally --set)")
     settings = resolve_target(target).validate(parse_assignments(sets))
+    query = {"target": resolve_target(target).name, **settings}
     runs = search_runs(
-        {"target": resolve_target(target).name, **settings, "git_commit": commit},
-        tracking_uri=tracking_uri,
-        experiment=experiment,
+        {**query, "git_commit": commit}, tracking_uri=tracking_uri, experiment=experiment
     )
+    if not runs and len(commit) < 40:  # an abbreviated SHA, as git prints it
+        runs = [
+            r
+            for r in search_runs(query, tracking_uri=tracking_uri, experiment=experiment)
+            if str(r.commit or "").startswith(commit)
+        ]
     if not runs:
         raise InputError(f"no run of {target} {settings} on commit {commit!r} in {experiment!r}")
     return runs[0].run_id
@@ -702,7 +712,14 @@ def ui(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``parity-tracker``)."""
+    """Console-script entry point (``parity-tracker``).
+
+    MLflow's HTTP client retries 7 times with exponential backoff by default (minutes of silence
+    before an unreachable server is reported); the CLI caps it at 2 retries unless
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is set, so exit 3 and the spool path come in seconds.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     cli.main(args=argv, prog_name="parity-tracker")
 
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import pkgutil
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -144,12 +146,24 @@ def _builtin(name: str) -> Target | None:
     return None
 
 
+def _cwd_importable() -> None:
+    """Let ``module:function`` specs name modules in the working directory, as ``python -m`` does.
+
+    The console script's ``sys.path`` starts at its own bin folder, so without this a target in
+    the user's checkout (``mypkg.pairs:build``) would need ``PYTHONPATH=.``.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
     return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
 
 
 def _from_spec(spec: str) -> Target:
     module_name, _, attr = spec.partition(":")
+    _cwd_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

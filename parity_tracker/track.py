@@ -85,8 +85,8 @@ class SpooledError(InfrastructureError):
         self.cause = cause
         super().__init__(
             f"tracking store unreachable ({type(cause).__name__}: {str(cause)[:300]}); "
-            f"run spooled to {self.spool_path}; upload it later with "
-            "parity_tracker.track.sync_spool()"
+            f"run spooled to {self.spool_path}; upload it later with `parity-tracker sync` "
+            "(parity_tracker.track.sync_spool())"
         )
 
 

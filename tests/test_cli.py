@@ -378,3 +378,33 @@ def test_ui_on_a_server_store_just_prints_its_url(env):
         "url": "http://127.0.0.1:5999", "command": None,
         "note": "the store is already an MLflow server",
     }  # fmt: skip
+
+
+def test_diff_by_abbreviated_commit(env):
+    _, first = run_json("--commit", "a1b2c3d4" + "0" * 32)
+    _, second = run_json("--commit", "f9e8d7c6" + "0" * 32, perturb=True)
+    res = invoke(
+        "diff", "--base-commit", "a1b2c3d", "--head-commit", "f9e8d7c", "--target", TINY, "--json"
+    )
+    assert res.exit_code == 1
+    out = json.loads(res.stdout)
+    assert (out["base"], out["head"]) == (first["run_id"], second["run_id"])
+
+
+def test_run_target_module_in_working_directory(env, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(env["cwd"]))])
+    (Path(env["cwd"]) / "my_pairs.py").write_text(
+        "import torch\n"
+        "from parity_tracker import ParityCase\n"
+        "def build(settings):\n"
+        "    torch.manual_seed(0)\n"
+        "    ref = torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+        "    cand = torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+        "    cand.load_state_dict(ref.state_dict())\n"
+        "    return ParityCase(ref, cand, inputs=(torch.ones(2, 4),))\n"
+    )
+    res = invoke("run", "my_pairs:build", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["counts"]["mismatch"] == 0
