@@ -639,7 +639,11 @@ def report(
 @tracking_uri_option
 @json_option
 def sync(tracking_uri: str | None, as_json: bool) -> None:
-    """Upload the runs spooled while the tracking store was unreachable (exactly once)."""
+    """Upload the runs spooled while the tracking store was unreachable (exactly once).
+
+    Without --tracking-uri each run goes to the store it was meant for (recorded when it was
+    spooled); --tracking-uri sends them all to that store instead.
+    """
     from parity_tracker.track import sync_spool
 
     done = sync_spool(tracking_uri)
