@@ -130,7 +130,7 @@ def history_rows(quick: bool, tmp: Path) -> list[Row]:
     case = f"{size['runs']} runs × {size['rows']} rows"
     out = []
     for tag, how in (
-        (None, "metrics only (one paged search)"),
+        (None, "metrics only (one SQL query on SQLite stores)"),
         ("checker_layers.3.linear1", "tag= (reads every run's modules.parquet)"),
     ):
         reps = 3 if quick or tag is None else 1  # one --tag pass over 1,000 runs is minutes
