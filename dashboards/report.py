@@ -39,19 +39,11 @@ from dashboards._page import (
     status_badge,
 )
 from dashboards.charts import histogram_figure, propagation_figure, txt
+from parity_tracker.compare import STATUSES
 
 #: Row kinds drawn on the error-propagation chart (module outputs and hand-registered tensors).
 CHART_KINDS = frozenset({"output", "manual"})
-STATUS_ORDER = (
-    "equal",
-    "close",
-    "mismatch",
-    "shape_mismatch",
-    "missing_reference",
-    "missing_candidate",
-    "skipped",
-    "error",
-)
+STATUS_ORDER = STATUSES
 #: Most ops listed for the first divergent module (the rest are counted in a note).
 MAX_OP_ROWS = 400
 _KINDS = ("param", "buffer", "input", "output", "op", "manual")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -65,16 +65,8 @@ Status = Literal[
     "error",
 ]
 PASSING = frozenset({"equal", "close"})
-STATUSES = (
-    "equal",
-    "close",
-    "mismatch",
-    "shape_mismatch",
-    "missing_reference",
-    "missing_candidate",
-    "skipped",
-    "error",
-)
+#: Every status of the contract, in the contract's order.
+STATUSES: tuple[str, ...] = get_args(Status)
 
 
 @dataclass(frozen=True)

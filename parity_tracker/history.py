@@ -44,18 +44,9 @@ def search_runs(
     Raises:
         InfrastructureError: the store could not be reached (names the URI).
     """
-    from parity_tracker.store import resolve_tracking_uri
     from parity_tracker.track import find_runs
 
-    try:
-        return find_runs(tracking_uri=tracking_uri, experiment=experiment, **settings)
-    except ParityTrackerError:
-        raise
-    except Exception as exc:
-        uri = resolve_tracking_uri(tracking_uri)
-        raise InfrastructureError(
-            f"cannot search runs in {uri}: {type(exc).__name__}: {exc}"
-        ) from exc
+    return _search(find_runs, settings, tracking_uri, experiment)
 
 
 def search_heads(
@@ -69,11 +60,17 @@ def search_heads(
     Raises:
         InfrastructureError: the store could not be reached (names the URI).
     """
-    from parity_tracker.store import resolve_tracking_uri
     from parity_tracker.track import find_run_heads
 
+    return _search(find_run_heads, settings, tracking_uri, experiment)
+
+
+def _search(find: Any, settings: Mapping[str, Any], tracking_uri: str | None, experiment: str):
+    """Call a ``track`` finder; a store fault becomes an ``InfrastructureError`` naming the URI."""
+    from parity_tracker.store import resolve_tracking_uri
+
     try:
-        return find_run_heads(tracking_uri=tracking_uri, experiment=experiment, **settings)
+        return find(tracking_uri=tracking_uri, experiment=experiment, **settings)
     except ParityTrackerError:
         raise
     except Exception as exc:
