@@ -2,10 +2,12 @@
 
 The stored nightlies become a bisection without re-running anything: per commit, the run's
 headline metrics come from ``track.find_run_heads`` (on the embedded SQLite store one SQL query
-over MLflow's tables; elsewhere one paged MLflow ``search_runs``), no artifact download. Only
-``--tag`` reads each run's ``tables/modules.parquet``: in place, in one filtered
-``pyarrow.dataset`` scan of the ``tag`` and ``status`` columns, when the artifacts are on a
-local path (the embedded default), else downloaded through MLflow (in parallel threads).
+over MLflow's tables; elsewhere one paged MLflow ``search_runs``), no artifact download.
+``--tag`` on the embedded store is one indexed query of the tag-status index that
+``track.log_run`` fills (``store.write_tag_index``) when every run is in it; otherwise it reads
+each run's ``tables/modules.parquet``: in place, in one filtered ``pyarrow.dataset`` scan of the
+``tag`` and ``status`` columns, when the artifacts are on a local path, else downloaded through
+MLflow (in parallel threads).
 
 "First bad commit" is the first commit of the *current* failing streak: walking commits from
 newest to oldest while the tag (or the run) keeps failing, the oldest one reached.
@@ -218,38 +220,71 @@ def _local_tag_statuses(paths: Sequence[Path], tag: str) -> list[str | None]:
     return [_first_failing(found.get(str(p), [])) for p in paths]
 
 
+def _indexed_statuses(
+    heads: Sequence[Any], tag: str, tracking_uri: str | None
+) -> list[str | None] | None:
+    """``tag``'s status per run from the store's tag-status index, or None to scan instead.
+
+    Used only when the store is embedded (``sqlite:///``) and every run is in the index
+    (``store.read_tag_index``); runs logged before the index existed, and http stores, fall
+    back to reading the modules tables.
+    """
+    from parity_tracker.store import read_tag_index, resolve_tracking_uri
+
+    if not heads:
+        return None
+    found = read_tag_index(resolve_tracking_uri(tracking_uri), [h.run_id for h in heads], tag)
+    if found is None:
+        return None
+    return [_first_failing(found.get(h.run_id, [])) for h in heads]
+
+
+def _sample_tags(head: Any, path: Path | None, table: Any, tracking_uri: str | None) -> list[str]:
+    """Up to 8 tags of one run's modules table (for the "tag in none of the runs" error)."""
+    if table is None:
+        if path is None:
+            table = _modules_tables([head.run_id], tracking_uri)[0]
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path, columns=["tag"])
+    return table.column("tag").to_pylist()[:8]
+
+
 def tag_statuses(
     heads: Sequence[Any], tag: str, tracking_uri: str | None
 ) -> tuple[list[str | None], list[str]]:
     """``tag``'s status in each run's modules table, and up to 8 tags of the newest run's table.
 
-    Runs whose artifacts are on a local path are read in place (one scan); the others are
-    downloaded (``_modules_tables``). The sample tags (for an error message) are read only when
-    the tag is in none of the runs.
+    On an embedded store whose tag-status index holds every run, one indexed query answers
+    (``store.read_tag_index``, same result as reading the tables). Otherwise runs whose
+    artifacts are on a local path are read in place (one scan); the others are downloaded
+    (``_modules_tables``). The sample tags (for an error message) are read only when the tag
+    is in none of the runs.
 
     Raises:
         InfrastructureError: the store could not be reached or a run has no modules table.
     """
     paths = [local_modules_path(getattr(h, "artifact_uri", None)) for h in heads]
-    local = [i for i, p in enumerate(paths) if p is not None]
-    remote = [i for i, p in enumerate(paths) if p is None]
-    out: list[str | None] = [None] * len(heads)
-    if local:
-        found = _local_tag_statuses([paths[i] for i in local], tag)
-        for i, status in zip(local, found, strict=True):
-            out[i] = status
-    tables = _modules_tables([heads[i].run_id for i in remote], tracking_uri) if remote else []
-    for i, table in zip(remote, tables, strict=True):
-        out[i] = _tag_status(table, tag)
+    indexed = _indexed_statuses(heads, tag, tracking_uri)
+    tables: list[Any] = []
+    if indexed is not None:
+        out = indexed
+    else:
+        local = [i for i, p in enumerate(paths) if p is not None]
+        remote = [i for i, p in enumerate(paths) if p is None]
+        out = [None] * len(heads)
+        if local:
+            found = _local_tag_statuses([paths[i] for i in local], tag)
+            for i, status in zip(local, found, strict=True):
+                out[i] = status
+        tables = _modules_tables([heads[i].run_id for i in remote], tracking_uri) if remote else []
+        for i, table in zip(remote, tables, strict=True):
+            out[i] = _tag_status(table, tag)
     sample: list[str] = []
     if heads and all(s is None for s in out):
-        newest = paths[-1]
-        if newest is not None:
-            import pyarrow.parquet as pq
-
-            sample = pq.read_table(newest, columns=["tag"]).column("tag").to_pylist()[:8]
-        else:
-            sample = tables[-1].column("tag").to_pylist()[:8]
+        newest = tables[-1] if tables and paths[-1] is None else None
+        sample = _sample_tags(heads[-1], paths[-1], newest, tracking_uri)
     return out, sample
 
 

@@ -165,3 +165,153 @@ def get_or_create_experiment(client: MlflowClient, name: str) -> str:
             if "already exists" not in str(exc).lower():
                 raise
             return retry(client.get_experiment_by_name, name).experiment_id
+
+
+# ---------------------------------------------------------------------------------------------
+# tag-status index (embedded stores only)
+
+#: File of the tag-status index, next to a SQLite store's database.
+TAG_INDEX_FILE = "parity_index.db"
+_INDEX_READY: set[str] = set()
+_INDEX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS indexed_runs (run_id TEXT PRIMARY KEY, n_rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tag_status (
+    run_id TEXT NOT NULL, tag TEXT NOT NULL, step INTEGER, status TEXT, ord INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tag_status_tag_run ON tag_status (tag, run_id);
+"""
+#: Bound parameters per ``IN (...)`` query, under SQLite's historical 999-variable limit.
+_IN_CHUNK = 900
+
+
+def tag_index_path(uri: str) -> Path | None:
+    """``<dir of mlflow.db>/parity_index.db`` for a ``sqlite:///`` store, else None."""
+    db = sqlite_path(resolve_tracking_uri(uri))
+    return None if db is None else db.parent / TAG_INDEX_FILE
+
+
+def _connect_index(path: Path):
+    import sqlite3
+
+    return sqlite3.connect(str(path), timeout=10)
+
+
+def _create_index(uri: str, path: Path) -> None:
+    """Create the index's tables once per process, under the store's file lock."""
+    key = str(path)
+    if key in _INDEX_READY:
+        return
+    with _file_lock(uri):
+        con = retry(_connect_index, path)
+        try:
+            retry(con.executescript, _INDEX_SCHEMA)
+        finally:
+            con.close()
+    _INDEX_READY.add(key)
+
+
+def _insert_run(path: Path, run_id: str, rows: list[tuple[Any, ...]]) -> None:
+    """One transaction: mark ``run_id`` indexed and insert its rows (nothing if already there)."""
+    con = _connect_index(path)
+    try:
+        with con:
+            cur = con.execute(
+                "INSERT OR IGNORE INTO indexed_runs (run_id, n_rows) VALUES (?, ?)",
+                (run_id, len(rows)),
+            )
+            if cur.rowcount == 1:
+                con.executemany(
+                    "INSERT INTO tag_status (run_id, tag, step, status, ord) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+    finally:
+        con.close()
+
+
+def write_tag_index(uri: str, run_id: str, modules: Any) -> bool:
+    """Record a stored run's ``(tag, step, status)`` rows in the store's tag-status index.
+
+    Only for embedded (``sqlite:///``) stores: the index is ``<dir of mlflow.db>/parity_index.db``
+    (tables ``indexed_runs`` and ``tag_status``, indexed on ``(tag, run_id)``), so that
+    ``history --tag`` answers with one indexed query instead of opening every run's
+    ``tables/modules.parquet``. Rows keep the modules table's row order (column ``ord``); the
+    run is marked indexed in the same transaction, so a run is either wholly indexed or absent.
+    Writing a run twice is a no-op. Retried on "database is locked" (``retry``).
+
+    Args:
+        uri: the tracking URI.
+        run_id: the MLflow run id.
+        modules: the run's ``modules`` table (``tables.MODULES_SCHEMA``; columns ``tag``,
+            ``step``, ``status`` are read).
+
+    Returns:
+        True when written (or already there), False for a non-SQLite store.
+
+    Raises:
+        sqlite3.Error: the index could not be written (``track.log_run`` only warns).
+    """
+    path = tag_index_path(uri)
+    if path is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _create_index(uri, path)
+    n = modules.num_rows
+    step = modules.column("step").to_pylist() if "step" in modules.column_names else [0] * n
+    rows = list(
+        zip(
+            [run_id] * n,
+            modules.column("tag").to_pylist(),
+            step,
+            modules.column("status").to_pylist(),
+            range(n),
+            strict=True,
+        )
+    )
+    retry(_insert_run, path, run_id, rows)
+    return True
+
+
+def _read_index(path: Path, run_ids: list[str], tag: str) -> dict[str, list[str]] | None:
+    import sqlite3
+
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        found = 0
+        out: dict[str, list[tuple[int, str]]] = {}
+        for k in range(0, len(run_ids), _IN_CHUNK):
+            chunk = run_ids[k : k + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            (n,) = con.execute(
+                f"SELECT COUNT(*) FROM indexed_runs WHERE run_id IN ({marks})", chunk
+            ).fetchone()
+            found += n
+            if found < k + len(chunk):
+                return None  # a run logged before the index existed (or elsewhere)
+            for rid, status, ord_ in con.execute(
+                f"SELECT run_id, status, ord FROM tag_status WHERE tag = ? AND run_id IN ({marks})",
+                [tag, *chunk],
+            ):
+                out.setdefault(rid, []).append((ord_, status))
+        return {rid: [s for _, s in sorted(rows)] for rid, rows in out.items()}
+    finally:
+        con.close()
+
+
+def read_tag_index(uri: str, run_ids: list[str], tag: str) -> dict[str, list[str]] | None:
+    """``{run_id: tag's statuses in row order}`` from the tag-status index, or None.
+
+    None (the caller reads the modules tables instead) when the store is not SQLite, the index
+    does not exist, any of ``run_ids`` is not in it (a run logged before the index existed), or
+    the index cannot be read. Runs without ``tag`` are absent from the dict.
+    """
+    import sqlite3
+
+    path = tag_index_path(uri)
+    if path is None or not path.is_file():
+        return None
+    unique = list(dict.fromkeys(run_ids))
+    try:
+        return retry(_read_index, path, unique, tag)
+    except sqlite3.Error:
+        return None

@@ -51,6 +51,8 @@ from parity_tracker.store import (
     parity_home,
     resolve_tracking_uri,
     retry,
+    sqlite_path,
+    write_tag_index,
 )
 from parity_tracker.tables import read_table, write_table
 
@@ -298,8 +300,32 @@ def _log_batch(client: Any, run_id: str, meta: Mapping[str, Any]) -> None:
         first = False
 
 
-def _upload(folder: Path, uri: str, tensors: Path | None = None) -> str:
-    """Create the MLflow run for a staged/spooled ``folder`` and store it; returns its run id."""
+def _index_run(uri: str, run_id: str, folder: Path, modules: Any = None) -> None:
+    """Add a stored run to the tag-status index (``store.write_tag_index``); warn on failure.
+
+    ``modules`` defaults to the staged ``artifacts/tables/modules.parquet`` (a spooled run).
+    The run is already stored: a failure here only costs ``history --tag`` its fast path.
+    """
+    try:
+        if sqlite_path(uri) is None:
+            return
+        if modules is None:
+            modules = read_table(folder / "artifacts" / "tables" / "modules.parquet", "modules")
+        write_tag_index(uri, run_id, modules)
+    except Exception as exc:
+        warnings.warn(
+            f"run {run_id} stored, but not added to the tag-status index of {uri} "
+            f"({type(exc).__name__}: {exc}); history --tag reads its modules table instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _upload(folder: Path, uri: str, tensors: Path | None = None, modules: Any = None) -> str:
+    """Create the MLflow run for a staged/spooled ``folder`` and store it; returns its run id.
+
+    On an embedded store the run is then added to the tag-status index (``_index_run``).
+    """
     meta = json.loads((folder / "run.json").read_text())
     client = get_client(uri)
     exp_id = get_or_create_experiment(client, meta["experiment"])
@@ -316,6 +342,7 @@ def _upload(folder: Path, uri: str, tensors: Path | None = None) -> str:
         retry(client.log_artifacts, run_id, str(tensors), "tensors")
     retry(client.set_terminated, run_id, meta["status"], meta["end_time"])
     retry(client.set_tag, run_id, TAG_COMPLETE, "true")
+    _index_run(uri, run_id, folder, modules)
     return run_id
 
 
@@ -391,7 +418,7 @@ def log_run(
             run_name=run_name,
         )
         try:
-            run_id = _upload(staged, uri, result.dump_dir)
+            run_id = _upload(staged, uri, result.dump_dir, result.modules)
         except BaseException as exc:
             cause = f"{type(exc).__name__}: {exc}"
             path = _spool(staged, result.dump_dir, spool_root(spool_dir), result.run_id, cause)

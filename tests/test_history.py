@@ -284,3 +284,74 @@ def test_local_scan_takes_first_failing_step_per_file(tmp_path):
         table("d", ["missing_candidate"]),
     ]
     assert _local_tag_statuses(paths, "t") == ["mismatch", "close", None, "missing_candidate"]
+
+
+def _log_steps(client, exp, tmp, *, commit, t, rows):
+    """A run whose modules table holds ``rows`` (tag, step, status), in that row order."""
+    rid = _log(client, exp, commit=commit, t=t, failing=0)
+    table = rows_to_table([{"tag": g, "step": k, "status": s} for g, k, s in rows], MODULES_SCHEMA)
+    client.log_artifact(rid, str(write_table(table, Path(tmp) / rid / "modules.parquet")), "tables")
+    return rid, table
+
+
+def test_tag_index_and_scan_give_the_same_history(store, monkeypatch):
+    import parity_tracker.history as history
+    from parity_tracker.store import tag_index_path, write_tag_index
+
+    client, exp, uri, tmp = store
+    plan = [  # per commit: the modules rows; "t"'s status = first failing step, else step 0's
+        ("c1", [("t", 0, "equal"), ("t", 1, "close"), ("u", 0, "mismatch")]),  # equal
+        ("c2", [("u", 0, "equal")]),  # t absent: unknown
+        ("c3", [("t", 0, "close"), ("t", 1, "mismatch"), ("t", 2, "nan_mismatch")]),  # mismatch
+        ("c4", [("u", 0, "equal"), ("t", 0, "close"), ("t", 1, "close")]),  # close
+        ("c5", [("t", 1, "shape_mismatch"), ("t", 0, "equal")]),  # shape_mismatch (row order)
+        ("c6", [("t", 0, "missing_candidate")]),  # missing_candidate
+    ]
+    logged = [_log_steps(client, exp, tmp, commit=c, t=100 + i, rows=r) for i, (c, r) in
+              enumerate(plan)]  # fmt: skip
+    expected = ["equal", None, "mismatch", "close", "shape_mismatch", "missing_candidate"]
+    calls = []
+    monkeypatch.setattr(
+        history, "_statuses_by_file", _spy(history._statuses_by_file, calls, "scan")
+    )
+
+    scanned = {g: build_history("toy", tracking_uri=uri, tag=g) for g in ("t", "u")}
+    assert calls == ["scan", "scan"] and not tag_index_path(uri).exists()
+    for rid, table in logged:
+        assert write_tag_index(uri, rid, table) is True
+    write_tag_index(uri, logged[0][0], logged[0][1])  # a second write adds nothing
+    calls.clear()
+    indexed = {g: build_history("toy", tracking_uri=uri, tag=g) for g in ("t", "u")}
+    assert calls == []  # one indexed query, no parquet read
+    assert [p.tag_status for p in indexed["t"].points] == expected
+    assert indexed["t"].first_bad_commit == "c5"
+    assert [p.tag_status for p in indexed["u"].points] == ["mismatch", "equal", None, "equal",
+                                                            None, None]  # fmt: skip
+    assert indexed["u"].first_bad_commit is None
+    for g in scanned:
+        assert repr(indexed[g].to_dict()) == repr(scanned[g].to_dict())
+    with pytest.raises(
+        InputError, match=r"tag 'nope' is in none of the 6 runs; tags look like: t$"
+    ):
+        build_history("toy", tracking_uri=uri, tag="nope")
+
+
+def test_run_missing_from_tag_index_falls_back_to_scan(store, monkeypatch):
+    import parity_tracker.history as history
+    from parity_tracker.store import read_tag_index, write_tag_index
+
+    client, exp, uri, tmp = store
+    old, _ = _log_steps(client, exp, tmp, commit="c1", t=1, rows=[("t", 0, "mismatch")])
+    new, table = _log_steps(client, exp, tmp, commit="c2", t=2, rows=[("t", 0, "close")])
+    write_tag_index(uri, new, table)  # c1 was logged before the index existed
+    assert read_tag_index(uri, [old, new], "t") is None
+    assert read_tag_index(uri, [new], "t") == {new: ["close"]}
+    assert read_tag_index("http://127.0.0.1:1", [new], "t") is None
+    calls = []
+    monkeypatch.setattr(
+        history, "_statuses_by_file", _spy(history._statuses_by_file, calls, "scan")
+    )
+    hist = build_history("toy", tracking_uri=uri, tag="t")
+    assert calls == ["scan"]
+    assert [p.tag_status for p in hist.points] == ["mismatch", "close"]
+    assert hist.first_bad_commit is None
