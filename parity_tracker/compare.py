@@ -369,17 +369,23 @@ def _hash(t: torch.Tensor, dtype: str | None) -> str:
     return hasher.hexdigest()
 
 
+#: The metrics of a bitwise-identical pair (SQNR +inf: no noise; cosine 1; no mismatch).
+_IDENTICAL_METRICS = dict(
+    status="equal",
+    mismatch_count=0,
+    max_abs_diff=0.0,
+    max_rel_diff=0.0,
+    mean_abs_diff=0.0,
+    cosine=1.0,
+    sqnr_db=math.inf,
+)
+
+
 def _identical(scan: _Scan, ref: Converted, cand: Converted, base, tol) -> Comparison:
     exact_ulp = None if ulp_spec(ref.tensor.dtype) is None else 0.0
     return Comparison._fast(
         dict(
-            status="equal",
-            mismatch_count=0,
-            max_abs_diff=0.0,
-            max_rel_diff=0.0,
-            mean_abs_diff=0.0,
-            cosine=1.0,
-            sqnr_db=math.inf,
+            **_IDENTICAL_METRICS,
             max_ulp=exact_ulp,
             ref_nan=scan.ref_nan,
             cand_nan=scan.ref_nan,
@@ -530,7 +536,6 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
         tol = (tolerances or Tolerances()).resolve(tag, dtype, dtype, *(explicit or ()))
     return Comparison._fast(
         dict(
-            status="equal",
             mode=mode,
             numel=r.numel(),
             ref_shape=shape,
@@ -539,12 +544,7 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
             cand_dtype=name,
             ref_device="cpu",
             cand_device="cpu",
-            mismatch_count=0,
-            max_abs_diff=0.0,
-            max_rel_diff=0.0,
-            mean_abs_diff=0.0,
-            cosine=1.0,
-            sqnr_db=math.inf,
+            **_IDENTICAL_METRICS,
             max_ulp=None if ulp_spec(dtype) is None else 0.0,
             ref_nan=nan,
             cand_nan=nan,
