@@ -76,7 +76,8 @@ def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly p
         "<span class='cs c-fail'>&nbsp;fail&nbsp;</span> "
         "<span class='cs c-regression'>&nbsp;regression&nbsp;</span> "
         "<span class='cs c-expected'>&nbsp;expected&nbsp;</span> "
-        "<span class='cs c-error'>&nbsp;error&nbsp;</span>. Each cell links to its run.</p>"
+        "<span class='cs c-error'>&nbsp;error&nbsp;</span>. A cell links to its run on a "
+        "tracking server (on the embedded store, hover for the run id).</p>"
     )
     return page(title, banner, body, charts=False, tables=False)
 
