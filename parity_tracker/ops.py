@@ -76,7 +76,7 @@ from torch.utils._python_dispatch import (
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
 from parity_tracker.localize import align_ops, classify, layout_differences
-from parity_tracker.spill import SpillDir, Spilled
+from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.tolerances import Tolerances
 
 #: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
@@ -551,7 +551,7 @@ class _Side:
 # The session
 
 
-class OpSession:
+class OpSession(SpillCounters):
     """Record the aten ops of a reference forward and a candidate forward, and compare them.
 
     Usage (what ``run_parity`` does with ``capture_ops=True``)::
@@ -622,21 +622,6 @@ class OpSession:
         self._side: _Side | None = None
 
     # -- public ----------------------------------------------------------------------------------
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes of captured storage currently resident (the quantity bounded by the budget)."""
-        return self._store.resident_bytes
-
-    @property
-    def peak_resident_bytes(self) -> int:
-        """The largest ``resident_bytes`` seen so far (checked after each spill)."""
-        return self._store.peak_resident_bytes
-
-    @property
-    def spilled_bytes(self) -> int:
-        """Bytes written to the spill folder so far."""
-        return self._store.spilled_bytes
 
     @contextlib.contextmanager
     def recording(self, side: int, model: torch.nn.Module | None = None) -> Iterator[OpSession]:

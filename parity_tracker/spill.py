@@ -69,6 +69,30 @@ class Spilled:
         self.path.unlink(missing_ok=True)
 
 
+class SpillCounters:
+    """Read-only byte counters of an object whose ``_store`` keeps tensors within a budget.
+
+    Shared by ``OpSession`` (op captures) and ``TensorChecker`` (module snapshots); all in bytes.
+    """
+
+    _store: object
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of captured storage resident in memory now (the quantity the budget bounds)."""
+        return self._store.resident_bytes
+
+    @property
+    def peak_resident_bytes(self) -> int:
+        """The largest ``resident_bytes`` seen so far (since construction or ``clear``)."""
+        return self._store.peak_resident_bytes
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes written to the spill folder so far (since construction or ``clear``)."""
+        return self._store.spilled_bytes
+
+
 class SpillDir:
     """A spill folder, created on first use under ``root`` and removed by ``close``.
 

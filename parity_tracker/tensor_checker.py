@@ -65,7 +65,7 @@ from parity_tracker.capture import (
 )
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
 from parity_tracker.errors import InputError
-from parity_tracker.spill import SpillDir, Spilled
+from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.tolerances import Tolerances
 
 try:  # the op recorder must not record the checker's own copies and comparisons
@@ -336,7 +336,7 @@ class _SnapshotStore:
         self.spilled_count += 1
 
 
-class TensorChecker:
+class TensorChecker(SpillCounters):
     """Collects tensors by tag from two (or more) implementations and compares them.
 
     Args:
@@ -438,21 +438,6 @@ class TensorChecker:
     def max_resident_bytes(self) -> float:
         """The resident budget for snapshot storage, in bytes (``math.inf``: unbounded)."""
         return self._store.max_resident_bytes
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes of snapshot storage resident in memory now (each snapshot counted once)."""
-        return self._store.resident_bytes
-
-    @property
-    def peak_resident_bytes(self) -> int:
-        """The most ``resident_bytes`` after any capture since the last ``clear``."""
-        return self._store.peak_resident_bytes
-
-    @property
-    def spilled_bytes(self) -> int:
-        """Bytes of snapshots spilled to disk since the last ``clear``."""
-        return self._store.spilled_bytes
 
     @property
     def step(self) -> int:
