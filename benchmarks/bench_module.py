@@ -35,7 +35,7 @@ def pair_sessions(quick: bool) -> list[tuple[str, object]]:
         out.append(("transformer", failed(NAME, "transformer", exc)))
     if quick:  # CI proves the harness on the transformer; vae-tiny runs in --full
         return out
-    build, why = find("pipelines.targets.vae_tiny:build")
+    build, why = find("parity_tracker.builtin_targets.vae_tiny:build")
     if build is None:
         out.append(("vae-tiny", missing(NAME, "vae-tiny", why, f"≤ {TARGET:g}")))
         return out

@@ -2,7 +2,8 @@
 
 - ``transformer_pair``: ``nn.TransformerEncoder`` (the issue's "realistic shape": 8 layers,
   d_model 512, sequence 256, batch 2; smaller under ``--quick``).
-- ``vae_tiny_pair``: the built-in ``vae-tiny`` target (``pipelines.targets.vae_tiny``) with
+- ``vae_tiny_pair``: the built-in ``vae-tiny`` target
+  (``parity_tracker.builtin_targets.vae_tiny``) with
   inputs made here at the measured resolution.
 - ``deep_pair``: a deep stack of cheap elementwise blocks whose per-op activations add up to
   gigabytes, for the peak-memory measurement.
@@ -55,9 +56,9 @@ def vae_tiny_pair(size: int, batch: int | None = None) -> Pair:
     (default: the target's batch).
 
     Raises:
-        ImportError: ``pipelines.targets.vae_tiny`` does not exist.
+        ImportError: ``parity_tracker.builtin_targets.vae_tiny`` does not exist.
     """
-    from pipelines.targets import vae_tiny
+    from parity_tracker.builtin_targets import vae_tiny
 
     case = vae_tiny.build({})
     if case.inputs is None:

@@ -4,7 +4,7 @@ Every page is one self-contained HTML file (plotly.js inlined once, compressed; 
 readable inside the MLflow UI's artifact viewer.
 """
 
-from dashboards.nightly import render_history, render_matrix
-from dashboards.report import diff_histogram, pick_worst, render_run_report
+from parity_tracker.dashboards.nightly import render_history, render_matrix
+from parity_tracker.dashboards.report import diff_histogram, pick_worst, render_run_report
 
 __all__ = ["diff_histogram", "pick_worst", "render_history", "render_matrix", "render_run_report"]

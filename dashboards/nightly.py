@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dashboards._page import (
+from parity_tracker.dashboards._page import (
     FAILING,
     STATUS_MARKERS,
     esc,
@@ -22,7 +22,7 @@ from dashboards._page import (
     fmt_num,
     page,
 )
-from dashboards.charts import heatmap_figure, history_figure, txt
+from parity_tracker.dashboards.charts import heatmap_figure, history_figure, txt
 
 #: Cell statuses of the nightly, most serious first.
 CELL_STATUSES = ("regression", "error", "fail", "expected", "pass")

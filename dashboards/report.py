@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dashboards._page import (
+from parity_tracker.compare import STATUSES
+from parity_tracker.dashboards._page import (
     FAILING,
     PASSING,
     chips,
@@ -38,8 +39,7 @@ from dashboards._page import (
     page,
     status_badge,
 )
-from dashboards.charts import histogram_figure, propagation_figure, txt
-from parity_tracker.compare import STATUSES
+from parity_tracker.dashboards.charts import histogram_figure, propagation_figure, txt
 
 #: Row kinds drawn on the error-propagation chart (module outputs and hand-registered tensors).
 CHART_KINDS = frozenset({"output", "manual"})

@@ -619,7 +619,7 @@ def report(
     run_id: str, output: str | None, upload: bool, tracking_uri: str | None, as_json: bool
 ) -> None:
     """Rebuild the HTML report of RUN_ID from its stored tables."""
-    from dashboards.report import render_run_report
+    from parity_tracker.dashboards.report import render_run_report
     from parity_tracker.store import parity_home
     from parity_tracker.track import load_run, log_artifact_files
 

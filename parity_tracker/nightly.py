@@ -816,7 +816,7 @@ def _dashboards(
     import warnings
 
     try:
-        from dashboards.nightly import render_history, render_matrix
+        from parity_tracker.dashboards.nightly import render_history, render_matrix
         from parity_tracker.store import get_client
 
         exp = get_client(tracking_uri).get_experiment_by_name(experiment)

@@ -1,14 +1,14 @@
-"""The target registry: built-ins, the ``parity_tracker.targets`` entry points, ``module:function``.
+"""The target registry: the ``parity_tracker.targets`` entry points, or ``module:function``.
 
 A target is a callable ``build(settings: dict) -> ParityCase`` (design.md, "Targets") with an
-optional settings schema ``{setting: [allowed values, default first]}``. Three sources:
+optional settings schema ``{setting: [allowed values, default first]}``. Two sources:
 
-1. built-ins: the modules of ``pipelines.targets``, each with ``NAME``, ``DESCRIPTION``,
-   ``SETTINGS`` and ``build``; ``digits-cnn`` lives in ``pipelines/targets/digits_cnn.py``;
-2. other packages: the entry-point group ``parity_tracker.targets`` (``importlib.metadata``);
-   the entry point's name is the target's name, its value a module like the built-ins or a
-   ``build`` function;
-3. any importable ``module:function`` spec; the function (or its module) may carry ``SETTINGS``.
+1. the entry-point group ``parity_tracker.targets`` (``importlib.metadata``): the entry point's
+   name is the target's name, its value a module with ``NAME``, ``DESCRIPTION``, ``SETTINGS``
+   and ``build``, or a ``build`` function. The built-ins (``parity_tracker.builtin_targets``,
+   the repository's ``pipelines/targets/`` folder) register there in this project's own
+   pyproject.toml, exactly as another package would; they are labelled ``builtin``;
+2. any importable ``module:function`` spec; the function (or its module) may carry ``SETTINGS``.
 
 Importing a target module is cheap by contract (heavy libraries are imported inside ``build``),
 and a target is imported only when it is resolved or listed.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import pkgutil
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -28,7 +27,7 @@ from typing import Any
 
 from parity_tracker.errors import InputError
 
-BUILTIN_PACKAGE = "pipelines.targets"
+BUILTIN_PACKAGE = "parity_tracker.builtin_targets"
 ENTRY_POINT_GROUP = "parity_tracker.targets"
 
 
@@ -121,31 +120,6 @@ def _from_callable(fn: Any, source: str, name: str) -> Target:
     )
 
 
-def _builtin_module_names() -> list[str]:
-    try:
-        package = importlib.import_module(BUILTIN_PACKAGE)
-    except ImportError:
-        return []
-    paths = getattr(package, "__path__", [])
-    return sorted(m.name for m in pkgutil.iter_modules(paths) if not m.name.startswith("_"))
-
-
-def _builtin(name: str) -> Target | None:
-    """The built-in target ``name`` (module ``name`` with ``-`` → ``_``), or None."""
-    names = _builtin_module_names()
-    module_name = name.replace("-", "_")
-    if module_name in names:
-        module = importlib.import_module(f"{BUILTIN_PACKAGE}.{module_name}")
-        target = _from_module(module, "builtin")
-        if target.name == name or module_name == name:
-            return target
-    for other in names:  # a module whose NAME does not follow the file name
-        module = importlib.import_module(f"{BUILTIN_PACKAGE}.{other}")
-        if getattr(module, "NAME", None) == name:
-            return _from_module(module, "builtin")
-    return None
-
-
 def _cwd_importable() -> None:
     """Let ``module:function`` specs name modules in the working directory, as ``python -m`` does.
 
@@ -159,6 +133,22 @@ def _cwd_importable() -> None:
 
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
     return importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+
+
+def _source(ep: importlib.metadata.EntryPoint) -> str:
+    """``builtin`` for this project's own targets, else ``entry-point``."""
+    return "builtin" if ep.module.startswith(BUILTIN_PACKAGE + ".") else "entry-point"
+
+
+def _from_entry_point(ep: importlib.metadata.EntryPoint) -> Target:
+    try:
+        loaded = ep.load()
+    except ImportError as exc:
+        raise InputError(
+            f"target {ep.name!r}: cannot import {ep.value!r} ({exc}); the entry point is "
+            f"registered in the {ENTRY_POINT_GROUP!r} group of an installed package"
+        ) from exc
+    return _from_callable(loaded, _source(ep), ep.name)
 
 
 def _from_spec(spec: str) -> Target:
@@ -180,46 +170,48 @@ def _from_spec(spec: str) -> Target:
 
 
 def list_targets() -> list[Target]:
-    """Every built-in and entry-point target (spec targets are not enumerable), by name.
+    """Every entry-point target, built-ins included (spec targets are not enumerable), by name.
 
     Raises:
-        InputError: a built-in or entry-point target module fails to import (the message says
-            which); heavy dependencies must be imported inside ``build``.
+        InputError: a target module fails to import (the message says which); heavy
+            dependencies must be imported inside ``build``.
     """
     found: dict[str, Target] = {}
-    for module_name in _builtin_module_names():
-        module = importlib.import_module(f"{BUILTIN_PACKAGE}.{module_name}")
-        target = _from_module(module, "builtin")
-        found[target.name] = target
     for ep in _entry_points():
-        found.setdefault(ep.name, _from_callable(ep.load(), "entry-point", ep.name))
+        found.setdefault(ep.name, _from_entry_point(ep))
     return [found[k] for k in sorted(found)]
 
 
 def target_names() -> list[str]:
-    """The names of the built-in and entry-point targets, sorted (no import of entry points)."""
-    names = {m.replace("_", "-") for m in _builtin_module_names()}
-    names |= {ep.name for ep in _entry_points()}
-    return sorted(names)
+    """The names of the registered targets, sorted (imports no target module)."""
+    return sorted({ep.name for ep in _entry_points()})
 
 
 def resolve_target(spec: str) -> Target:
-    """The target named ``spec``: a built-in name, an entry-point name, or ``module:function``.
+    """The target named ``spec``: a registered name, or ``module:function``.
 
     Raises:
-        InputError: no such target; the message lists the registered names and the spec form.
+        InputError: no such target; the message lists the registered names and the spec form
+            (and, when nothing is registered, that the package's metadata is missing: reinstall
+            with ``pip install -e .``).
     """
     if ":" in spec:
         return _from_spec(spec)
-    target = _builtin(spec)
-    if target is not None:
-        return target
     for ep in _entry_points():
         if ep.name == spec:
-            return _from_callable(ep.load(), "entry-point", ep.name)
+            return _from_entry_point(ep)
+    names = target_names()
+    hint = (
+        ""
+        if names
+        else (
+            f" (no {ENTRY_POINT_GROUP!r} entry points are installed: reinstall the package, "
+            "e.g. `pip install -e .`, to register the built-ins)"
+        )
+    )
     raise InputError(
-        f"unknown target {spec!r}; registered targets: {', '.join(target_names()) or '(none)'} "
-        "(or give any importable module.path:function)"
+        f"unknown target {spec!r}; registered targets: {', '.join(names) or '(none)'} "
+        f"(or give any importable module.path:function){hint}"
     )
 
 

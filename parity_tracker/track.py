@@ -217,7 +217,7 @@ def _render_report(result: RunResult, path: Path) -> None:
     the dump while it is still local), so ``summary.json`` keeps it for a later
     ``parity-tracker report RUN``.
     """
-    from dashboards.report import render_run_report, worst_tensor_histogram
+    from parity_tracker.dashboards.report import render_run_report, worst_tensor_histogram
 
     try:
         if not result.summary.get("worst_tensor_histogram"):

@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from dashboards.nightly import render_history, render_matrix
-from dashboards.report import render_run_report
-from dashboards.samples import synthetic_nightly, synthetic_run
+from parity_tracker.dashboards.nightly import render_history, render_matrix
+from parity_tracker.dashboards.report import render_run_report
+from parity_tracker.dashboards.samples import synthetic_nightly, synthetic_run
 
 pytestmark = pytest.mark.browser
 
@@ -161,7 +161,7 @@ def test_report_from_file(browser, pages):
 def test_report_histogram_and_ops(browser, tmp_path):
     import numpy as np
 
-    from dashboards.report import diff_histogram
+    from parity_tracker.dashboards.report import diff_histogram
 
     run = synthetic_run(rows=600, steps=6, diverge_step=1)
     assert run.ops.num_rows == 5  # the first divergent module's ops, one root cause

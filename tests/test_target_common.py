@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.errors import InputError
-from pipelines.targets import BUILTIN, _common, load
+from parity_tracker.targets import resolve_target, target_names
 
 SETTINGS_OF = {
     "digits-cnn": {
@@ -31,7 +32,9 @@ SETTINGS_OF = {
 
 @pytest.mark.parametrize("name", sorted(SETTINGS_OF))
 def test_target_module_contract(name):
-    module = load(name)
+    target = resolve_target(name)
+    assert target.source == "builtin"
+    module = importlib.import_module(target.build.__module__)
     assert name == module.NAME
     assert isinstance(module.DESCRIPTION, str) and len(module.DESCRIPTION) > 20
     assert SETTINGS_OF[name] == module.SETTINGS
@@ -39,15 +42,18 @@ def test_target_module_contract(name):
 
 
 def test_builtin_names_cover_every_module():
-    assert sorted(BUILTIN) == sorted(SETTINGS_OF)
-    with pytest.raises(InputError, match="built-in targets: digits-cnn"):
-        load("resnet")
+    assert [n for n in target_names() if resolve_target(n).source == "builtin"] == sorted(
+        SETTINGS_OF
+    )
+    with pytest.raises(InputError, match="registered targets: digits-cnn"):
+        resolve_target("resnet")
 
 
 def test_importing_targets_does_not_import_heavy_libraries():
     code = (
-        "import sys, pipelines.targets as t\n"
-        "for n in t.BUILTIN: t.load(n)\n"
+        "import sys\n"
+        "from parity_tracker.targets import list_targets\n"
+        "assert len(list_targets()) >= 5\n"
         "heavy = [m for m in ('transformers', 'diffusers', 'onnxruntime', 'sklearn', 'skimage',"
         " 'silero_vad', 'mlflow') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
@@ -185,7 +191,7 @@ def test_seeded_restores_the_callers_rng():
 
 
 def test_silero_synthetic_speech_is_deterministic_and_bounded():
-    silero = importlib.import_module("pipelines.targets.silero_vad")
+    silero = importlib.import_module("parity_tracker.builtin_targets.silero_vad")
     a, b = silero.synth_speech(), silero.synth_speech()
     assert a.shape == (1, 32 * 512) and a.dtype == torch.float32
     assert torch.equal(a, b)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from parity_tracker.builtin_targets import _common, digits_cnn
 from parity_tracker.errors import InputError
 from parity_tracker.run import run_case
 from parity_tracker.tensor_checker import DumpMode
-from pipelines.targets import _common, digits_cnn
 
 pytestmark = pytest.mark.slow
 

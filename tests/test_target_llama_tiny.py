@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from parity_tracker.builtin_targets import _common, llama_tiny
 from parity_tracker.run import run_case
 from parity_tracker.tensor_checker import DumpMode
-from pipelines.targets import _common, llama_tiny
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from parity_tracker.builtin_targets import silero_vad
 from parity_tracker.run import run_case
 from parity_tracker.tensor_checker import DumpMode
-from pipelines.targets import silero_vad
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from parity_tracker.builtin_targets import _common, vae_tiny
 from parity_tracker.run import run_case
 from parity_tracker.tensor_checker import DumpMode
-from pipelines.targets import _common, vae_tiny
 
 pytestmark = pytest.mark.slow
 

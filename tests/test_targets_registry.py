@@ -65,6 +65,7 @@ def test_entry_point_targets(monkeypatch):
     mod.build = lambda settings: settings
     monkeypatch.setitem(sys.modules, "fake_engine_targets", mod)
     eps = [
+        *T._entry_points(),  # the built-ins, registered in this project's pyproject.toml
         EntryPoint("engine-pair", "fake_engine_targets", T.ENTRY_POINT_GROUP),
         EntryPoint("engine-fn", "cli_targets:tiny", T.ENTRY_POINT_GROUP),
     ]
@@ -82,6 +83,19 @@ def test_unknown_target_lists_registered():
         InputError, match=r"unknown target 'nope'.*digits-cnn.*module.path:function"
     ):
         T.resolve_target("nope")
+
+
+def test_unknown_target_with_nothing_registered_says_to_reinstall(monkeypatch):
+    monkeypatch.setattr(T, "_entry_points", lambda: [])
+    with pytest.raises(InputError, match=r"registered targets: \(none\).*pip install -e \."):
+        T.resolve_target("digits-cnn")
+
+
+def test_entry_point_that_does_not_import_names_it(monkeypatch):
+    ep = EntryPoint("ghost", "no_such_module_xyz", T.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(T, "_entry_points", lambda: [ep])
+    with pytest.raises(InputError, match=r"target 'ghost': cannot import 'no_such_module_xyz'"):
+        T.resolve_target("ghost")
 
 
 def test_parse_assignments():

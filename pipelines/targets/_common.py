@@ -1,7 +1,7 @@
 """Helpers shared by the built-in targets: settings validation, seeding, input casting, caching.
 
 Nothing here imports transformers, diffusers, onnxruntime or scikit-* (the targets import those
-inside ``build``), so ``import pipelines.targets`` stays cheap.
+inside ``build``), so ``import parity_tracker.builtin_targets`` stays cheap.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import xxhash
 from filelock import FileLock
 from torch import nn
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.case import ParityCase
-from pipelines.targets import _common
 
 NAME = "digits-cnn"
 DESCRIPTION = (

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.case import ParityCase
-from pipelines.targets import _common
 
 NAME = "flux-tiny"
 DESCRIPTION = (

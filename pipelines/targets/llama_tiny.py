@@ -7,7 +7,8 @@ settings:
 
 - ``cache=kv``: incremental decoding with a ``DynamicCache`` — step 0 is the prefill of the
   prompt, each later step feeds one new token. The recompute sees ``P + k`` positions at step
-  ``k``, the cached step one; :func:`pipelines.targets._common.sequence_align` slices the
+  ``k``, the cached step one;
+  :func:`parity_tracker.builtin_targets._common.sequence_align` slices the
   recompute's last position(s) on the query-position dimension of each pair whose shapes differ
   only there (hidden states and logits ``(B, T, ·)`` on dim 1, attention weights and masks
   ``(B, ·, T, T)`` on dim 2, ``cache_position`` on dim 0). Parameters and the keys dimension
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.case import ParityCase
-from pipelines.targets import _common
 
 NAME = "llama-tiny"
 DESCRIPTION = (

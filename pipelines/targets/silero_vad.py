@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.case import ParityCase
 from parity_tracker.errors import InfrastructureError
-from pipelines.targets import _common
 
 NAME = "silero-vad"
 DESCRIPTION = (

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tracker.builtin_targets import _common
 from parity_tracker.case import ParityCase
-from pipelines.targets import _common
 
 NAME = "vae-tiny"
 DESCRIPTION = (
