@@ -57,9 +57,12 @@ bench: install
 bench-quick: install
 	$(PY) -m benchmarks --quick
 
+# The import-layer contracts ([tool.importlinter] in pyproject.toml) run on the installed
+# layout, as tests/test_layers.py stages it; make test runs them too.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layers.py tests/test_packaging.py
 
 format: install
 	$(VENV)/bin/ruff format .
