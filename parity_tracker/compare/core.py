@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,29 +44,15 @@ from parity_tracker.metrics import (
     torch_threads,
     ulp_spec,
 )
+from parity_tracker.statuses import MODES, PASSING
 from parity_tracker.tolerances import Tolerances, check_pair
 
-MODES = ("equal", "allclose")
 EQUAL_CHUNK = 1 << 18
 """Elements per chunk of the equal fast path (1 MiB of float32: hashed, then compared in cache)."""
 SMALL = 1 << 20
 """Pairs of at most this many elements take the small path: each side hashed in one call, no
 chunking, no worker threads and no change to torch's thread count (a process-wide setting that
 costs more than the whole comparison of a small pair)."""
-
-Status = Literal[
-    "equal",
-    "close",
-    "mismatch",
-    "shape_mismatch",
-    "missing_reference",
-    "missing_candidate",
-    "skipped",
-    "error",
-]
-PASSING = frozenset({"equal", "close"})
-#: Every status of the contract, in the contract's order.
-STATUSES: tuple[str, ...] = get_args(Status)
 
 
 @dataclass(frozen=True)
