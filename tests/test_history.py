@@ -171,7 +171,7 @@ def _slow_paths(monkeypatch):
     import sqlite3
 
     import parity_tracker.history as history
-    import parity_tracker.track as track
+    import parity_tracker.track.query as track
 
     def refuse(*_args, **_kwargs):
         raise sqlite3.OperationalError("no such table: forced for the test")
@@ -182,7 +182,7 @@ def _slow_paths(monkeypatch):
 
 def test_sql_and_scan_paths_equal_mlflow_search_and_download(store, monkeypatch):
     import parity_tracker.history as history
-    import parity_tracker.track as track
+    import parity_tracker.track.query as track
     from parity_tracker.track import find_run_heads, find_runs
 
     client, exp, uri, tmp = store

@@ -338,7 +338,7 @@ def test_log_run_fills_the_tag_index_in_row_order(tiny_pair, sqlite_tracking_uri
 def test_tag_index_failure_only_warns(tiny_pair, sqlite_tracking_uri, in_tmp_cwd, monkeypatch):
     import sqlite3
 
-    import parity_tracker.track as track
+    import parity_tracker.track.log as track
     from parity_tracker.history import PASSING, build_history
 
     def broken(*_args, **_kwargs):

@@ -1,0 +1,1 @@
+"""What reads stored runs: the diff of two runs, expected divergences, history across commits."""

@@ -1,0 +1,161 @@
+"""Expected divergences: known, dated failures that show as ``expected`` instead of regressions.
+
+The file (default ``pipelines/expected.toml``) is a list of ``[[expected]]`` tables::
+
+    [[expected]]
+    target = "llama-tiny"                  # the target name (exact)
+    settings = { quantization = "bf16" }   # filter: every listed setting must match (optional)
+    tag = "checker_model.layers.*"         # fnmatch glob over the tag
+    reason = "bf16 rounding in RMSNorm, tracked in #123"
+    until = 2026-12-31                      # a TOML date; after it the entry has expired
+
+A failing tag (head status not ``equal``/``close``) that matches a live entry gets the change
+``expected``. An expired entry does not apply, and fails the nightly, naming itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from parity_tracker.errors import InputError
+from parity_tracker.tomlfile import load_toml
+
+_KEYS = {"target", "settings", "tag", "reason", "until"}
+
+
+@dataclass(frozen=True)
+class ExpectedEntry:
+    """One known divergence.
+
+    Attributes:
+        target: the target name.
+        tag: an fnmatch glob over tags.
+        reason: why the divergence is accepted (shown in the digest).
+        until: the last day the entry applies.
+        settings: setting values a run must have for the entry to apply.
+        source: ``file#index`` (1-based), used to name the entry in messages.
+    """
+
+    target: str
+    tag: str
+    reason: str
+    until: dt.date
+    settings: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    def expired(self, today: dt.date) -> bool:
+        """True once ``today`` is after ``until``."""
+        return today > self.until
+
+    def applies_to(self, target: str, settings: Mapping[str, Any]) -> bool:
+        """True when the run's target and every filtered setting match."""
+        if target != self.target:
+            return False
+        return all(str(settings.get(k)) == str(v) for k, v in self.settings.items())
+
+    def describe(self) -> str:
+        """``file#2 (llama-tiny, tag glob, until 2026-12-31): reason``."""
+        sets = ",".join(f"{k}={v}" for k, v in self.settings.items())
+        where = f"{self.target}{'[' + sets + ']' if sets else ''}, tag {self.tag}"
+        return f"{self.source} ({where}, until {self.until}): {self.reason}"
+
+
+def _entry(raw: Any, source: str) -> ExpectedEntry:
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: each [[expected]] must be a table")
+    unknown = set(raw) - _KEYS
+    missing = {"target", "tag", "reason", "until"} - set(raw)
+    if unknown or missing:
+        raise InputError(
+            f"{source}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; "
+            f"an entry has keys {sorted(_KEYS)} (settings optional)"
+        )
+    until = raw["until"]
+    if isinstance(until, dt.datetime):
+        until = until.date()
+    if not isinstance(until, dt.date):
+        try:
+            until = dt.date.fromisoformat(str(until))
+        except ValueError as exc:
+            raise InputError(f"{source}: until={until!r} is not a date (YYYY-MM-DD)") from exc
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict):
+        raise InputError(f"{source}: settings must be a table like {{ quantization = 'bf16' }}")
+    return ExpectedEntry(
+        target=str(raw["target"]),
+        tag=str(raw["tag"]),
+        reason=str(raw["reason"]),
+        until=until,
+        settings={str(k): str(v) for k, v in settings.items()},
+        source=source,
+    )
+
+
+def load_expected(path: str | Path | None) -> list[ExpectedEntry]:
+    """Read an expected-divergence file; a missing ``path`` (None or no file) gives ``[]``.
+
+    Raises:
+        InputError: malformed TOML (names the file and line) or a malformed entry (names the
+            file and the entry's 1-based index).
+    """
+    if path is None or not Path(path).exists():
+        return []
+    data = load_toml(path)
+    unknown = set(data) - {"expected"}
+    if unknown:
+        raise InputError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[expected]]")
+    items = data.get("expected", [])
+    return [_entry(raw, f"{path}#{i}") for i, raw in enumerate(items, start=1)]
+
+
+def expired_entries(entries: list[ExpectedEntry], today: dt.date) -> list[ExpectedEntry]:
+    """The entries whose ``until`` date has passed."""
+    return [e for e in entries if e.expired(today)]
+
+
+def apply_expected(
+    diff: pa.Table,
+    entries: list[ExpectedEntry],
+    *,
+    target: str,
+    settings: Mapping[str, Any],
+    today: dt.date,
+) -> tuple[pa.Table, list[ExpectedEntry]]:
+    """Relabel failing head rows matched by a live entry as ``expected``.
+
+    Args:
+        diff: a table from ``diff.diff_tables`` (columns ``tag``, ``head_status``, ``change``).
+        entries: from :func:`load_expected`.
+        target: the run's target name.
+        settings: the run's settings.
+        today: the date expiry is judged against.
+
+    Returns:
+        The relabelled table and the live entries that matched at least one row.
+    """
+    live = [e for e in entries if not e.expired(today) and e.applies_to(target, settings)]
+    if not live or diff.num_rows == 0:
+        return diff, []
+    tags = diff.column("tag").to_pylist()
+    status = diff.column("head_status")
+    # skipped (never called, or skipped by a cache) is not a failure, so never "expected"
+    passing = pc.is_in(status, value_set=pa.array(["equal", "close", "skipped"]))
+    failing = np.asarray(pc.and_(pc.is_valid(status), pc.invert(passing)))  # removed: null
+    change = np.asarray(diff.column("change").to_pylist(), dtype=object)
+    used = []
+    for entry in live:
+        hit = failing & np.array([fnmatch.fnmatchcase(t, entry.tag) for t in tags], dtype=bool)
+        if hit.any():
+            change[hit] = "expected"
+            used.append(entry)
+    index = diff.column_names.index("change")
+    return diff.set_column(index, "change", pa.array(change, type=pa.string())), used

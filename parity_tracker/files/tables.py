@@ -1,0 +1,200 @@
+"""The ``modules`` and ``ops`` tables: one explicit pyarrow schema each (design.md, "Tables").
+
+Every writer and reader of parity results goes through this module, so a column changes in one
+place. The schema version is stored in the parquet file metadata under ``schema_version``;
+``read_table`` migrates any earlier version forward (the pattern of asv's ``results.py``:
+a versioned on-disk format with explicit migrations).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from parity_tracker.files.atomic import atomic_write
+
+SCHEMA_VERSION = 1
+
+_I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_SHAPE = pa.list_(pa.int64())
+
+#: Columns shared by both tables, in order.
+COMMON_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("run_id", _STR),
+    pa.field("tag", _STR, nullable=False),
+    pa.field("module", _STR),
+    pa.field("kind", _STR),  # param | buffer | input | output | op | manual
+    pa.field("slot", _STR),
+    pa.field("call_index", _I32),
+    pa.field("exec_order", _I32),
+    pa.field("step", _I32),
+    pa.field("status", _STR, nullable=False),
+    pa.field("mode", _STR),
+    pa.field("numel", _I64),
+    pa.field("ref_shape", _SHAPE),
+    pa.field("cand_shape", _SHAPE),
+    pa.field("ref_dtype", _STR),
+    pa.field("cand_dtype", _STR),
+    pa.field("ref_device", _STR),
+    pa.field("cand_device", _STR),
+    pa.field("mismatch_count", _I64),
+    pa.field("max_abs_diff", _F64),
+    pa.field("max_abs_diff_index", _SHAPE),
+    pa.field("max_rel_diff", _F64),
+    pa.field("mean_abs_diff", _F64),
+    pa.field("cosine", _F64),
+    pa.field("sqnr_db", _F64),
+    pa.field("max_ulp", _F64),
+    pa.field("ref_nan", _I64),
+    pa.field("cand_nan", _I64),
+    pa.field("ref_inf", _I64),
+    pa.field("cand_inf", _I64),
+    pa.field("ref_hash", _STR),
+    pa.field("cand_hash", _STR),
+    pa.field("rtol", _F64),
+    pa.field("atol", _F64),
+    pa.field("dump_path", _STR),
+    pa.field("message", _STR),
+    pa.field("cache_hit", _BOOL),
+    pa.field("local_status", _STR),
+    pa.field("local_max_abs_diff", _F64),
+)
+
+MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
+
+OPS_SCHEMA = pa.schema(
+    [
+        *COMMON_FIELDS,
+        pa.field("op", _STR),
+        pa.field("op_index", _I32),
+        pa.field("inputs_status", _STR),  # passing | failing | unknown
+        pa.field("root_cause", _BOOL),  # failing op whose inputs all pass
+        pa.field("cause", _STR),  # seed case: A | B | C (null unless root_cause)
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {"modules": MODULES_SCHEMA, "ops": OPS_SCHEMA}
+
+
+def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Build a table from dict rows; keys not in ``schema`` are ignored, missing ones are null.
+
+    Args:
+        rows: one mapping per row (e.g. ``{**tag_info, **comparison.to_dict()}``).
+        schema: ``MODULES_SCHEMA`` or ``OPS_SCHEMA``.
+
+    Returns:
+        A ``pyarrow.Table`` with exactly ``schema``'s columns and types.
+
+    Raises:
+        pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
+    """
+    rows = list(rows)
+    columns = {f.name: _column([r.get(f.name) for r in rows], f.type) for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """One column; NaN becomes null in float columns (never NaN as a stand-in for "n/a")."""
+    return pa.array(values, type=type_, from_pandas=pa.types.is_floating(type_))
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A zero-row table with ``schema``."""
+    return schema.empty_table()
+
+
+def write_table(table: pa.Table, path: str | os.PathLike[str]) -> Path:
+    """Write ``table`` as parquet (zstd) atomically: to a temporary name, then renamed.
+
+    The file metadata carries ``schema_version`` so ``read_table`` can migrate it later.
+    A crash mid-write never leaves a half-written file under ``path``.
+
+    Returns:
+        The final path.
+    """
+    meta = dict(table.schema.metadata or {})
+    meta[b"schema_version"] = str(SCHEMA_VERSION).encode()
+    table = table.replace_schema_metadata(meta)
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def schema_version_of(path: str | os.PathLike[str]) -> int:
+    """The ``schema_version`` stored in a parquet file's metadata (0 when absent)."""
+    meta = pq.read_schema(path).metadata or {}
+    return int(meta.get(b"schema_version", b"0"))
+
+
+def _migrate_v0(table: pa.Table) -> pa.Table:
+    """Migrate a v0 table to v1.
+
+    v0 files (no ``schema_version`` in the metadata) hold the seed's printout as a table, from
+    before multi-step runs: no ``step`` column and ``status`` as the seed prints it
+    (``equal``, ``close``, ``not equal``, ``not close``). v1 adds ``step`` (0: one forward) and
+    uses the contract's statuses (``not equal`` / ``not close`` → ``mismatch``); columns v0 did
+    not have (``cache_hit``, ``local_*``, ...) become null in ``conform``.
+    """
+    import pyarrow.compute as pc
+
+    if "step" not in table.column_names:
+        table = table.append_column("step", pa.array([0] * table.num_rows, pa.int32()))
+    if "status" in table.column_names:
+        status = table.column("status")
+        for old in ("not equal", "not close"):
+            status = pc.if_else(pc.equal(status, old), "mismatch", status)
+        table = table.set_column(table.schema.get_field_index("status"), "status", status)
+    return table
+
+
+# Migrations: version -> function(table) returning the table at version + 1.
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0}
+
+
+def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
+    """Read a parity table written by any schema version and migrate it to the current one.
+
+    Args:
+        path: a parquet file written by ``write_table``.
+        kind: ``"modules"`` or ``"ops"``: which schema to conform to.
+
+    Raises:
+        InputError: (a ``ValueError``) the file is from a newer schema version than this
+            package knows.
+    """
+    table = pq.read_table(path)
+    version = schema_version_of(path)
+    if version > SCHEMA_VERSION:
+        from parity_tracker.errors import InputError
+
+        raise InputError(
+            f"{path} has schema_version {version}, newer than this parity_tracker "
+            f"({SCHEMA_VERSION}); upgrade parity-tracker to read it"
+        )
+    while version < SCHEMA_VERSION:
+        table = MIGRATIONS[version](table)
+        version += 1
+    return conform(table, SCHEMAS[kind])
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Reorder/cast ``table`` to ``schema``: missing columns become null, extras are dropped.
+
+    NaN in a float column becomes null (the contract: nulls, never NaN as a stand-in).
+    """
+    import pyarrow.compute as pc
+
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name).cast(f.type)
+            if pa.types.is_floating(f.type):  # NaN written by other tools -> null
+                col = pc.if_else(pc.is_nan(col), pa.scalar(None, f.type), col)
+            cols.append(col)
+        else:
+            cols.append(pa.nulls(table.num_rows, type=f.type))
+    return pa.Table.from_arrays(cols, schema=schema.remove_metadata())

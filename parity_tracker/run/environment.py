@@ -1,0 +1,114 @@
+"""The environment a parity run was made in, recorded as MLflow params.
+
+The keys are those of design.md, "A run's settings".
+
+Git facts are read with the ``git`` executable from the working directory (or ``cwd``); each can
+be overridden, because a CI checkout may be detached or not a git tree at all. Nothing here
+imports mlflow.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+#: The environment keys of the contract; these are never part of a config fingerprint.
+ENV_KEYS = (
+    "git_commit",
+    "git_branch",
+    "git_dirty",
+    "torch_version",
+    "parity_tracker_version",
+    "num_threads",
+    "deterministic",
+    "tf32",
+)
+
+
+def _git(args: list[str], cwd: str | os.PathLike[str] | None) -> str | None:
+    """Output of ``git ARGS`` (stripped), or None when git is missing or this is no git tree."""
+    try:
+        out = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Commit, branch and dirty flag of the git tree at ``cwd`` (default: the working directory).
+
+    Returns:
+        ``{"git_commit": str | None, "git_branch": str | None, "git_dirty": bool | None}``;
+        ``None`` where git is unavailable or ``cwd`` is not inside a git tree. A detached HEAD
+        gives branch ``"HEAD"`` (``git rev-parse --abbrev-ref HEAD``). Dirty means
+        ``git status --porcelain --untracked-files=no`` printed anything.
+    """
+    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    commit = _git(["rev-parse", "HEAD"], cwd)
+    if commit is None:
+        return {"git_commit": None, "git_branch": None, "git_dirty": None}
+    branch = _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    return {
+        "git_commit": commit,
+        "git_branch": branch,
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def torch_flags() -> dict[str, Any]:
+    """Thread count, determinism and TF32 flags of the running torch.
+
+    ``tf32`` is True when either ``torch.backends.cuda.matmul.allow_tf32`` or
+    ``torch.backends.cudnn.allow_tf32`` is on (TF32 changes float32 matmul/conv results on
+    Ampere+ GPUs, so a run with it on cannot be expected to be bitwise equal to one without).
+    """
+    import torch
+
+    return {
+        "torch_version": torch.__version__,
+        "num_threads": torch.get_num_threads(),
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+        "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32),
+    }
+
+
+def collect_environment(
+    *,
+    commit: str | None = None,
+    branch: str | None = None,
+    dirty: bool | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Every environment key of the contract (``ENV_KEYS``), read now.
+
+    Args:
+        commit: overrides the commit read with git (e.g. ``$CI_COMMIT_SHA``).
+        branch: overrides the branch read with git.
+        dirty: overrides the dirty flag read with git.
+        cwd: the directory whose git tree is read (default: the working directory).
+
+    Returns:
+        A dict with exactly the keys of ``ENV_KEYS``; values are str, int, bool or None.
+    """
+    from parity_tracker import __version__
+
+    env = git_info(cwd)
+    if commit is not None:
+        env["git_commit"] = commit
+    if branch is not None:
+        env["git_branch"] = branch
+    if dirty is not None:
+        env["git_dirty"] = dirty
+    env.update(torch_flags())
+    env["parity_tracker_version"] = __version__
+    return {k: env.get(k) for k in ENV_KEYS}

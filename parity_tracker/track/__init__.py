@@ -1,0 +1,52 @@
+"""Tracking: parity runs as MLflow runs. The ONLY package of parity_tracker that imports mlflow.
+
+Submodules: ``store`` (tracking URI, client, experiments, locking, tag-status index), ``log``
+(stage, log, spool, sync; parent runs and extra artifacts), ``query`` (reading runs back;
+``RunStore`` holds every read). The names below keep the old ``parity_tracker.track`` module's
+public API importable.
+"""
+
+from __future__ import annotations
+
+from parity_tracker.track.log import (
+    CONTRACT_METRICS,
+    DERIVED_PARAMS,
+    EXTRA_METRICS,
+    SpooledError,
+    end_run,
+    log_artifact_files,
+    log_run,
+    run_metrics,
+    run_params,
+    run_tags,
+    spool_root,
+    stage_run,
+    start_parent_run,
+    sync_spool,
+)
+from parity_tracker.track.query import RunHead, RunInfo, find_run_heads, find_runs, load_run
+from parity_tracker.track.store import TAG_COMPLETE, TAG_RUN_ID
+
+__all__ = [
+    "CONTRACT_METRICS",
+    "DERIVED_PARAMS",
+    "EXTRA_METRICS",
+    "TAG_COMPLETE",
+    "TAG_RUN_ID",
+    "RunHead",
+    "RunInfo",
+    "SpooledError",
+    "end_run",
+    "find_run_heads",
+    "find_runs",
+    "load_run",
+    "log_artifact_files",
+    "log_run",
+    "run_metrics",
+    "run_params",
+    "run_tags",
+    "spool_root",
+    "stage_run",
+    "start_parent_run",
+    "sync_spool",
+]

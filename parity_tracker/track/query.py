@@ -1,0 +1,328 @@
+"""Reading parity runs back from MLflow: load one run, find runs, list run heads.
+
+Every MLflow read of the package lives here (``RunStore`` gathers them); on the embedded SQLite
+store ``find_run_heads`` reads MLflow's own tables with one SQL query (the fast path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.files.tables import read_table
+from parity_tracker.run.environment import ENV_KEYS
+from parity_tracker.run.summary import RunResult
+from parity_tracker.track.store import (
+    TAG_RUN_ID,
+    get_client,
+    param_key,
+    parity_home,
+    resolve_tracking_uri,
+    retry,
+)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored parity run as ``find_runs`` lists it.
+
+    Attributes:
+        run_id: the MLflow run id.
+        start_time: milliseconds since the epoch (MLflow's unit).
+        commit: ``mlflow.source.git.commit`` tag (None if unknown).
+        branch: ``mlflow.source.git.branch`` tag (None if unknown).
+        settings: the params minus the environment, ``mode_reason`` and
+            ``config_fingerprint`` (``mode`` is kept: it is a setting of the contract).
+        fingerprint: the ``config_fingerprint`` param.
+        metrics: the logged metrics (latest values).
+        status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
+        parity_run_id: the ``parity.run_id`` tag (the ``run_id`` column of the tables).
+        params: every param, as stored (strings).
+    """
+
+    run_id: str
+    start_time: int
+    commit: str | None
+    branch: str | None
+    settings: dict[str, str]
+    fingerprint: str | None
+    metrics: dict[str, float]
+    status: str
+    parity_run_id: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_mlflow(cls, run: Any) -> RunInfo:
+        """Build from an ``mlflow.entities.Run``."""
+        params, tags = dict(run.data.params), dict(run.data.tags)
+        skip = {*ENV_KEYS, "mode_reason", "config_fingerprint"}
+        return cls(
+            run_id=run.info.run_id,
+            start_time=int(run.info.start_time or 0),
+            commit=tags.get("mlflow.source.git.commit"),
+            branch=tags.get("mlflow.source.git.branch"),
+            settings={k: v for k, v in params.items() if k not in skip},
+            fingerprint=params.get("config_fingerprint"),
+            metrics=dict(run.data.metrics),
+            status=run.info.status,
+            parity_run_id=tags.get(TAG_RUN_ID),
+            params=params,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# read back
+
+
+def _cache_dir(run_id: str) -> Path:
+    return parity_home() / "cache" / "runs" / run_id
+
+
+def _download(client: Any, run_id: str, cache: Path) -> Path:
+    """Fetch ``tables/`` and ``summary.json`` of a run into ``cache`` (atomic, once)."""
+    if (cache / ".complete").exists():
+        return cache
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no tqdm noise
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run_id}.", dir=cache.parent))
+    try:
+        retry(client.download_artifacts, run_id, "tables", str(tmp))
+        retry(client.download_artifacts, run_id, "summary.json", str(tmp))
+        (tmp / ".complete").touch()
+        try:
+            os.replace(tmp, cache)
+        except OSError:  # a concurrent loader cached it first
+            if not (cache / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache
+
+
+def load_run(run_id: str, *, tracking_uri: str | None = None) -> RunResult:
+    """The ``RunResult`` of a logged run, equal to the one logged (tables, summary, settings).
+
+    Artifacts are downloaded once and cached under ``./.parity/cache/runs/<run_id>/``;
+    ``dump_dir`` is None (the tensors stay in the store under ``tensors/``).
+
+    Raises:
+        InputError: no such run, or a run without parity tables (not logged by ``log_run``).
+        InfrastructureError: the store could not be reached.
+    """
+    from mlflow.exceptions import MlflowException
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        client = get_client(uri)
+        run = retry(client.get_run, run_id)
+    except MlflowException as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
+            raise InputError(f"no run {run_id!r} in {uri}") from exc
+        raise InfrastructureError(f"cannot read run {run_id!r} from {uri}: {exc}") from exc
+    if TAG_RUN_ID not in run.data.tags:
+        raise InputError(f"run {run_id!r} in {uri} is not a parity run (no {TAG_RUN_ID} tag)")
+    try:
+        cache = _download(client, run_id, _cache_dir(run_id))
+    except (MlflowException, OSError) as exc:
+        raise InputError(f"run {run_id!r} has no complete parity tables: {exc}") from exc
+    summary = json.loads((cache / "summary.json").read_text())
+    return RunResult(
+        run_id=summary["run_id"],
+        modules=read_table(cache / "tables" / "modules.parquet", "modules"),
+        ops=read_table(cache / "tables" / "ops.parquet", "ops"),
+        summary=summary,
+        settings=dict(summary["settings"]),
+        dump_dir=None,
+        tracking_run_id=run_id,
+    )
+
+
+def _quote(value: Any) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def find_runs(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    max_results: int | None = None,
+    **settings: Any,
+) -> list[RunInfo]:
+    """Parity runs whose params match ``settings``, newest first.
+
+    Args:
+        tracking_uri: the store (default as in ``log_run``).
+        experiment: the experiment searched.
+        max_results: stop after this many (default: all).
+        **settings: param filters, compared as strings: any setting (``target="tiny_mlp"``,
+            ``quantization="int8"``), environment key (``git_commit=...``) or
+            ``config_fingerprint=...``.
+
+    Returns:
+        ``RunInfo`` records sorted by start time, newest first (ties: by run id).
+    """
+    client = get_client(tracking_uri)
+    exp = retry(client.get_experiment_by_name, experiment)
+    if exp is None:
+        return []
+    filt = " and ".join(f"params.`{param_key(k)}` = {_quote(v)}" for k, v in settings.items())
+    out: list[RunInfo] = []
+    token = None
+    while True:
+        page = retry(
+            client.search_runs,
+            [exp.experiment_id],
+            filt,
+            max_results=min(max_results or 1000, 1000),
+            order_by=["attributes.start_time DESC", "attributes.run_id DESC"],
+            page_token=token,
+        )
+        out.extend(RunInfo.from_mlflow(r) for r in page)
+        token = page.token
+        if not token or (max_results and len(out) >= max_results):
+            break
+    return out[:max_results] if max_results else out
+
+
+@dataclass(frozen=True)
+class RunHead:
+    """The few fields of a stored run that ``history`` needs, as ``find_run_heads`` lists them.
+
+    Attributes:
+        run_id: the MLflow run id.
+        start_time: milliseconds since the epoch (MLflow's unit).
+        status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
+        commit: ``mlflow.source.git.commit`` tag (None if unknown).
+        fingerprint: the ``config_fingerprint`` param (None if absent).
+        metrics: every logged metric's latest value (as ``RunInfo.metrics``).
+        artifact_uri: the run's artifact root (``file:///...`` for the embedded store), or None
+            when it was not read (runs found through MLflow's search).
+    """
+
+    run_id: str
+    start_time: int
+    status: str
+    commit: str | None
+    fingerprint: str | None
+    metrics: dict[str, float]
+    artifact_uri: str | None = None
+
+    @classmethod
+    def from_info(cls, info: RunInfo) -> RunHead:
+        """The head of a ``RunInfo`` (no artifact URI)."""
+        return cls(
+            run_id=info.run_id,
+            start_time=info.start_time,
+            status=info.status,
+            commit=info.commit,
+            fingerprint=info.fingerprint,
+            metrics=dict(info.metrics),
+        )
+
+
+_HEADS_SQL = """
+SELECT r.run_uuid, r.start_time, r.status, r.artifact_uri,
+  (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
+  (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'config_fingerprint')
+FROM runs r
+WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'{where}
+ORDER BY r.start_time DESC, r.run_uuid DESC{limit}
+"""
+_PARAM_SQL = "\n  AND r.run_uuid IN (SELECT run_uuid FROM params WHERE key = ? AND value = ?)"
+_SQL_CHUNK = 500  # run ids per ``IN (...)`` of the metrics query (SQLite allows 32,766 variables)
+
+
+def _sqlite_heads(
+    db: Path, experiment: str, settings: Mapping[str, Any], max_results: int | None
+) -> list[RunHead]:
+    """``find_run_heads`` on MLflow's own SQLite tables, opened read-only.
+
+    One query for the runs (``runs`` + ``tags`` + ``params``), one per 500 runs for
+    ``latest_metrics``.
+    """
+    import math
+    import sqlite3
+
+    con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        exp = con.execute(
+            "SELECT experiment_id FROM experiments WHERE name = ? AND workspace = 'default'",
+            (experiment,),
+        ).fetchone()
+        if exp is None:
+            return []
+        args: list[Any] = ["mlflow.source.git.commit", exp[0]]
+        for key, value in settings.items():
+            args += [param_key(key), str(value)]
+        sql = _HEADS_SQL.format(
+            where=_PARAM_SQL * len(settings), limit=" LIMIT ?" if max_results else ""
+        )
+        rows = con.execute(sql, [*args, *([max_results] if max_results else [])]).fetchall()
+        metrics: dict[str, dict[str, float]] = {row[0]: {} for row in rows}
+        ids = list(metrics)
+        for k in range(0, len(ids), _SQL_CHUNK):
+            chunk = ids[k : k + _SQL_CHUNK]
+            query = (
+                "SELECT run_uuid, key, value, is_nan FROM latest_metrics "
+                f"WHERE run_uuid IN ({','.join('?' * len(chunk))})"
+            )
+            for run_id, key, value, is_nan in con.execute(query, chunk):
+                metrics[run_id][key] = math.nan if is_nan else float(value)
+    finally:
+        con.close()
+    return [
+        RunHead(rid, int(start or 0), status, commit, fingerprint, metrics[rid], artifact_uri)
+        for rid, start, status, artifact_uri, commit, fingerprint in rows
+    ]
+
+
+def find_run_heads(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    max_results: int | None = None,
+    **settings: Any,
+) -> list[RunHead]:
+    """Like ``find_runs`` (same matching, same order) but only the fields ``history`` needs.
+
+    On a SQLite store (the embedded default) it reads MLflow's tables directly with one
+    read-only SQL query (``runs``, ``tags``, ``params``, then ``latest_metrics``; schema of
+    MLflow 3's ``mlflow/store/tracking/dbmodels/models.py``), which is about 100× faster than
+    ``MlflowClient.search_runs`` building every param, tag and metric of each run. Any other
+    store — or a SQLite schema this query does not fit — goes through ``find_runs``.
+
+    Args:
+        tracking_uri: the store (default as in ``log_run``).
+        experiment: the experiment searched.
+        max_results: stop after this many (default: all).
+        **settings: param filters, compared as strings (as ``find_runs``).
+
+    Returns:
+        ``RunHead`` records, newest first (ties: by run id descending).
+
+    Raises:
+        Exception: whatever the store raises when it cannot be reached (SQLite "database is
+            locked" is retried first, see ``store.retry``).
+    """
+    import sqlite3
+
+    from parity_tracker.store import is_locked_error, sqlite_path
+
+    uri = resolve_tracking_uri(tracking_uri)
+    db = sqlite_path(uri)
+    if db is not None and db.is_file():
+        try:
+            return retry(_sqlite_heads, db, experiment, settings, max_results)
+        except sqlite3.DatabaseError as exc:
+            if is_locked_error(exc):
+                raise
+            # a schema this query does not fit (another MLflow version): MLflow's own search
+    infos = find_runs(tracking_uri=uri, experiment=experiment, max_results=max_results, **settings)
+    return [RunHead.from_info(info) for info in infos]

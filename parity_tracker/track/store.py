@@ -1,0 +1,325 @@
+"""Where parity runs are tracked: the MLflow store's URI, its client, and safe concurrent use.
+
+Embedded default (design.md, "Tracking store"): a SQLite MLflow store at
+``<cwd>/.parity/mlflow.db`` with artifacts under ``<cwd>/.parity/artifacts``. An explicit URI,
+then ``MLFLOW_TRACKING_URI``, wins over it. Experiments are always created with an explicit
+artifact location, so no stray ``mlruns/`` folder appears.
+
+Two processes may log to the same SQLite file at once: the store is created (schema migrated)
+once under a file lock next to the database, and every store call made through ``retry`` is
+retried with exponential backoff while SQLite answers "database is locked".
+
+mlflow is imported inside functions only, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+T = TypeVar("T")
+
+PARITY_DIR = ".parity"
+#: MLflow tags every parity run carries: its parity run id, and "stored whole" (set last).
+TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
+_KEY_BAD = re.compile(r"[^\w./\- ]")
+_INITIALISED: set[str] = set()
+_INIT_GUARD = threading.Lock()
+
+#: Backoff schedule of ``retry``: attempts, first delay (s), growth factor, cap (s).
+RETRY_ATTEMPTS, RETRY_FIRST_DELAY_S, RETRY_FACTOR, RETRY_MAX_DELAY_S = 8, 0.05, 2.0, 2.0
+
+
+def parity_home(cwd: str | os.PathLike[str] | None = None) -> Path:
+    """``<cwd>/.parity``: the embedded store, artifacts, spool and cache live here."""
+    return (Path(cwd) if cwd is not None else Path.cwd()).resolve() / PARITY_DIR
+
+
+def default_tracking_uri(cwd: str | os.PathLike[str] | None = None) -> str:
+    """``sqlite:///<cwd>/.parity/mlflow.db`` (absolute path, so it does not move with chdir)."""
+    return f"sqlite:///{parity_home(cwd) / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """The tracking URI to use: ``uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the default.
+
+    A bare filesystem path ending in ``.db`` is taken as a SQLite file.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    if "://" not in uri and uri.endswith(".db"):
+        uri = f"sqlite:///{Path(uri).resolve()}"
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, or None for any other scheme."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "sqlite":
+        return None
+    return Path(unquote(parsed.path))
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifact location for experiments created in the store at ``uri``.
+
+    A SQLite store keeps artifacts in ``artifacts/`` next to its database file (for the
+    default store: ``<cwd>/.parity/artifacts``). For a server (``http(s)://``) this is None: the
+    server decides (with ``--serve-artifacts`` it proxies ``mlflow-artifacts:/``).
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    return (db.parent / "artifacts").resolve().as_uri()
+
+
+def param_key(key: str) -> str:
+    """A valid MLflow param key: characters other than word, ``./- `` become ``_``."""
+    return _KEY_BAD.sub("_", str(key))[:250]
+
+
+def is_locked_error(exc: BaseException) -> bool:
+    """True for SQLite's transient "database is locked" / "database is busy" errors."""
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call ``fn(*args, **kwargs)``, retrying with exponential backoff on "database is locked".
+
+    Delays start at ``RETRY_FIRST_DELAY_S`` and grow by ``RETRY_FACTOR`` up to
+    ``RETRY_MAX_DELAY_S`` with ±50% jitter, over ``RETRY_ATTEMPTS`` attempts (about 8 s in all).
+    Any other exception is raised at once.
+    """
+    delay = RETRY_FIRST_DELAY_S
+    for attempt in range(RETRY_ATTEMPTS):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not is_locked_error(exc) or attempt == RETRY_ATTEMPTS - 1:
+                raise
+        time.sleep(delay * random.uniform(0.5, 1.5))
+        delay = min(delay * RETRY_FACTOR, RETRY_MAX_DELAY_S)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _file_lock(uri: str):
+    """A ``filelock.FileLock`` next to a SQLite database; a no-op lock for other stores."""
+    import contextlib
+
+    from filelock import FileLock
+
+    db = sqlite_path(uri)
+    if db is None:
+        return contextlib.nullcontext()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock", timeout=120)
+
+
+def get_client(uri: str | None = None) -> MlflowClient:
+    """An ``MlflowClient`` for ``resolve_tracking_uri(uri)``, the store initialised once.
+
+    For SQLite the database is created and migrated under a file lock, so concurrent first
+    users never race on the schema. The registry URI is set to the same store.
+
+    Raises:
+        Exception: whatever mlflow raises when the store cannot be reached (callers that must
+            not lose a run catch it and spool, see ``parity_tracker.track``).
+    """
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(uri)
+    with _INIT_GUARD:
+        if uri not in _INITIALISED:
+            # MlflowClient() itself opens the store (and migrates a new SQLite file): under lock.
+            with _file_lock(uri):
+                client = retry(MlflowClient, tracking_uri=uri, registry_uri=uri)
+                retry(client.search_experiments, max_results=1)
+            _INITIALISED.add(uri)
+            return client
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def get_or_create_experiment(client: MlflowClient, name: str) -> str:
+    """Id of experiment ``name``, creating it with an explicit artifact location if missing.
+
+    Creation is serialised by the store's file lock (SQLite) and tolerates another process
+    creating the same experiment at the same moment.
+    """
+    from mlflow.exceptions import MlflowException
+
+    uri = client.tracking_uri
+    exp = retry(client.get_experiment_by_name, name)
+    if exp is not None:
+        return exp.experiment_id
+    root = artifact_root(uri)
+    with _file_lock(uri):
+        exp = retry(client.get_experiment_by_name, name)
+        if exp is not None:
+            return exp.experiment_id
+        location = f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}" if root else None
+        try:
+            return retry(client.create_experiment, name, artifact_location=location)
+        except MlflowException as exc:
+            if "already exists" not in str(exc).lower():
+                raise
+            return retry(client.get_experiment_by_name, name).experiment_id
+
+
+# ---------------------------------------------------------------------------------------------
+# tag-status index (embedded stores only)
+
+#: File of the tag-status index, next to a SQLite store's database.
+TAG_INDEX_FILE = "parity_index.db"
+_INDEX_READY: set[str] = set()
+_INDEX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS indexed_runs (run_id TEXT PRIMARY KEY, n_rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tag_status (
+    run_id TEXT NOT NULL, tag TEXT NOT NULL, step INTEGER, status TEXT, ord INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tag_status_tag_run ON tag_status (tag, run_id);
+"""
+#: Bound parameters per ``IN (...)`` query, under SQLite's historical 999-variable limit.
+_IN_CHUNK = 900
+
+
+def tag_index_path(uri: str) -> Path | None:
+    """``<dir of mlflow.db>/parity_index.db`` for a ``sqlite:///`` store, else None."""
+    db = sqlite_path(resolve_tracking_uri(uri))
+    return None if db is None else db.parent / TAG_INDEX_FILE
+
+
+def _connect_index(path: Path):
+    import sqlite3
+
+    return sqlite3.connect(str(path), timeout=10)
+
+
+def _create_index(uri: str, path: Path) -> None:
+    """Create the index's tables once per process, under the store's file lock."""
+    key = str(path)
+    if key in _INDEX_READY:
+        return
+    with _file_lock(uri):
+        con = retry(_connect_index, path)
+        try:
+            retry(con.executescript, _INDEX_SCHEMA)
+        finally:
+            con.close()
+    _INDEX_READY.add(key)
+
+
+def _insert_run(path: Path, run_id: str, rows: list[tuple[Any, ...]]) -> None:
+    """One transaction: mark ``run_id`` indexed and insert its rows (nothing if already there)."""
+    con = _connect_index(path)
+    try:
+        with con:
+            cur = con.execute(
+                "INSERT OR IGNORE INTO indexed_runs (run_id, n_rows) VALUES (?, ?)",
+                (run_id, len(rows)),
+            )
+            if cur.rowcount == 1:
+                con.executemany(
+                    "INSERT INTO tag_status (run_id, tag, step, status, ord) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+    finally:
+        con.close()
+
+
+def write_tag_index(uri: str, run_id: str, modules: Any) -> bool:
+    """Record a stored run's ``(tag, step, status)`` rows in the store's tag-status index.
+
+    Only for embedded (``sqlite:///``) stores: the index is ``<dir of mlflow.db>/parity_index.db``
+    (tables ``indexed_runs`` and ``tag_status``, indexed on ``(tag, run_id)``), so that
+    ``history --tag`` answers with one indexed query instead of opening every run's
+    ``tables/modules.parquet``. Rows keep the modules table's row order (column ``ord``); the
+    run is marked indexed in the same transaction, so a run is either wholly indexed or absent.
+    Writing a run twice is a no-op. Retried on "database is locked" (``retry``).
+
+    Args:
+        uri: the tracking URI.
+        run_id: the MLflow run id.
+        modules: the run's ``modules`` table (``tables.MODULES_SCHEMA``; columns ``tag``,
+            ``step``, ``status`` are read).
+
+    Returns:
+        True when written (or already there), False for a non-SQLite store.
+
+    Raises:
+        sqlite3.Error: the index could not be written (``track.log_run`` only warns).
+    """
+    path = tag_index_path(uri)
+    if path is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _create_index(uri, path)
+    n = modules.num_rows
+    step = modules.column("step").to_pylist() if "step" in modules.column_names else [0] * n
+    rows = list(
+        zip(
+            [run_id] * n,
+            modules.column("tag").to_pylist(),
+            step,
+            modules.column("status").to_pylist(),
+            range(n),
+            strict=True,
+        )
+    )
+    retry(_insert_run, path, run_id, rows)
+    return True
+
+
+def _read_index(path: Path, run_ids: list[str], tag: str) -> dict[str, list[str]] | None:
+    import sqlite3
+
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        found = 0
+        out: dict[str, list[tuple[int, str]]] = {}
+        for k in range(0, len(run_ids), _IN_CHUNK):
+            chunk = run_ids[k : k + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            (n,) = con.execute(
+                f"SELECT COUNT(*) FROM indexed_runs WHERE run_id IN ({marks})", chunk
+            ).fetchone()
+            found += n
+            if found < k + len(chunk):
+                return None  # a run logged before the index existed (or elsewhere)
+            for rid, status, ord_ in con.execute(
+                f"SELECT run_id, status, ord FROM tag_status WHERE tag = ? AND run_id IN ({marks})",
+                [tag, *chunk],
+            ):
+                out.setdefault(rid, []).append((ord_, status))
+        return {rid: [s for _, s in sorted(rows)] for rid, rows in out.items()}
+    finally:
+        con.close()
+
+
+def read_tag_index(uri: str, run_ids: list[str], tag: str) -> dict[str, list[str]] | None:
+    """``{run_id: tag's statuses in row order}`` from the tag-status index, or None.
+
+    None (the caller reads the modules tables instead) when the store is not SQLite, the index
+    does not exist, any of ``run_ids`` is not in it (a run logged before the index existed), or
+    the index cannot be read. Runs without ``tag`` are absent from the dict.
+    """
+    import sqlite3
+
+    path = tag_index_path(uri)
+    if path is None or not path.is_file():
+        return None
+    unique = list(dict.fromkeys(run_ids))
+    try:
+        return retry(_read_index, path, unique, tag)
+    except sqlite3.Error:
+        return None
