@@ -62,8 +62,9 @@ def test_package_list_matches_the_folders():
     # a mapped folder is not also a subpackage of parity_tracker/ (it would be shadowed)
     assert not any((REPO / "parity_tracker" / p.split(".", 1)[1]).exists()
                    for p in SETUPTOOLS["package-dir"])  # fmt: skip
-    assert sorted(on_disk - listed) == [], "add these to [tool.setuptools] packages"
-    assert sorted(listed - on_disk) == [], "these listed packages have no folder"
+    missing, extra = sorted(on_disk - listed), sorted(listed - on_disk)
+    assert missing == [], f"add these to [tool.setuptools] packages: {missing}"
+    assert extra == [], f"these listed packages have no folder: {extra}"
 
 
 def test_mapped_folders_are_the_design_cards_top_level_folders():
