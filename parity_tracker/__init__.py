@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Comparison": "parity_tracker.compare",
     "compare_tensors": "parity_tracker.compare",
-    "ParityCase": "parity_tracker.case",
+    "ParityCase": "parity_tracker.pipeline.case",
     "TensorChecker": "parity_tracker.tensor_checker",
     "DumpMode": "parity_tracker.tensor_checker",
     "tensor_checker": "parity_tracker.tensor_checker",

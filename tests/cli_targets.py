@@ -12,7 +12,7 @@ import os
 import torch
 from torch import nn
 
-from parity_tracker.case import ParityCase
+from parity_tracker.pipeline.case import ParityCase
 
 SETTINGS = {"perturb": ["none", "fc2"], "quantization": ["none", "bf16"]}
 

@@ -10,19 +10,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from parity_tracker.analysis.expected import apply_expected, expired_entries, load_expected
+from parity_tracker.dashboards.digest import render_digest
 from parity_tracker.errors import InputError
-from parity_tracker.expected import apply_expected, expired_entries, load_expected
-from parity_tracker.nightly import (
-    Cell,
+from parity_tracker.pipeline.baseline import choose_baseline
+from parity_tracker.pipeline.config import load_matrix
+from parity_tracker.pipeline.matrix import Cell, parse_shard, shard_cells
+from parity_tracker.pipeline.results import (
     CellResult,
     NightlyResult,
     cell_status,
-    choose_baseline,
-    load_matrix,
-    parse_shard,
     regressions_table,
-    render_digest,
-    shard_cells,
 )
 
 TINY = "cli_targets:tiny"
@@ -200,7 +198,7 @@ def test_missing_expected_file_is_empty(tmp_path):
 def test_builtin_expected_entries_name_real_targets_and_settings():
     import datetime as dt
 
-    from parity_tracker.targets import resolve_target
+    from parity_tracker.pipeline.targets import resolve_target
 
     entries = load_expected(REPO / "pipelines" / "expected.toml")
     assert {e.target for e in entries} == {"digits-cnn", "llama-tiny", "flux-tiny"}

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parity_tracker.errors import InputError
-from parity_tracker.tomlfile import load_toml
+from parity_tracker.files.toml import load_toml
 
 _KEYS = {"target", "settings", "tag", "reason", "until"}
 

@@ -25,7 +25,7 @@ from filelock import FileLock
 from torch import nn
 
 from parity_tracker.builtin_targets import _common
-from parity_tracker.case import ParityCase
+from parity_tracker.pipeline.case import ParityCase
 
 NAME = "digits-cnn"
 DESCRIPTION = (

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from parity_tracker.builtin_targets import _common
-from parity_tracker.case import ParityCase
+from parity_tracker.pipeline.case import ParityCase
 
 NAME = "llama-tiny"
 DESCRIPTION = (

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from parity_tracker.builtin_targets import _common
-from parity_tracker.case import ParityCase
+from parity_tracker.pipeline.case import ParityCase
 
 NAME = "vae-tiny"
 DESCRIPTION = (

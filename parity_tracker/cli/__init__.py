@@ -18,11 +18,10 @@ from typing import Any
 
 import click
 
-from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, InputError, ParityTrackerError
+from parity_tracker.cli import terminal as T
+from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
 
 EXIT_INTERRUPTED = 130
-# MLflow draws a tqdm bar per artifact download; the CLI shows its own progress instead.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_CONFIG = "pipelines/nightly.toml"
 
 
@@ -46,15 +45,6 @@ class ParityGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
-
-
-def _console(err: bool = False) -> Any:
-    from rich.console import Console
-
-    # Off a terminal (CI logs, pipes) rich would cut tables to 80 columns: use a wide page
-    # unless COLUMNS says otherwise.
-    wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
-    return Console(stderr=err, highlight=False, soft_wrap=True, width=wide)
 
 
 def _emit_json(payload: Any) -> None:
@@ -92,7 +82,7 @@ def cli() -> None:
 @json_option
 def targets(as_json: bool) -> None:
     """List the registered targets and the settings each supports (first value = default)."""
-    from parity_tracker.targets import list_targets
+    from parity_tracker.pipeline.targets import list_targets
 
     found = list_targets()
     if as_json:
@@ -108,75 +98,10 @@ def targets(as_json: bool) -> None:
             ]
         )
         return
-    from rich.table import Table
-
-    table = Table(title="targets (also: any module.path:function)")
-    for col in ("name", "settings (default first)", "description"):
-        table.add_column(col, overflow="fold")
-    for t in found:
-        sets = "\n".join(f"{k}: {', '.join(map(str, v))}" for k, v in t.settings.items())
-        table.add_row(t.name, sets or "-", t.description)
-    _console().print(table)
+    T.print_targets(found)
 
 
 # --------------------------------------------------------------------------- run
-
-
-def _print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    s = result.summary
-    con = _console()
-    verdict = "[green]PARITY HOLDS[/]" if result.passed else "[bold red]PARITY FAILS[/]"
-    con.print(f"{verdict}  mode={s.get('mode')} ({s.get('mode_reason')})  status={s.get('status')}")
-    counts = {k: v for k, v in (s.get("counts") or {}).items() if v}
-    con.print("tensors: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    fd = s.get("first_divergence")
-    if fd:
-        con.print(
-            f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
-            f"{fd.get('status')}, max abs diff {_n(fd.get('max_abs_diff'))})"
-        )
-    op = s.get("first_divergent_op")
-    if op:
-        con.print(f"first divergent op: {escape(str(op.get('tag')))} ({op.get('status')}, "
-                  f"max abs diff {_n(op.get('max_abs_diff'))})")  # fmt: skip
-    for rc in (s.get("root_causes") or [])[:3]:
-        con.print(
-            f"root cause: op {escape(str(rc.get('op')))} in module {escape(str(rc.get('module')))}"
-            f" (step {rc.get('step')}, seed case {rc.get('cause') or '?'})"
-        )
-    if s.get("error"):
-        err = f"{s['error'].get('type')}: {s['error'].get('message')}"
-        con.print(f"[red]error[/]: {escape(err)}")
-    worst = _worst(result.modules)
-    if worst:
-        table = Table(title="worst tensors")
-        for col in ("tag", "step", "status", "max_abs_diff", "sqnr_db"):
-            table.add_column(col)
-        for r in worst:
-            table.add_row(escape(str(r["tag"])), str(r["step"]), r["status"],
-                          _n(r["max_abs_diff"]), _n(r["sqnr_db"]))  # fmt: skip
-        con.print(table)
-    if run_id:
-        con.print(f"logged: run {run_id} in experiment {experiment!r} at {uri}")
-        con.print(
-            f"open it: parity-tracker ui --tracking-uri {uri}   |   parity-tracker report {run_id}"
-        )
-
-
-def _worst(modules: Any, n: int = 5) -> list[dict[str, Any]]:
-    """The ``n`` failing rows with the largest max_abs_diff."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    passing = pc.is_in(modules.column("status"), value_set=pa.array(["equal", "close"]))
-    failing = modules.filter(pc.invert(passing))
-    if failing.num_rows == 0:
-        return []
-    ordered = failing.sort_by([("max_abs_diff", "descending")]).slice(0, n)
-    return ordered.select(["tag", "step", "status", "max_abs_diff", "sqnr_db"]).to_pylist()
 
 
 @cli.command()
@@ -225,9 +150,9 @@ def run(
     as_json: bool,
 ) -> None:
     """One parity run of TARGET, logged to MLflow; exit 0 when parity holds, 1 when not."""
-    from parity_tracker.pipeline import run_target
-    from parity_tracker.store import resolve_tracking_uri
-    from parity_tracker.targets import parse_assignments
+    from parity_tracker.pipeline.run_target import run_target
+    from parity_tracker.pipeline.targets import parse_assignments
+    from parity_tracker.track.store import resolve_tracking_uri
 
     shortcuts = {"quantization": quantization, "cache": cache}
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
@@ -259,7 +184,7 @@ def run(
             }
         )
     else:
-        _print_run(result, outcome.run_id, uri, experiment)
+        T.print_run(result, outcome.run_id, uri, experiment)
     if outcome.error is not None:
         raise outcome.error
     if outcome.interrupted:
@@ -268,48 +193,6 @@ def run(
 
 
 # --------------------------------------------------------------------------- nightly
-
-
-class _RichReporter:
-    """The nightly's progress bar (rich, on stderr)."""
-
-    def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=_console(err=True),
-            transient=False,
-        )
-        self.task: Any = None
-
-    def start(self, total: int) -> None:
-        self.progress.start()
-        self.task = self.progress.add_task("nightly", total=total)
-
-    def cell_started(self, cell: Any) -> None:
-        from rich.markup import escape
-
-        self.progress.update(self.task, description=escape(cell.name))
-
-    def cell_done(self, result: Any) -> None:
-        from rich.markup import escape
-
-        verdict = "error" if result.error else ("pass" if result.passed else "fail")
-        self.progress.console.print(f"{escape(result.cell.name)}: {verdict}")
-        self.progress.advance(self.task)
-
-    def stop(self) -> None:
-        self.progress.stop()
 
 
 @cli.command()
@@ -362,26 +245,23 @@ def nightly(
     as_json: bool,
 ) -> None:
     """Run the matrix, diff every cell against its baseline, print the digest."""
-    from parity_tracker.nightly import run_nightly
-    from parity_tracker.store import resolve_tracking_uri
+    from parity_tracker.dashboards.digest import nightly_artifacts
+    from parity_tracker.pipeline.nightly import run_nightly
+    from parity_tracker.track.store import resolve_tracking_uri
 
-    reporter = None if as_json else _RichReporter()
-    try:
-        result = run_nightly(
-            config,
-            shard=shard,
-            baseline=baseline,
-            fail_on=fail_on,
-            expected=expected,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-            commit=commit,
-            branch=branch,
-            reporter=reporter,
-        )
-    finally:
-        if reporter is not None:
-            reporter.stop()
+    result = run_nightly(
+        config,
+        shard=shard,
+        baseline=baseline,
+        fail_on=fail_on,
+        expected=expected,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        commit=commit,
+        branch=branch,
+        reporter=None if as_json else T.RichReporter(),
+        render=nightly_artifacts,
+    )
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
@@ -402,35 +282,6 @@ def nightly(
 
 
 # --------------------------------------------------------------------------- diff
-
-
-def _run_for_commit(
-    commit: str,
-    target: str | None,
-    sets: tuple[str, ...],
-    tracking_uri: str | None,
-    experiment: str,
-) -> str:
-    """The newest run of ``commit`` with ``target`` and settings (validated, defaults filled)."""
-    from parity_tracker.history import search_runs
-    from parity_tracker.targets import parse_assignments, resolve_target
-
-    if target is None:
-        raise InputError("--base-commit/--head-commit need --target (and optionally --set)")
-    settings = resolve_target(target).validate(parse_assignments(sets))
-    query = {"target": resolve_target(target).name, **settings}
-    runs = search_runs(
-        {**query, "git_commit": commit}, tracking_uri=tracking_uri, experiment=experiment
-    )
-    if not runs and len(commit) < 40:  # an abbreviated SHA, as git prints it
-        runs = [
-            r
-            for r in search_runs(query, tracking_uri=tracking_uri, experiment=experiment)
-            if str(r.commit or "").startswith(commit)
-        ]
-    if not runs:
-        raise InputError(f"no run of {target} {settings} on commit {commit!r} in {experiment!r}")
-    return runs[0].run_id
 
 
 @cli.command()
@@ -488,14 +339,17 @@ def diff(
     """
     import datetime as dt
 
-    from parity_tracker import diff as D
-    from parity_tracker.expected import apply_expected, load_expected
+    from parity_tracker.analysis import diff as D
+    from parity_tracker.analysis.expected import apply_expected, load_expected
+    from parity_tracker.pipeline.select import run_for_commit
+    from parity_tracker.pipeline.targets import parse_assignments
     from parity_tracker.track import load_run
 
+    store = {"tracking_uri": tracking_uri, "experiment": experiment}
     if base_commit:
-        base = _run_for_commit(base_commit, target, sets, tracking_uri, experiment)
+        base = run_for_commit(base_commit, target, parse_assignments(sets), **store)
     if head_commit:
-        head = _run_for_commit(head_commit, target, sets, tracking_uri, experiment)
+        head = run_for_commit(head_commit, target, parse_assignments(sets), **store)
     if not base or not head:
         raise click.UsageError("give BASE and HEAD run ids, or --base-commit/--head-commit")
     base_run = load_run(base, tracking_uri=tracking_uri)
@@ -525,8 +379,8 @@ def diff(
     elif fmt == "markdown":
         click.echo(D.to_markdown(shown))
     else:
-        _console().print(D.to_rich(shown, title=f"diff {base} -> {head}"))
-        _console().print(", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no rows")
+        T.console().print(D.to_rich(shown, title=f"diff {base} -> {head}"))
+        T.console().print(", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no rows")
     ctx.exit(EXIT_PARITY_FAILURE if counts.get("regression") else EXIT_OK)
 
 
@@ -555,8 +409,8 @@ def history(
     With --tag: the tag's status per commit and the first bad commit (the first commit of the
     current failing streak).
     """
-    from parity_tracker.history import build_history
-    from parity_tracker.targets import parse_assignments, resolve_target
+    from parity_tracker.analysis.history import build_history
+    from parity_tracker.pipeline.targets import parse_assignments, resolve_target
 
     resolved = resolve_target(target)
     settings = resolved.validate(parse_assignments(sets))
@@ -571,33 +425,7 @@ def history(
     if as_json:
         _emit_json(hist.to_dict())
         return
-    from rich.table import Table
-
-    table = Table(title=f"history of {resolved.name} {settings}" + (f" tag {tag}" if tag else ""))
-    cols = ["commit", "run", "status", "compared", "failing", "output max abs diff", "sqnr dB"]
-    for col in [*cols, *(["tag status"] if tag else [])]:
-        table.add_column(col)
-    for p in hist.points:
-        mark = " <- first bad" if p.commit == hist.first_bad_commit else ""
-        cells = [
-            str(p.commit)[:12] + mark,
-            p.run_id[:12],
-            p.status,
-            _n(p.tensors_compared),
-            _n(p.tensors_failing),
-            _n(p.output_max_abs_diff),
-            _n(p.output_sqnr_db),
-        ]
-        table.add_row(*cells, *([str(p.tag_status)] if tag else []))
-    con = _console()
-    con.print(table)
-    con.print(f"first bad commit: {hist.first_bad_commit or 'none (the newest passes)'}")
-
-
-def _n(x: Any) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.0f}" if float(x).is_integer() and abs(x) < 1e12 else f"{x:.3g}"
+    T.print_history(hist, f"history of {resolved.name} {settings}", tag)
 
 
 # --------------------------------------------------------------------------- report, sync, ui
@@ -620,8 +448,8 @@ def report(
 ) -> None:
     """Rebuild the HTML report of RUN_ID from its stored tables."""
     from parity_tracker.dashboards.report import render_run_report
-    from parity_tracker.store import parity_home
     from parity_tracker.track import load_run, log_artifact_files
+    from parity_tracker.track.store import parity_home
 
     html = render_run_report(load_run(run_id, tracking_uri=tracking_uri))
     path = Path(output) if output else parity_home() / "reports" / run_id / "report.html"
@@ -692,7 +520,7 @@ def ui(
     import os
     import subprocess
 
-    from parity_tracker.store import get_client, resolve_tracking_uri
+    from parity_tracker.track.store import get_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
@@ -721,9 +549,12 @@ def main(argv: list[str] | None = None) -> None:
     MLflow's HTTP client retries 7 times with exponential backoff by default (minutes of silence
     before an unreachable server is reported); the CLI caps it at 2 retries unless
     ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is set, so exit 3 and the spool path come in seconds.
+    The environment is set here, not at import, so importing the module changes nothing.
     """
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow draws a tqdm bar per artifact download; the CLI shows its own progress instead.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     cli.main(args=argv, prog_name="parity-tracker")
 
 

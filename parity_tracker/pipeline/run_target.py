@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parity_tracker.errors import InputError, ParityTrackerError
-from parity_tracker.targets import resolve_target
+from parity_tracker.pipeline.targets import resolve_target
 
 
 class TargetBuildError(InputError):

@@ -1,0 +1,98 @@
+"""The nightly's markdown digest and the files a nightly attaches to its parent run.
+
+``render_digest`` writes the verdict, one line per cell, the regressions, the expected and the
+expired entries as markdown (``digest.md``, also printed by ``parity-tracker nightly``).
+``nightly_artifacts`` is the renderer the CLI hands to ``pipeline.nightly.run_nightly``: the
+digest plus ``matrix.html`` and ``history.html``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from parity_tracker.pipeline.pages import NightlyPages
+from parity_tracker.pipeline.results import CellResult, NightlyResult, cell_status
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
+
+
+def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
+    """The markdown digest: verdict, one line per cell, the regressions, expected and expired."""
+    verdict = "FAIL" if result.exit_code else "PASS"
+    lines = [
+        f"# Parity nightly — {verdict}",
+        "",
+        f"commit `{result.commit or 'unknown'}` · shard {result.shard[0]}/{result.shard[1]} · "
+        f"{len(result.cells)} cells · {result.regressions} regressions · "
+        f"fail-on {result.fail_on} · parent run `{result.parent_run_id}`",
+        "",
+        "| cell | parity | mode | failing | output max abs diff | first divergence | baseline "
+        "| regression | worse | drift | fix | expected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result.cells:
+        parity = cell_status(c)
+        ch = c.changes
+        lines.append(
+            f"| {c.cell.name} | {parity} | {_fmt(c.mode)} | {c.tensors_failing} | "
+            f"{_fmt(c.output_max_abs_diff)} | {_fmt(c.first_divergence)} | "
+            f"{(c.baseline_run_id or 'none')[:12]} | {ch.get('regression', 0)} | "
+            f"{ch.get('worse', 0)} | {ch.get('drift', 0)} | {ch.get('fix', 0)} | "
+            f"{ch.get('expected', 0)} |"
+        )
+    lines += _section_rows(result.cells, "regression", "Regressions", limit)
+    lines += _section_rows(result.cells, "worse", "Worse (max abs diff grew)", limit)
+    errors = [c for c in result.cells if c.error]
+    if errors:
+        lines += ["", "## Cells that did not complete", ""]
+        lines += [f"- {c.cell.name}: {c.error}" for c in errors]
+    used = sorted({e for c in result.cells for e in c.expected_used})
+    if used:
+        lines += ["", "## Expected divergences applied", ""] + [f"- {e}" for e in used]
+    if result.expired:
+        lines += ["", "## EXPIRED expected divergences (fix them or extend `until`)", ""]
+        lines += [f"- {e.describe()}" for e in result.expired]
+    return "\n".join(lines) + "\n"
+
+
+def _section_rows(cells: Sequence[CellResult], change: str, title: str, limit: int) -> list[str]:
+    rows = []
+    for c in cells:
+        if c.diff is None or not c.changes.get(change):
+            continue
+        for r in c.diff.to_pylist():
+            if r["change"] == change:
+                rows.append(
+                    f"| {c.cell.name} | {r['tag']} | {r['step']} | {r['base_status']} → "
+                    f"{r['head_status']} | {_fmt(r['base_max_abs_diff'])} → "
+                    f"{_fmt(r['head_max_abs_diff'])} |"
+                )
+    if not rows:
+        return []
+    head = [
+        "",
+        f"## {title}",
+        "",
+        "| cell | tag | step | status | max abs diff |",
+        "|---|---|---|---|---|",
+    ]
+    more = [f"\n… and {len(rows) - limit} more"] if len(rows) > limit else []
+    return head + rows[:limit] + more
+
+
+def nightly_artifacts(result: NightlyResult, pages: NightlyPages | None) -> dict[str, str]:
+    """``{file name: text}`` for the nightly's parent run.
+
+    ``digest.md`` always; ``matrix.html`` and ``history.html`` when ``pages`` is given (None
+    when the store could not give the pages' data).
+    """
+    from parity_tracker.dashboards.nightly import render_history, render_matrix
+
+    files = {"digest.md": render_digest(result)}
+    if pages is not None:
+        files["matrix.html"] = render_matrix(pages.cells, title=pages.title)
+        files["history.html"] = render_history(pages.runs, pages.tag_status)
+    return files

@@ -1,0 +1,103 @@
+"""Which stored run a nightly cell is diffed against (``--baseline auto`` or a run id).
+
+The policy is :func:`choose_baseline`, a pure function over stored runs. Reading the store goes
+through ``parity_tracker.track`` and ``parity_tracker.analysis.history``; this module imports
+no mlflow. (The two reads of an explicit ``--baseline RUN_ID`` still use the tracking client
+through ``track.store.get_client``; they move behind track's ``RunStore`` when it exists.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from parity_tracker.errors import InfrastructureError, InputError
+
+
+def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit: str | None) -> Any:
+    """The baseline among stored runs of one fingerprint (``track.RunInfo``, newest first).
+
+    Rule (``--baseline auto``): finished runs other than the head, started before it, on another
+    commit; among those the newest on branch ``main`` if any is on main, else the newest. When
+    no other commit has a run, the newest earlier run of the same commit (a re-run) is used.
+
+    Returns:
+        The chosen run, or None.
+    """
+    earlier = [r for r in candidates if r.run_id != head_run_id and r.status == "FINISHED"]
+    head = next((r for r in candidates if r.run_id == head_run_id), None)
+    if head is not None:
+        earlier = [r for r in earlier if r.start_time <= head.start_time]
+    other = [r for r in earlier if head_commit is None or r.commit != head_commit]
+    on_main = [r for r in other if r.branch == "main"]
+    pool = on_main or other or earlier
+    return pool[0] if pool else None
+
+
+def modules_table(run_id: str | None, tracking_uri: str | None) -> pa.Table | None:
+    """The stored ``modules`` table of ``run_id`` (None for None)."""
+    from parity_tracker.analysis.history import _modules_tables
+
+    return None if run_id is None else _modules_tables([run_id], tracking_uri)[0]
+
+
+def baseline_modules(
+    baseline: str,
+    *,
+    head_run_id: str,
+    head_commit: str | None,
+    fingerprint: str,
+    tracking_uri: str | None,
+    experiment: str,
+) -> tuple[str | None, pa.Table | None]:
+    """``(baseline run id, its modules table)`` for one cell, or ``(None, None)``."""
+    from parity_tracker.analysis.history import search_runs
+
+    if baseline == "auto":
+        runs = search_runs(
+            {"config_fingerprint": fingerprint}, tracking_uri=tracking_uri, experiment=experiment
+        )
+        chosen = choose_baseline(runs, head_run_id=head_run_id, head_commit=head_commit)
+        if chosen is None:
+            return None, None
+        baseline = chosen.run_id
+    return baseline, modules_table(baseline, tracking_uri)
+
+
+def resolve_baseline_runs(baseline: str, *, tracking_uri: str | None) -> dict[str, str] | None:
+    """The runs an explicit ``--baseline RUN_ID`` means, as ``{fingerprint: run id}``.
+
+    A nightly parent run gives its children; a parity run gives itself. ``auto`` gives None.
+
+    Raises:
+        InputError: no run ``RUN_ID`` in the store (names it).
+        InfrastructureError: the store could not be reached.
+    """
+    if baseline == "auto":
+        return None
+    from parity_tracker.track.store import get_client, resolve_tracking_uri, retry
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        client = get_client(uri)
+        run = retry(client.get_run, baseline)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+            raise InputError(f"--baseline {baseline}: no such run in {uri}") from exc
+        raise InfrastructureError(f"cannot read run {baseline} from {uri}: {exc}") from exc
+    fp = run.data.params.get("config_fingerprint")
+    if fp:
+        return {fp: baseline}
+    children = retry(
+        client.search_runs,
+        [run.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{baseline}'",
+        max_results=5000,
+    )
+    return {
+        c.data.params["config_fingerprint"]: c.info.run_id
+        for c in children
+        if "config_fingerprint" in c.data.params
+    }

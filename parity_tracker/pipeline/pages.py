@@ -1,0 +1,128 @@
+"""The data of the nightly's pages (matrix and history), read from the nightly and the store.
+
+The pipeline gathers the data; presentation (``parity_tracker.dashboards``) turns it into
+HTML and is injected into ``run_nightly`` by the caller, so this layer never imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tracker.analysis.diff import interesting
+from parity_tracker.pipeline.results import NightlyResult, cell_status
+
+#: Commits of history per configuration on the history page.
+HISTORY_COMMITS = 30
+
+
+@dataclass(frozen=True)
+class NightlyPages:
+    """What the matrix and history pages show.
+
+    Attributes:
+        title: the matrix page's title.
+        cells: one dict per cell (``target``, ``settings``, ``run_id``, ``status``,
+            ``tensors_failing``, ``output_max_abs_diff``, ``first_divergence``, ``message``,
+            ``commit``, ``url``), as ``dashboards.nightly.render_matrix`` takes them.
+        runs: stored runs of each cell's configuration (newest 30 commits), as
+            ``dashboards.nightly.render_history`` takes them.
+        tag_status: head statuses of the changed or failing tags of this nightly.
+    """
+
+    title: str
+    cells: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    tag_status: list[dict[str, Any]]
+
+
+def run_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | None) -> str | None:
+    """The run's page on an MLflow server (None for an embedded store: no fixed address)."""
+    from parity_tracker.track.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if not run_id or not experiment_id or not uri.startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _experiment_id(tracking_uri: str | None, experiment: str) -> str | None:
+    # Reads through track's client; moves behind track's RunStore when it exists.
+    from parity_tracker.track.store import get_client
+
+    exp = get_client(tracking_uri).get_experiment_by_name(experiment)
+    return exp.experiment_id if exp is not None else None
+
+
+def _cells(result: NightlyResult, url: Any) -> list[dict[str, Any]]:
+    return [
+        {"target": c.cell.target, "settings": dict(c.cell.settings), "run_id": c.run_id,
+         "status": cell_status(c), "tensors_failing": c.tensors_failing,
+         "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
+         "message": c.error or "; ".join(c.expected_used) or None, "commit": result.commit,
+         "url": url(c.run_id)}
+        for c in result.cells
+    ]  # fmt: skip
+
+
+def _history_runs(
+    result: NightlyResult, url: Any, *, tracking_uri: str | None, experiment: str
+) -> list[dict[str, Any]]:
+    from parity_tracker.analysis.history import latest_per_commit, search_runs
+
+    this = {c.run_id: c for c in result.cells if c.run_id}
+    out = []
+    for c in result.cells:
+        if not c.run_id:
+            continue
+        fp = c.fingerprint
+        runs = latest_per_commit(
+            search_runs(
+                {"config_fingerprint": fp}, tracking_uri=tracking_uri, experiment=experiment
+            )
+        )[-HISTORY_COMMITS:]
+        for r in runs:
+            mine = this.get(r.run_id)
+            out.append({
+                "fingerprint": fp, "target": c.cell.target, "settings": dict(c.cell.settings),
+                "commit": r.commit, "run_id": r.run_id, "start_time": r.start_time,
+                "tensors_failing": r.metrics.get("tensors_failing"),
+                "output_max_abs_diff": r.metrics.get("output_max_abs_diff"),
+                "regression": bool(r.metrics.get("regressions", 0)) or bool(
+                    mine is not None and mine.changes.get("regression")),
+                "url": url(r.run_id),
+            })  # fmt: skip
+    return out
+
+
+def _tag_status(result: NightlyResult) -> list[dict[str, Any]]:
+    rows = []
+    for c in result.cells:
+        if c.diff is None:
+            continue
+        for r in interesting(c.diff).to_pylist():
+            if r["head_status"] is not None:
+                rows.append({"tag": r["tag"], "commit": result.commit, "status": r["head_status"],
+                             "fingerprint": c.fingerprint})  # fmt: skip
+    return rows
+
+
+def nightly_pages(
+    result: NightlyResult, *, tracking_uri: str | None, experiment: str
+) -> NightlyPages:
+    """Gather the pages' data of ``result`` (one read per cell configuration from the store).
+
+    Raises:
+        Exception: whatever the store raises; the nightly turns it into a warning.
+    """
+    exp_id = _experiment_id(tracking_uri, experiment)
+
+    def url(run_id: str | None) -> str | None:
+        return run_url(tracking_uri, exp_id, run_id)
+
+    return NightlyPages(
+        title=f"Nightly parity {result.commit or ''}",
+        cells=_cells(result, url),
+        runs=_history_runs(result, url, tracking_uri=tracking_uri, experiment=experiment),
+        tag_status=_tag_status(result),
+    )

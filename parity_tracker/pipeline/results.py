@@ -1,0 +1,164 @@
+"""The records of a nightly: one :class:`CellResult` per cell, the :class:`NightlyResult`.
+
+Also the cell verdict (:func:`cell_status`, the matrix colour) and the table of changed rows
+(:func:`regressions_table`) logged as ``regressions.parquet``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from parity_tracker.analysis.diff import interesting
+from parity_tracker.analysis.expected import ExpectedEntry
+from parity_tracker.errors import EXIT_INFRA
+from parity_tracker.pipeline.matrix import Cell
+
+#: What makes the nightly's exit code 1 (see ``NightlyResult.exit_code``).
+FAIL_ON = ("regression", "mismatch", "never")
+
+
+@dataclass
+class CellResult:
+    """The outcome of one cell."""
+
+    cell: Cell
+    run_id: str | None = None
+    passed: bool = False
+    mode: str | None = None
+    tensors_failing: int = 0
+    unexpected_failing: int = 0
+    output_max_abs_diff: float | None = None
+    first_divergence: str | None = None
+    baseline_run_id: str | None = None
+    changes: dict[str, int] = field(default_factory=dict)
+    expected_used: list[str] = field(default_factory=list)
+    error: str | None = None
+    spool_path: str | None = None
+    fingerprint: str | None = None
+    diff: pa.Table | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the diff table left out)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("diff", "cell")}
+        return {
+            "cell": self.cell.name,
+            "target": self.cell.target,
+            "settings": dict(self.cell.settings),
+            **out,
+        }
+
+
+@dataclass
+class NightlyResult:
+    """The whole nightly: every cell, the digest, and the verdict."""
+
+    parent_run_id: str | None
+    commit: str | None
+    shard: tuple[int, int]
+    cells: list[CellResult]
+    expired: list[ExpectedEntry]
+    fail_on: str
+    digest: str = ""
+
+    @property
+    def regressions(self) -> int:
+        """Regression rows over all cells (``expected`` ones excluded)."""
+        return sum(c.changes.get("regression", 0) for c in self.cells)
+
+    @property
+    def failed_cells(self) -> list[CellResult]:
+        """Cells that could not be built, run or logged."""
+        return [c for c in self.cells if c.error]
+
+    @property
+    def spooled(self) -> list[str]:
+        """Spool paths of cells the store did not take (upload with ``parity-tracker sync``)."""
+        return [c.spool_path for c in self.cells if c.spool_path]
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code: 0 or 1 by ``fail_on``; 3 when cells were spooled.
+
+        ``regression``: 1 on a regression row, a cell that did not complete, or an expired
+        expected entry; ``mismatch``: also on any failing tensor not marked expected;
+        ``never``: 0. Whatever ``fail_on`` says, 3 (infrastructure) when cells were spooled.
+        """
+        if self.spooled:
+            return EXIT_INFRA
+        if self.fail_on == "never":
+            return 0
+        bad = self.regressions > 0 or bool(self.failed_cells) or bool(self.expired)
+        if self.fail_on == "mismatch":
+            bad = bad or any(c.unexpected_failing for c in self.cells)
+        return 1 if bad else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {
+            "parent_run_id": self.parent_run_id,
+            "commit": self.commit,
+            "shard": f"{self.shard[0]}/{self.shard[1]}",
+            "fail_on": self.fail_on,
+            "exit_code": self.exit_code,
+            "regressions": self.regressions,
+            "spooled": self.spooled,
+            "expired": [e.describe() for e in self.expired],
+            "cells": [c.to_dict() for c in self.cells],
+        }
+
+
+def regressions_table(cells: Sequence[CellResult]) -> pa.Table:
+    """Every changed or expected row of every cell, with the cell's target, settings and runs."""
+    parts = []
+    for c in cells:
+        if c.diff is None or c.diff.num_rows == 0:
+            continue
+        rows = interesting(c.diff)
+        n = rows.num_rows
+        meta = {
+            "cell": [c.cell.name] * n,
+            "target": [c.cell.target] * n,
+            "settings": [json.dumps(dict(c.cell.settings))] * n,
+            "run_id": [c.run_id] * n,
+            "baseline_run_id": [c.baseline_run_id] * n,
+        }
+        parts.append(
+            pa.table(
+                {
+                    **{k: pa.array(v, pa.string()) for k, v in meta.items()},
+                    **{n_: rows.column(n_) for n_ in rows.column_names},
+                }
+            )
+        )
+    if not parts:
+        return pa.table(
+            {
+                k: pa.array([], pa.string())
+                for k in (
+                    "cell",
+                    "target",
+                    "settings",
+                    "run_id",
+                    "baseline_run_id",
+                    "tag",
+                    "change",
+                )
+            }
+        )
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def cell_status(c: CellResult) -> str:
+    """The matrix colour of a cell: error, regression, expected, fail or pass."""
+    if c.error:
+        return "error"
+    if c.changes.get("regression"):
+        return "regression"
+    if c.passed:
+        return "pass"
+    return "expected" if c.changes.get("expected") and not c.unexpected_failing else "fail"
