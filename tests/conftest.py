@@ -15,6 +15,13 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
   it: use a unique experiment name per test (e.g. from ``request.node.name``).
 - ``in_tmp_cwd`` (function): ``chdir`` into ``tmp_path`` so the embedded default store,
   ``./.parity/spool`` and ``./.parity/cache`` land there.
+
+Shared helpers (not fixtures) are in ``tests/helpers.py``.
+
+Hygiene, for every session: target checkpoints are cached under a session tmp folder
+(``PARITY_TRACKER_CACHE_DIR``), and the session FAILS when the run left a file in the checkout
+that was not there before (``git status --porcelain --ignored``, tool caches aside), so
+``make test`` leaves ``git status`` clean and writes nothing into ``./.parity``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,50 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A refused connection to a test server must fail fast, not after MLflow's default retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+REPO = Path(__file__).resolve().parents[1]
+_STATUS_KEY = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remember the checkout's status before any test runs."""
+    from helpers import git_status
+
+    before = git_status(REPO)
+    if before is not None:
+        session.stash[_STATUS_KEY] = before
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when tests left files in the checkout (see the module docstring)."""
+    from helpers import git_status, new_changes
+
+    before = session.stash.get(_STATUS_KEY, None)
+    after = git_status(REPO) if before is not None else None
+    if after is None:
+        return
+    left = new_changes(before, after)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "tests left files in the checkout (write under tmp_path):\n  " + "\n  ".join(left)
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _target_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Target checkpoints (digits-cnn's trained weights) cached in a session tmp folder."""
+    if "PARITY_TRACKER_CACHE_DIR" in os.environ:
+        yield Path(os.environ["PARITY_TRACKER_CACHE_DIR"])
+        return
+    path = tmp_path_factory.mktemp("target-cache")
+    os.environ["PARITY_TRACKER_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop("PARITY_TRACKER_CACHE_DIR", None)
 
 
 @pytest.fixture(scope="session")

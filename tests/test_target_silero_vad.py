@@ -1,4 +1,5 @@
-"""silero-vad: TorchScript vs onnxruntime on real weights, identity bitwise, 1-ULP localization."""
+"""silero-vad: TorchScript vs onnxruntime on real weights (identity and 1-ULP:
+test_targets_contract.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import run_quiet as run
 
 from parity_tracker.builtin_targets import silero_vad
-from parity_tracker.run import run_case
-from parity_tracker.tensor_checker import DumpMode
 
 pytestmark = pytest.mark.slow
-
-
-def run(case):
-    return run_case(case, dump_mode=DumpMode.NOT)
 
 
 def stream(model, windows):
@@ -28,36 +24,6 @@ def stream(model, windows):
             probs.append(np.asarray(prob, dtype=np.float64))
             states.append(np.asarray(state, dtype=np.float64))
     return probs, states
-
-
-def test_identity_candidate_is_bitwise_equal_on_every_chunk():
-    case = silero_vad.build({"candidate": "torchscript"})
-    assert case.settings["implementation"] == "same"
-    result = run(case)
-    s = result.summary
-    assert s["mode"] == "equal" and s["passed"] and s["output_equal"]
-    assert s["steps"] == silero_vad.CHUNKS
-    assert s["counts"]["equal"] == s["tensors_compared"] == 4 * silero_vad.CHUNKS
-
-
-def test_one_ulp_in_the_output_conv_diverges_only_the_probability():
-    case = silero_vad.build({"candidate": "torchscript"})
-    weight = dict(case.candidate.engine.named_parameters())["_model.decoder.decoder.2.weight"]
-    # every element of the final 1x1 conv's weight up by one ULP (a single element's ULP is
-    # absorbed by rounding on this input: measured); the TorchScript graph reads it live
-    with torch.no_grad():
-        weight.copy_(torch.nextafter(weight, torch.full_like(weight, float("inf"))))
-    result = run(case)
-    first = result.summary["first_divergence"]
-    assert first["step"] == 0 and first["tag"] == "checker_model_output_0"
-    rows = result.modules.to_pylist()
-    # the output conv sits after the LSTM: the state never diverges, the probability does
-    by_tag = {}
-    for r in rows:
-        by_tag.setdefault(r["tag"], set()).add(r["status"])
-    assert by_tag["checker_model_output_1"] == {"equal"}
-    assert by_tag["checker_model_input_1"] == {"equal"}
-    assert "mismatch" in by_tag["checker_model_output_0"]
 
 
 def test_onnxruntime_candidate_registers_by_hand_and_reports_the_output_error():
