@@ -21,7 +21,7 @@ from parity_tracker.capture.tags import (
     module_display_name,
     output_tag,
 )
-from parity_tracker.errors import InputError
+from parity_tracker.convert import as_tensor  # noqa: F401  (re-exported: capture.as_tensor)
 
 _MAX_DEPTH = 32
 
@@ -110,38 +110,6 @@ def input_leaves(
             suffix = f"{name}.{p}" if p else name
             leaves.append((input_tag(base, suffix), f"input.{suffix}", leaf))
     return leaves
-
-
-def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
-    """View a registered object as a torch tensor without copying where possible.
-
-    Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
-    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
-    with ``__array__`` (``numpy.asarray``).
-
-    Raises:
-        InputError: the object is none of these, or its numpy dtype has no torch equivalent.
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
-        return torch.from_dlpack(obj)
-    if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
-        obj = np.asarray(obj)
-    if isinstance(obj, np.ndarray):
-        try:
-            if not obj.flags.writeable or any(s < 0 for s in obj.strides):
-                obj = np.array(obj, copy=True)
-            return torch.from_numpy(obj)
-        except TypeError as exc:
-            raise InputError(
-                f"tensor for tag {tag!r}: numpy dtype {obj.dtype} has no torch equivalent; "
-                "convert it to a numeric dtype first"
-            ) from exc
-    raise InputError(
-        f"register_tensor({tag!r}, ...) got a {type(obj).__name__}; pass a torch.Tensor, a "
-        "numpy array, or an object exposing __dlpack__ or __array__"
-    )
 
 
 def tensor_version(t: torch.Tensor) -> int | None:
