@@ -73,12 +73,12 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
+from parity_tracker.capture.store import SpillCounters, SpillDir, Spilled
 from parity_tracker.compare import Comparison, compare_tensors, passes
+from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.localize import align_ops, classify, layout_differences
-from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.statuses import is_failing, is_neutral, is_passing
-from parity_tracker.tolerances import Tolerances
 
 #: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
 #: target of a parity run (issue 5/9), so the op store, the TensorChecker's module snapshots

@@ -28,7 +28,7 @@ The memory bound: on the eager path the reference runs first, so its snapshots w
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot
 storage resident (each snapshot counted once, however many captures share it; parameters and
 buffers are referenced, not copied, and not counted). Past the budget the oldest snapshots are
-written to ``spill_dir`` (``parity_tracker.spill``, shared with the op store) and read back
+written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read back
 memory-mapped when their pair is compared or dumped. After every capture::
 
     resident_bytes <= max_resident_bytes        (whatever the model depth)
@@ -63,10 +63,11 @@ from parity_tracker.capture import (
     root_name,
     tensor_version,
 )
+from parity_tracker.capture.store import SpillCounters, SpillDir, Spilled
 from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
 from parity_tracker.errors import InputError
-from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old import path)
     MODES,
     NEUTRAL,
@@ -75,7 +76,6 @@ from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old 
     is_failing,
     is_passing,
 )
-from parity_tracker.tolerances import Tolerances
 
 try:  # the op recorder must not record the checker's own copies and comparisons
     from parity_tracker.ops import suspended
@@ -355,8 +355,8 @@ class TensorChecker(SpillCounters):
             released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
             ``fnmatch`` against the tag; the first matching glob wins, and an override beats
-            the check's ``rtol``/``atol`` (``parity_tracker.tolerances.Tolerances``). Integer
-            and bool tensors are always compared exactly. Raises ``InputError`` when a pair is
+            the check's ``rtol``/``atol`` (``compare.tolerances.Tolerances``). Integer and bool
+            tensors are always compared exactly. Raises ``InputError`` when a pair is
             incomplete or negative.
         rtol: default relative tolerance for the eager path (``None``: the comparison core's
             per-dtype default, from ``torch.testing.assert_close``).

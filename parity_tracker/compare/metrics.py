@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from parity_tracker.hashing import StreamHasher
+from parity_tracker.compare.hashing import StreamHasher
 
 CHUNK = 1 << 16
 """Elements per chunk: float64 scratch buffers of 512 KiB each stay in the L2/L3 cache."""

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tracker.compare.hashing import dtype_name
 from parity_tracker.errors import InputError
-from parity_tracker.hashing import dtype_name
 
 _SPARSE_LAYOUTS = frozenset(
     {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
