@@ -17,7 +17,7 @@ from parity_tracker.capture.leaves import (
     output_leaves,
     own_tensors,
 )
-from parity_tracker.capture.snapshot import Snapshotter, tensor_version
+from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, tensor_version
 from parity_tracker.capture.tags import (
     ROOT_FALLBACK,
     ROOT_NAME,
@@ -34,6 +34,7 @@ __all__ = [
     "ROOT_NAME",
     "TAG_PREFIX",
     "NonTensor",
+    "SnapshotStore",
     "Snapshotter",
     "as_tensor",
     "call_base",

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from parity_tracker.capture.store import BoundedStore
 
 
 def tensor_version(t: torch.Tensor) -> int | None:
@@ -62,3 +68,53 @@ class Snapshotter:
     def clear(self) -> None:
         """Forget every snapshot (they stay alive where someone else holds them)."""
         self._seen.clear()
+
+
+class SnapshotStore(BoundedStore):
+    """Module snapshots within ``max_resident_bytes``, the oldest spilled to ``spill_dir``.
+
+    A snapshot is held by one or more captures (objects with a ``value`` attribute). Each
+    snapshot is tracked by a weak reference: it stops counting as soon as no capture holds it
+    (the eager path releasing a pair); spilling swaps every holder's ``value`` for the
+    :class:`~parity_tracker.capture.store.Spilled` record, whose file is deleted once no
+    capture holds the record.
+    """
+
+    def __init__(self, max_resident_bytes: float, spill_dir: str | os.PathLike[str] | None):
+        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "checker-spill-")
+        self._ids = itertools.count()
+
+    def clear(self) -> None:
+        """Forget every snapshot, reset the counters and delete the spill folder."""
+        self.close(reset_counters=True)
+
+    def admit(self, copy: torch.Tensor, cap: Any) -> None:  # type: ignore[override]
+        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
+        key = id(copy)
+        entry = self.get(key)
+        if entry is not None and entry[0]() is copy:
+            entry[1].append(cap)  # a snapshot shared with an earlier capture counts once
+            return
+        self.discard(key)  # a stale entry under a reused id
+        payload = (weakref.ref(copy, self._gone(key)), [cap])
+        super().admit(key, copy.untyped_storage().nbytes(), payload)
+
+    def _gone(self, key: int) -> Callable[[weakref.ref], None]:
+        def callback(ref: weakref.ref) -> None:
+            entry = self.get(key)
+            if entry is not None and entry[0] is ref:
+                self.discard(key)
+
+        return callback
+
+    def _spill_entry(self, _key: int, payload: tuple[weakref.ref, list[Any]]) -> bool:
+        ref, caps = payload
+        copy = ref()
+        if copy is None:
+            return False
+        spilled = self.write(copy, f"{next(self._ids)}.bin")
+        weakref.finalize(spilled, spilled.path.unlink, True)
+        for c in caps:
+            if c.value is copy:
+                c.value = spilled
+        return True

@@ -1,8 +1,11 @@
-"""Spill captured tensors to disk and read them back memory-mapped.
+"""The one bounded store of captured tensors: a resident byte budget, the oldest spilled to disk.
 
-Shared by the op-capture store (``parity_tracker.ops``) and the TensorChecker's snapshot store
-(``parity_tracker.tensor_checker``): both keep at most a resident byte budget of captured
-tensors and write the oldest ones beyond it here.
+:class:`BoundedStore` owns the budget rule for every capture path (the op recorder's captures,
+the TensorChecker's module snapshots): entries are admitted with their byte size, and past
+``max_resident_bytes`` the oldest resident entries are spilled (least recently admitted
+first), so after every admission ``resident_bytes <= max_resident_bytes``. What "spilling" an
+entry means is the owner's callback: it writes the tensor with :meth:`BoundedStore.write` and
+swaps its own reference for the :class:`Spilled` record.
 
 A tensor is written as the raw bytes of the storage span its view covers (``1 + sum((size - 1)
 * stride)`` elements from its storage offset), so any strided view round-trips with its strides.
@@ -16,11 +19,14 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["SpillDir", "Spilled", "span_elements"]
+__all__ = ["BoundedStore", "SpillCounters", "SpillDir", "Spilled", "span_elements"]
 
 
 def span_elements(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
@@ -138,3 +144,74 @@ class SpillDir:
             self._finalizer()
             self._finalizer = None
         self.path = None
+
+
+class BoundedStore:
+    """Resident entries within a byte budget; past it, the oldest are spilled to ``spill_dir``.
+
+    Args:
+        max_resident_bytes: the budget in bytes (0 spills every entry at once).
+        spill_dir: parent of the spill folder (a fresh temporary folder inside it, deleted by
+            :meth:`close`); ``None``: the system temporary folder.
+        on_spill: ``on_spill(key, payload) -> bool`` writes the entry (with :meth:`write`) and
+            returns whether anything was written (False when the tensor is already gone).
+        prefix: name prefix of the spill folder.
+
+    Attributes (all bytes): ``resident_bytes`` now, ``peak_resident_bytes`` the largest seen,
+    ``spilled_bytes`` written so far; ``spilled_count`` entries written so far.
+    """
+
+    def __init__(
+        self,
+        max_resident_bytes: float,
+        spill_dir: str | os.PathLike[str] | None,
+        on_spill: Callable[[Hashable, Any], bool],
+        prefix: str = "spill-",
+    ) -> None:
+        self.max_resident_bytes = max_resident_bytes
+        self._dir = SpillDir(spill_dir, prefix=prefix)
+        self._on_spill = on_spill
+        self._resident: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
+        self.resident_bytes = self.peak_resident_bytes = 0
+        self.spilled_bytes = self.spilled_count = 0
+
+    def admit(self, key: Hashable, nbytes: int, payload: Any = None) -> None:
+        """Count ``nbytes`` resident under ``key``; spill the oldest entries past the budget."""
+        self._resident[key] = (nbytes, payload)
+        self.resident_bytes += nbytes
+        while self.resident_bytes > self.max_resident_bytes and self._resident:
+            old_key, (n, old) = self._resident.popitem(last=False)
+            self.resident_bytes -= n
+            if self._on_spill(old_key, old):
+                self.spilled_bytes += n
+                self.spilled_count += 1
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+
+    def get(self, key: Hashable) -> Any:
+        """The payload of a resident entry, or None."""
+        entry = self._resident.get(key)
+        return None if entry is None else entry[1]
+
+    def discard(self, key: Hashable) -> bool:
+        """Stop counting ``key`` (no spill); returns whether it was resident."""
+        entry = self._resident.pop(key, None)
+        if entry is None:
+            return False
+        self.resident_bytes -= entry[0]
+        return True
+
+    def write(self, tensor: torch.Tensor, name: str) -> Spilled:
+        """Write ``tensor`` to the spill folder (:meth:`SpillDir.write`)."""
+        return self._dir.write(tensor, name)
+
+    def payloads(self) -> list[Any]:
+        """Payloads of the resident entries, oldest first."""
+        return [p for _, p in self._resident.values()]
+
+    def close(self, *, reset_counters: bool = False) -> None:
+        """Forget every entry (no spill) and delete the spill folder."""
+        self._resident = OrderedDict()
+        self.resident_bytes = 0
+        if reset_counters:
+            self.peak_resident_bytes = self.spilled_bytes = self.spilled_count = 0
+        self._dir.close()
