@@ -28,7 +28,7 @@ The memory bound: on the eager path the reference runs first, so its snapshots w
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot
 storage resident (each snapshot counted once, however many captures share it; parameters and
 buffers are referenced, not copied, and not counted). Past the budget the oldest snapshots are
-written to ``spill_dir`` (``parity_tracker.spill``, shared with the op store) and read back
+written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read back
 memory-mapped when their pair is compared or dumped. After every capture::
 
     resident_bytes <= max_resident_bytes        (whatever the model depth)
@@ -39,11 +39,9 @@ Spilling changes where a snapshot lives, never its value: results are identical.
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,10 +61,20 @@ from parity_tracker.capture import (
     root_name,
     tensor_version,
 )
-from parity_tracker.compare import PASSING, Comparison, compare_tensors
+from parity_tracker.capture.snapshot import SnapshotStore
+from parity_tracker.capture.store import SpillCounters, Spilled
+from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.compare.tolerances import Tolerances
+from parity_tracker.compare.verdict import first_divergence_index
 from parity_tracker.errors import InputError
-from parity_tracker.spill import SpillCounters, SpillDir, Spilled
-from parity_tracker.tolerances import Tolerances
+from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old import path)
+    MODES,
+    NEUTRAL,
+    PASSING,
+    WEIGHT_KINDS,
+    is_failing,
+    is_passing,
+)
 
 try:  # the op recorder must not record the checker's own copies and comparisons
     from parity_tracker.ops import suspended
@@ -83,10 +91,6 @@ __all__ = [
     "tensor_checker",
 ]
 
-MODES = ("equal", "allclose")
-WEIGHT_KINDS = frozenset({"param", "buffer"})
-#: Statuses that are neither passing nor a divergence: nothing could be compared.
-NEUTRAL = frozenset({"skipped"})
 _ROLE = {True: "reference", False: "candidate"}
 #: Default resident budget of the eager path's snapshots (bytes): 256 MiB. With the op store's
 #: 512 MiB (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``) it leaves room under the 1 GiB
@@ -156,12 +160,12 @@ class TagResult:
     @property
     def passed(self) -> bool:
         """True for ``equal`` / ``close``."""
-        return self.comparison.status in PASSING
+        return is_passing(self.comparison.status)
 
     @property
     def failed(self) -> bool:
         """True for a divergence: not passing and not ``skipped``."""
-        return self.comparison.status not in PASSING and self.comparison.status not in NEUTRAL
+        return is_failing(self.comparison.status)
 
     def to_row(self) -> dict[str, Any]:
         """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
@@ -190,8 +194,9 @@ class CheckResult:
         results: every compared tag in first-registration order, weights included.
         weights: the parameter/buffer pre-flight, reported apart so that a weight-loading
             error is never blamed on a module.
-        first_divergence: the first failing non-weight tag in execution order (``exec_order``,
-            then ``step``), or ``None``.
+        first_divergence: the first failing tag in execution order (``step``, then
+            ``exec_order``), weights and cache hits left out
+            (:func:`parity_tracker.compare.verdict.first_divergence`), or ``None``.
         passed: no tag failed (``skipped`` tags, e.g. never-called modules, do not fail).
         mode: ``"equal"`` or ``"allclose"``.
         dump_dir: the per-check dump folder relative to ``dump_path`` (``None`` if no dump).
@@ -277,65 +282,6 @@ def _load(value: Any) -> Any:
     return value.load(to_device=True) if isinstance(value, Spilled) else value
 
 
-class _SnapshotStore:
-    """Keeps snapshots within ``max_resident_bytes``, spilling the oldest to ``spill_dir``.
-
-    Each snapshot is tracked by a weak reference: it stops counting as soon as no capture
-    holds it (the eager path releasing a pair), and a spilled snapshot's file is deleted once
-    no capture holds its ``Spilled`` record.
-    """
-
-    def __init__(self, max_resident_bytes: float, spill_dir: Any) -> None:
-        self.max_resident_bytes = max_resident_bytes
-        self._dir = SpillDir(spill_dir, prefix="checker-spill-")
-        self._ids = itertools.count()
-        self._resident: OrderedDict[int, tuple[weakref.ref, int, list[_Capture]]] = OrderedDict()
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every snapshot and delete the spill folder."""
-        self._resident = OrderedDict()
-        self._dir.close()
-        self.resident_bytes = self.peak_resident_bytes = 0
-        self.spilled_bytes = self.spilled_count = 0
-
-    def admit(self, copy: torch.Tensor, cap: _Capture) -> None:
-        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
-        key = id(copy)
-        entry = self._resident.get(key)
-        if entry is not None and entry[0]() is copy:
-            entry[2].append(cap)  # a snapshot shared with an earlier capture counts once
-            return
-        nbytes = copy.untyped_storage().nbytes()
-        self._resident[key] = (weakref.ref(copy, self._gone(key)), nbytes, [cap])
-        self.resident_bytes += nbytes
-        while self.resident_bytes > self.max_resident_bytes and self._resident:
-            self._spill(*self._resident.popitem(last=False)[1])
-        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-
-    def _gone(self, key: int) -> Callable[[weakref.ref], None]:
-        def callback(ref: weakref.ref) -> None:
-            entry = self._resident.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._resident[key]
-                self.resident_bytes -= entry[1]
-
-        return callback
-
-    def _spill(self, ref: weakref.ref, nbytes: int, caps: list[_Capture]) -> None:
-        self.resident_bytes -= nbytes
-        copy = ref()
-        if copy is None:
-            return
-        spilled = self._dir.write(copy, f"{next(self._ids)}.bin")
-        weakref.finalize(spilled, spilled.path.unlink, True)
-        for c in caps:
-            if c.value is copy:
-                c.value = spilled
-        self.spilled_bytes += nbytes
-        self.spilled_count += 1
-
-
 class TensorChecker(SpillCounters):
     """Collects tensors by tag from two (or more) implementations and compares them.
 
@@ -349,8 +295,8 @@ class TensorChecker(SpillCounters):
             released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
             ``fnmatch`` against the tag; the first matching glob wins, and an override beats
-            the check's ``rtol``/``atol`` (``parity_tracker.tolerances.Tolerances``). Integer
-            and bool tensors are always compared exactly. Raises ``InputError`` when a pair is
+            the check's ``rtol``/``atol`` (``compare.tolerances.Tolerances``). Integer and bool
+            tensors are always compared exactly. Raises ``InputError`` when a pair is
             incomplete or negative.
         rtol: default relative tolerance for the eager path (``None``: the comparison core's
             per-dtype default, from ``torch.testing.assert_close``).
@@ -391,7 +337,7 @@ class TensorChecker(SpillCounters):
                 f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0 (math.inf for "
                 "no bound)"
             )
-        self._store = _SnapshotStore(max_resident_bytes, spill_dir)
+        self._store = SnapshotStore(max_resident_bytes, spill_dir)
         self.verbose = verbose
         self.align = align
         self.eager_mode = eager_mode
@@ -593,7 +539,7 @@ class TensorChecker(SpillCounters):
     def _eager_keep(self, g: _Group, comp: Comparison) -> bool:
         """Whether the planned dump needs this group's tensors after an eager comparison."""
         mode = self.dump_mode
-        failed = comp.status not in PASSING and comp.status not in NEUTRAL
+        failed = is_failing(comp.status)
         if mode is DumpMode.ALL:
             return True
         if mode is DumpMode.NOT_EQUAL:
@@ -728,7 +674,7 @@ class TensorChecker(SpillCounters):
         results = [self._tag_result(g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
         results += self._never_called(mode)
         weights = [r for r in results if r.kind in WEIGHT_KINDS]
-        first = _first_divergence(r for r in results if r.kind not in WEIGHT_KINDS)
+        first = _first_divergence(results)
         out = CheckResult(
             results=results,
             weights=weights,
@@ -789,7 +735,7 @@ class TensorChecker(SpillCounters):
             if comp is None:
                 comp = self._deferred_pair(g, ref, cap, mode, tol)
             comps.append(comp)
-        return next((c for c in comps if c.status not in PASSING), comps[0])
+        return next((c for c in comps if not is_passing(c.status)), comps[0])
 
     def _deferred_pair(self, g, ref: _Capture, cap: _Capture, mode, tol) -> Comparison:
         if ref.value is _RELEASED or cap.value is _RELEASED:
@@ -1071,9 +1017,20 @@ def _order_key(g: _Group) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def _first_divergence(results: Iterable[TagResult]) -> TagResult | None:
-    failing = [r for r in results if r.failed]
-    return min(failing, key=lambda r: (r.exec_order, r.step)) if failing else None
+def _first_divergence(results: list[TagResult]) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
+    rows = [
+        {
+            "status": r.status,
+            "kind": r.kind,
+            "cache_hit": r.cache_hit,
+            "step": r.step,
+            "exec_order": r.exec_order,
+        }
+        for r in results
+    ]
+    i = first_divergence_index(rows)
+    return None if i is None else results[i]
 
 
 def _dump_plan(mode: DumpMode, ordered: list[tuple[_Group, Comparison, int]]) -> list[_Group]:
@@ -1082,7 +1039,7 @@ def _dump_plan(mode: DumpMode, ordered: list[tuple[_Group, Comparison, int]]) ->
         return []
     if mode is DumpMode.ALL:
         return [g for g, _, _ in ordered]
-    failing = [(g, c) for g, c, _ in ordered if c.status not in PASSING and c.status not in NEUTRAL]
+    failing = [(g, c) for g, c, _ in ordered if is_failing(c.status)]
     if mode is DumpMode.NOT_EQUAL:
         return [g for g, _ in failing]
     for weights in (False, True):
@@ -1104,7 +1061,7 @@ def _exec_key(g: _Group) -> tuple[int, int]:
 
 def _status_word(r: TagResult, mode: str) -> str:
     status = r.comparison.status
-    if status in PASSING:
+    if is_passing(status):
         return "equal" if mode == "equal" else "close"
     if status == "mismatch":
         return "not equal" if mode == "equal" else "not close"
@@ -1121,7 +1078,7 @@ def format_line(r: TagResult, mode: str) -> str:
     noun = "tensor" if n == 1 else "tensors"
     where = r.tag if r.step == 0 else f"{r.tag} at step {r.step}"
     line = f"TensorChecker: {n} {noun} {_status_word(r, mode)} in {where}"
-    if r.comparison.status not in PASSING and r.comparison.status != "mismatch":
+    if not is_passing(r.comparison.status) and r.comparison.status != "mismatch":
         line += f": {r.comparison.message}"
     return line
 

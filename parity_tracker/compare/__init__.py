@@ -12,6 +12,7 @@ from parity_tracker.compare.core import (
     Comparison,
     compare_tensors,
     missing,
+    passes,
 )
 from parity_tracker.statuses import MODES, PASSING, STATUSES, Status
 
@@ -25,4 +26,5 @@ __all__ = [
     "Status",
     "compare_tensors",
     "missing",
+    "passes",
 ]
