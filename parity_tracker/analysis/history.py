@@ -121,8 +121,8 @@ def _tag_status(table: Any, tag: str) -> str | None:
 
 
 def _download_modules(client: Any, run_id: str, dst: Path) -> Any:
-    from parity_tracker.track.store import retry
     from parity_tracker.files.tables import read_table
+    from parity_tracker.track.store import retry
 
     local = retry(client.download_artifacts, run_id, "tables/modules.parquet", str(dst / run_id))
     return read_table(local, "modules")

@@ -18,7 +18,7 @@ from typing import Any
 from parity_tracker.errors import InfrastructureError, InputError
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.summary import RunResult
+from parity_tracker.run.result import RunResult
 from parity_tracker.track.store import (
     TAG_RUN_ID,
     get_client,
