@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from parity_tracker.errors import InputError
 from parity_tracker.hashing import dtype_name
 
 _SPARSE_LAYOUTS = frozenset(
@@ -89,7 +90,8 @@ def _fail(status: str, message: str, x: Any = None) -> Converted:
     )
 
 
-def _quant_info(t: torch.Tensor) -> QuantInfo:
+def quant_info(t: torch.Tensor) -> QuantInfo:
+    """Quantization parameters and ``int_repr`` of a quantized tensor (per tensor or channel)."""
     scheme = t.qscheme()
     name = str(scheme).removeprefix("torch.")
     if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
@@ -100,6 +102,64 @@ def _quant_info(t: torch.Tensor) -> QuantInfo:
         t.q_per_channel_zero_points().long(),
         int(t.q_per_channel_axis()),
         t.int_repr(),
+    )
+
+
+def is_dtensor(t: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor`` (without importing torch.distributed)."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
+
+
+def dense_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, gathered (DTensor), dense (sparse layouts) and on the CPU, lossless.
+
+    A quantized tensor stays quantized (its ``int_repr`` and parameters are the lossless form);
+    any other tensor has its conjugate/negative bits resolved. Shared by :func:`to_tensor` and
+    the dump writer (``parity_tracker.dump.to_numpy``).
+
+    Raises:
+        InputError: a meta or fake tensor (it has no data).
+    """
+    if _is_fake(t):
+        raise InputError(f"a {t.device} tensor has no data")
+    t = t.detach()
+    if is_dtensor(t):
+        t = t.full_tensor()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.cpu()
+    return t if t.is_quantized else t.resolve_conj().resolve_neg()
+
+
+def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
+    """View a registered object as a torch tensor without copying where possible.
+
+    Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
+    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
+    with ``__array__`` (``numpy.asarray``).
+
+    Raises:
+        InputError: the object is none of these, or its numpy dtype has no torch equivalent.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
+        return torch.from_dlpack(obj)
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
+        obj = np.asarray(obj)
+    if isinstance(obj, np.ndarray):
+        try:
+            if not obj.flags.writeable or any(s < 0 for s in obj.strides):
+                obj = np.array(obj, copy=True)
+            return torch.from_numpy(obj)
+        except TypeError as exc:
+            raise InputError(
+                f"tensor for tag {tag!r}: numpy dtype {obj.dtype} has no torch equivalent; "
+                "convert it to a numeric dtype first"
+            ) from exc
+    raise InputError(
+        f"register_tensor({tag!r}, ...) got a {type(obj).__name__}; pass a torch.Tensor, a "
+        "numpy array, or an object exposing __dlpack__ or __array__"
     )
 
 
@@ -133,14 +193,14 @@ def _from_tensor(x: torch.Tensor, side: str) -> Converted:
     if _is_fake(x):
         return _fail("skipped", f"{side} is a {device} tensor without data", x)
     t = x.detach()
-    if type(t).__name__ == "DTensor" and hasattr(t, "full_tensor"):
+    if is_dtensor(t):
         t = t.full_tensor()
     if t.is_nested:
         return _fail("error", f"{side} is a nested tensor; register its components separately", x)
     quant = None
     if t.is_quantized:
         t = t.cpu()
-        quant = _quant_info(t)
+        quant = quant_info(t)
         t = t.dequantize()
     if t.layout in _SPARSE_LAYOUTS:
         t = t.to_dense()

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from parity_tracker.capture.tags import call_base, named_modules, root_name
 from parity_tracker.compare import Comparison, compare_tensors
 from parity_tracker.errors import InputError
 from parity_tracker.tolerances import Tolerances
@@ -229,11 +230,6 @@ def compare_structured(
     return ("close" if any(c.status == "close" for c in results) else "equal"), worst
 
 
-def _named(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """``named_modules()`` with the root named ``model`` (the checker's naming)."""
-    return {(name or "model"): mod for name, mod in model.named_modules()}
-
-
 def _clone_tree(value: Any) -> Any:
     """Deep-copy every tensor leaf (detached), keeping the structure."""
     from torch.utils._pytree import tree_map
@@ -265,7 +261,9 @@ def isolate(
         reference_model: the reference ``nn.Module``.
         candidate_model: the candidate ``nn.Module`` with the same submodule names.
         run_reference: runs one reference forward; called exactly once.
-        module_names: names from ``named_modules()`` (root = ``"model"``) to isolate.
+        module_names: display names from ``named_modules()`` to isolate, the root as
+            :func:`parity_tracker.capture.tags.root_name` names it (``"model"``, or ``"root"``
+            when a child is named ``model``).
         mode: ``"equal"`` or ``"allclose"`` (as in ``compare_tensors``).
         rtol: session relative tolerance (``None`` = per-dtype default of the comparison core).
         atol: session absolute tolerance (``None`` = per-dtype default).
@@ -284,15 +282,16 @@ def isolate(
     Note:
         Stateful candidate modules (a KV cache) see one extra call per reference call.
     """
-    ref_named, cand_named = _named(reference_model), _named(candidate_model)
+    ref_named, cand_named = named_modules(reference_model), named_modules(candidate_model)
     names = list(dict.fromkeys(module_names))
     for name in names:
         for side, named in (("reference", ref_named), ("candidate", cand_named)):
             if name not in named:
                 close = difflib.get_close_matches(name, list(named), n=3)
+                root = root_name(reference_model if side == "reference" else candidate_model)
                 raise InputError(
                     f"isolate: module {name!r} is not in the {side} model's named_modules() "
-                    f"(the root is 'model'); close matches: {close}"
+                    f"(the root is {root!r}); close matches: {close}"
                 )
     tol = tolerances if isinstance(tolerances, Tolerances) else Tolerances(tolerances)
     results: dict[tuple[str, int], tuple[str, float | None]] = {}
@@ -308,7 +307,7 @@ def isolate(
             args, kwargs = pending[name].pop()
             k = calls.get(name, 0)
             calls[name] = k + 1
-            tag = name if k == 0 else f"{name}@{k}"
+            tag = call_base(name, k)
             try:
                 with torch.no_grad():
                     cand_out = cand_named[name](*args, **kwargs)

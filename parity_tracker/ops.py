@@ -73,10 +73,11 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
-from parity_tracker.compare import PASSING, Comparison, compare_tensors
+from parity_tracker.compare import Comparison, compare_tensors, passes
 from parity_tracker.errors import InputError
 from parity_tracker.localize import align_ops, classify, layout_differences
 from parity_tracker.spill import SpillCounters, SpillDir, Spilled
+from parity_tracker.statuses import is_failing, is_neutral, is_passing
 from parity_tracker.tolerances import Tolerances
 
 #: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
@@ -822,7 +823,7 @@ class OpSession(SpillCounters):
         layout: list[str],
         out_diffs: list[str],
     ) -> tuple[bool, str | None]:
-        if cmp.passed or cmp.status == "skipped":
+        if not is_failing(cmp.status):
             return False, None
         if present != "both":
             if op in LAYOUT_OPS or op == "manual" or inputs_status == "failing":
@@ -959,27 +960,12 @@ class OpSession(SpillCounters):
             return self._verdict(ref_t, cand_t)
 
     def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
-        """``passing`` / ``failing`` by the session's mode, without the metrics.
+        """``passing`` / ``failing`` by the session's mode: :func:`compare.passes`, no metrics.
 
-        ``equal``: identical values, NaN at the same positions counts as equal; ``allclose``:
-        ``|c - r| <= atol + rtol * |r|`` with the session's tolerances for the two dtypes
-        (``Tolerances.resolve``), NaN matched by position — the comparison core's rules.
+        A dtype difference alone is not a value difference here (``ignore_dtype``).
         """
-        if ref_t.shape != cand_t.shape:
-            return "failing"
-        if ref_t.dtype != cand_t.dtype:
-            common = torch.promote_types(ref_t.dtype, cand_t.dtype)
-            ref_t, cand_t = ref_t.to(common), cand_t.to(common)
-        if torch.equal(ref_t, cand_t):
-            return "passing"
-        if not (ref_t.is_floating_point() or ref_t.is_complex()):
-            return "failing"
-        if self.mode == "allclose":
-            rtol, atol = self.tolerances.resolve(None, ref_t.dtype, cand_t.dtype)
-            ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            ok = (ref_t == cand_t) | (ref_t.isnan() & cand_t.isnan())
-        return "passing" if bool(ok.all()) else "failing"
+        ok = passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances, ignore_dtype=True)
+        return "passing" if ok else "failing"
 
     def _compare(self, ref_t: torch.Tensor, cand_t: torch.Tensor, tag: str | None) -> Comparison:
         return compare_tensors(ref_t, cand_t, mode=self.mode, tag=tag, tolerances=self.tolerances)
@@ -1030,9 +1016,9 @@ def _align_key(ev: _Event) -> tuple:
 
 
 def _passfail(status: str) -> str:
-    if status in PASSING:
+    if is_passing(status):
         return "passing"
-    if status in ("skipped",):
+    if is_neutral(status):
         return "unknown"
     return "failing"
 

@@ -63,9 +63,18 @@ from parity_tracker.capture import (
     root_name,
     tensor_version,
 )
-from parity_tracker.compare import PASSING, Comparison, compare_tensors
+from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.compare.verdict import first_divergence_index
 from parity_tracker.errors import InputError
 from parity_tracker.spill import SpillCounters, SpillDir, Spilled
+from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old import path)
+    MODES,
+    NEUTRAL,
+    PASSING,
+    WEIGHT_KINDS,
+    is_failing,
+    is_passing,
+)
 from parity_tracker.tolerances import Tolerances
 
 try:  # the op recorder must not record the checker's own copies and comparisons
@@ -83,10 +92,6 @@ __all__ = [
     "tensor_checker",
 ]
 
-MODES = ("equal", "allclose")
-WEIGHT_KINDS = frozenset({"param", "buffer"})
-#: Statuses that are neither passing nor a divergence: nothing could be compared.
-NEUTRAL = frozenset({"skipped"})
 _ROLE = {True: "reference", False: "candidate"}
 #: Default resident budget of the eager path's snapshots (bytes): 256 MiB. With the op store's
 #: 512 MiB (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``) it leaves room under the 1 GiB
@@ -156,12 +161,12 @@ class TagResult:
     @property
     def passed(self) -> bool:
         """True for ``equal`` / ``close``."""
-        return self.comparison.status in PASSING
+        return is_passing(self.comparison.status)
 
     @property
     def failed(self) -> bool:
         """True for a divergence: not passing and not ``skipped``."""
-        return self.comparison.status not in PASSING and self.comparison.status not in NEUTRAL
+        return is_failing(self.comparison.status)
 
     def to_row(self) -> dict[str, Any]:
         """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
@@ -190,8 +195,9 @@ class CheckResult:
         results: every compared tag in first-registration order, weights included.
         weights: the parameter/buffer pre-flight, reported apart so that a weight-loading
             error is never blamed on a module.
-        first_divergence: the first failing non-weight tag in execution order (``exec_order``,
-            then ``step``), or ``None``.
+        first_divergence: the first failing tag in execution order (``step``, then
+            ``exec_order``), weights and cache hits left out
+            (:func:`parity_tracker.compare.verdict.first_divergence`), or ``None``.
         passed: no tag failed (``skipped`` tags, e.g. never-called modules, do not fail).
         mode: ``"equal"`` or ``"allclose"``.
         dump_dir: the per-check dump folder relative to ``dump_path`` (``None`` if no dump).
@@ -593,7 +599,7 @@ class TensorChecker(SpillCounters):
     def _eager_keep(self, g: _Group, comp: Comparison) -> bool:
         """Whether the planned dump needs this group's tensors after an eager comparison."""
         mode = self.dump_mode
-        failed = comp.status not in PASSING and comp.status not in NEUTRAL
+        failed = is_failing(comp.status)
         if mode is DumpMode.ALL:
             return True
         if mode is DumpMode.NOT_EQUAL:
@@ -728,7 +734,7 @@ class TensorChecker(SpillCounters):
         results = [self._tag_result(g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
         results += self._never_called(mode)
         weights = [r for r in results if r.kind in WEIGHT_KINDS]
-        first = _first_divergence(r for r in results if r.kind not in WEIGHT_KINDS)
+        first = _first_divergence(results)
         out = CheckResult(
             results=results,
             weights=weights,
@@ -789,7 +795,7 @@ class TensorChecker(SpillCounters):
             if comp is None:
                 comp = self._deferred_pair(g, ref, cap, mode, tol)
             comps.append(comp)
-        return next((c for c in comps if c.status not in PASSING), comps[0])
+        return next((c for c in comps if not is_passing(c.status)), comps[0])
 
     def _deferred_pair(self, g, ref: _Capture, cap: _Capture, mode, tol) -> Comparison:
         if ref.value is _RELEASED or cap.value is _RELEASED:
@@ -1071,9 +1077,20 @@ def _order_key(g: _Group) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def _first_divergence(results: Iterable[TagResult]) -> TagResult | None:
-    failing = [r for r in results if r.failed]
-    return min(failing, key=lambda r: (r.exec_order, r.step)) if failing else None
+def _first_divergence(results: list[TagResult]) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
+    rows = [
+        {
+            "status": r.status,
+            "kind": r.kind,
+            "cache_hit": r.cache_hit,
+            "step": r.step,
+            "exec_order": r.exec_order,
+        }
+        for r in results
+    ]
+    i = first_divergence_index(rows)
+    return None if i is None else results[i]
 
 
 def _dump_plan(mode: DumpMode, ordered: list[tuple[_Group, Comparison, int]]) -> list[_Group]:
@@ -1082,7 +1099,7 @@ def _dump_plan(mode: DumpMode, ordered: list[tuple[_Group, Comparison, int]]) ->
         return []
     if mode is DumpMode.ALL:
         return [g for g, _, _ in ordered]
-    failing = [(g, c) for g, c, _ in ordered if c.status not in PASSING and c.status not in NEUTRAL]
+    failing = [(g, c) for g, c, _ in ordered if is_failing(c.status)]
     if mode is DumpMode.NOT_EQUAL:
         return [g for g, _ in failing]
     for weights in (False, True):
@@ -1104,7 +1121,7 @@ def _exec_key(g: _Group) -> tuple[int, int]:
 
 def _status_word(r: TagResult, mode: str) -> str:
     status = r.comparison.status
-    if status in PASSING:
+    if is_passing(status):
         return "equal" if mode == "equal" else "close"
     if status == "mismatch":
         return "not equal" if mode == "equal" else "not close"
@@ -1121,7 +1138,7 @@ def format_line(r: TagResult, mode: str) -> str:
     noun = "tensor" if n == 1 else "tensors"
     where = r.tag if r.step == 0 else f"{r.tag} at step {r.step}"
     line = f"TensorChecker: {n} {noun} {_status_word(r, mode)} in {where}"
-    if r.comparison.status not in PASSING and r.comparison.status != "mismatch":
+    if not is_passing(r.comparison.status) and r.comparison.status != "mismatch":
         line += f": {r.comparison.message}"
     return line
 

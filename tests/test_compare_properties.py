@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parity_tracker.compare import STATUSES, compare_tensors
+from parity_tracker.compare import STATUSES, compare_tensors, passes
 
 DTYPES = [
     torch.float64,
@@ -93,3 +93,24 @@ def test_tensor_equals_itself(t, mode) -> None:
     if t.dtype.is_floating_point and t.dtype.itemsize > 1:
         assert got.ref_nan == int(torch.isnan(t).sum())
         assert got.ref_inf == int(torch.isinf(t).sum())
+
+
+@st.composite
+def same_dtype_pairs(draw):
+    ref = draw(tensors())
+    if draw(st.booleans()):
+        return ref, draw(tensors(shape=tuple(ref.shape) or None, dtype=ref.dtype))
+    # a small perturbation of the reference: close in allclose mode, or just outside
+    scale = draw(st.sampled_from([0.0, 1e-9, 1e-6, 1e-3, 1e-1]))
+    if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
+        return ref, ref.clone()
+    noise = torch.from_numpy(np.random.default_rng(0).standard_normal(tuple(ref.shape)))
+    return ref, (ref.double() * (1 + scale * noise)).to(ref.dtype)
+
+
+@settings(max_examples=80, deadline=None)
+@given(same_dtype_pairs(), st.sampled_from(["equal", "allclose"]))
+def test_passes_is_compare_tensors_verdict(pair, mode) -> None:
+    """``passes`` (no metrics, used by the op recorder) agrees with ``compare_tensors``."""
+    ref, cand = pair
+    assert passes(ref, cand, mode=mode) == compare_tensors(ref, cand, mode=mode).passed

@@ -251,3 +251,53 @@ def test_isolate_unknown_module_names_the_close_matches():
     ref, cand = _chain_pair()
     with pytest.raises(InputError, match=r"layer2.*layer\d"):
         isolate(ref, cand, lambda: None, ["layer2"], mode="equal")
+
+
+class _Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class _ForCausalLM(nn.Module):  # Hugging Face shape: the backbone is a child named "model"
+    def __init__(self):
+        super().__init__()
+        self.model = _Backbone()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.model(x))
+
+
+def test_isolate_on_a_model_with_a_child_named_model(tmp_path):
+    """Regression (issue 12): the root is ``root`` there; isolate used to name it ``model``."""
+    import copy
+
+    from parity_tracker.run import run_parity
+
+    torch.manual_seed(0)
+    ref = _ForCausalLM()
+    cand = copy.deepcopy(ref)
+    with torch.no_grad():
+        cand.head.weight[0, 0] += 1e-3
+    result = run_parity(
+        ref,
+        cand,
+        (torch.randn(3, 4),),
+        isolate=True,
+        dump_mode="not",
+        dump_path=tmp_path / "d",
+        environment={},
+    )
+    outputs = {r["module"]: r for r in result.modules.to_pylist() if r["kind"] == "output"}
+    # the root and the head differ (the head's weight was nudged); the backbone does not
+    assert outputs["root"]["status"] == "mismatch" and outputs["head"]["status"] == "mismatch"
+    assert outputs["model"]["status"] == "equal"
+    # each failing output row has its local verdict: the head is itself wrong, and so is the
+    # root (re-run on the reference's input it still goes through the nudged head)
+    assert outputs["head"]["local_status"] == "mismatch"
+    assert outputs["root"]["local_status"] == "mismatch"
+    assert outputs["model"]["local_status"] is None

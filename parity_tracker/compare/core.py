@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,29 +44,15 @@ from parity_tracker.metrics import (
     torch_threads,
     ulp_spec,
 )
+from parity_tracker.statuses import MODES, PASSING
 from parity_tracker.tolerances import Tolerances, check_pair
 
-MODES = ("equal", "allclose")
 EQUAL_CHUNK = 1 << 18
 """Elements per chunk of the equal fast path (1 MiB of float32: hashed, then compared in cache)."""
 SMALL = 1 << 20
 """Pairs of at most this many elements take the small path: each side hashed in one call, no
 chunking, no worker threads and no change to torch's thread count (a process-wide setting that
 costs more than the whole comparison of a small pair)."""
-
-Status = Literal[
-    "equal",
-    "close",
-    "mismatch",
-    "shape_mismatch",
-    "missing_reference",
-    "missing_candidate",
-    "skipped",
-    "error",
-]
-PASSING = frozenset({"equal", "close"})
-#: Every status of the contract, in the contract's order.
-STATUSES: tuple[str, ...] = get_args(Status)
 
 
 @dataclass(frozen=True)
@@ -505,6 +491,63 @@ def compare_tensors(
     except Exception as exc:  # never abort a whole check for one pair
         msg = f"comparison failed: {type(exc).__name__}: {exc}"
         return Comparison(status="error", message=msg, **base)
+
+
+def passes(
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    *,
+    mode: str,
+    tolerances: Tolerances | None = None,
+    tag: str | None = None,
+    ignore_dtype: bool = False,
+) -> bool:
+    """The verdict of :func:`compare_tensors` without its metrics: does the pair pass?
+
+    Same rules as :func:`compare_tensors` (this module's docstring): shapes must match (no
+    broadcasting); ``equal`` wants equal values (``-0.0 == 0.0``, NaN matching NaN at the same
+    position) and the same dtype; ``allclose`` wants ``|c - r| <= atol + rtol * |r|`` with
+    ``tolerances.resolve(tag, dtypes)`` (integers and bools exact), NaN/inf matched by
+    position (``torch.isclose(..., equal_nan=True)`` in float64/complex128, which also covers
+    float8). Both sides are first cast to their promoted dtype (``torch.promote_types``). Used where only pass/fail is needed, e.g. the op
+    recorder's input statuses.
+
+    Args:
+        reference: reference tensor (any device; moved to the candidate's device).
+        candidate: candidate tensor.
+        mode: ``"equal"`` or ``"allclose"``.
+        tolerances: tolerance table (default: the per-dtype defaults).
+        tag: looked up in ``tolerances``' per-tag overrides.
+        ignore_dtype: a dtype difference alone does not fail ``equal`` (the op recorder counts
+            it as layout evidence, seed case B, not as a value difference).
+
+    Raises:
+        InputError: unknown ``mode``.
+    """
+    if mode not in MODES:
+        raise InputError(f"unknown comparison mode {mode!r}; use one of {', '.join(MODES)}")
+    ref_t, cand_t = reference, candidate
+    if ref_t.shape != cand_t.shape:
+        return False
+    if ref_t.device != cand_t.device:
+        ref_t = ref_t.to(cand_t.device)
+    if ref_t.dtype != cand_t.dtype:
+        if mode == "equal" and not ignore_dtype:
+            return False
+        common = torch.promote_types(ref_t.dtype, cand_t.dtype)
+        ref_t, cand_t = ref_t.to(common), cand_t.to(common)
+    if torch.equal(ref_t, cand_t):
+        return True
+    if not (ref_t.is_floating_point() or ref_t.is_complex()):
+        return False
+    if mode == "allclose":
+        rtol, atol = (tolerances or Tolerances()).resolve(tag, reference.dtype, candidate.dtype)
+        wide = torch.complex128 if ref_t.is_complex() else torch.float64  # as the metrics do
+        ref_t, cand_t = ref_t.to(wide), cand_t.to(wide)
+        ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = (ref_t == cand_t) | (ref_t.isnan() & cand_t.isnan())
+    return bool(ok.all())
 
 
 def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> Comparison | None:

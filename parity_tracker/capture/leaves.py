@@ -1,19 +1,7 @@
-"""Capture: turn what a module sees in a forward into tagged tensor snapshots.
+"""Leaves of what a module sees: flatten inputs/outputs to tagged leaves, own tensors.
 
-This module knows the tag grammar of the contract (design.md, "Public names") and how to take a
-snapshot of a tensor that later in-place operations cannot rewrite. It does not compare
-anything; ``parity_tracker.tensor_checker`` owns the groups of captures and the comparisons.
-
-Tag grammar (prefix ``checker_``, the root module named ``model``):
-
-- output, a single tensor: ``checker_{module}``; structured outputs (tuple, list, dict,
-  dataclass, Hugging Face ``ModelOutput``): ``checker_{module}_output_{path}`` with the
-  flattened key path joined by ``.``;
-- positional input ``i``: ``checker_{module}_input_{i}``; keyword input
-  ``checker_{module}_input_{name}`` (a structured input adds ``.{path}``);
-- a parameter or buffer: ``checker_{qualified name}``;
-- the k-th call (k >= 1) of a module called more than once in one forward (one step):
-  ``{module}@{k}`` in place of ``{module}``.
+The tag strings come from :mod:`parity_tracker.capture.tags`; this module only walks the
+structures (tuples, lists, mappings, dataclasses) and names each leaf's slot.
 """
 
 from __future__ import annotations
@@ -27,10 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from parity_tracker.errors import InputError
+from parity_tracker.capture.tags import (
+    ROOT_NAME,
+    input_tag,
+    module_display_name,
+    output_tag,
+)
+from parity_tracker.convert import as_tensor  # noqa: F401  (re-exported: capture.as_tensor)
 
-TAG_PREFIX = "checker_"
-ROOT_NAME = "model"
 _MAX_DEPTH = 32
 
 
@@ -51,35 +43,6 @@ class NonTensor:
 
     def __repr__(self) -> str:
         return f"<{self.type_name}>"
-
-
-ROOT_FALLBACK = "root"
-
-
-def root_name(model: torch.nn.Module) -> str:
-    """The root's display name: ``"model"``, or ``"root"`` when a child is named ``model``.
-
-    Hugging Face ``*ForCausalLM`` classes hold their backbone in a child called ``model``; with
-    the root also called ``model`` both would register ``checker_model_input_input_ids`` in one
-    forward. Children keep their ``named_modules()`` names (the contract), so the root yields.
-    """
-    clash = any(name == ROOT_NAME for name, _ in model.named_children())
-    return ROOT_FALLBACK if clash else ROOT_NAME
-
-
-def module_display_name(name: str, root: str = ROOT_NAME) -> str:
-    """The module name used in tags: ``named_modules()``'s name, ``root`` for the root."""
-    return name if name else root
-
-
-def call_base(module: str, call_index: int) -> str:
-    """``module`` for the first call of a step, ``module@k`` for the k-th repeated call."""
-    return module if call_index == 0 else f"{module}@{call_index}"
-
-
-def param_tag(qualified_name: str) -> str:
-    """The tag of a parameter or buffer: ``checker_{qualified name}``."""
-    return f"{TAG_PREFIX}{qualified_name}"
 
 
 def is_tensor_like(obj: Any) -> bool:
@@ -127,8 +90,8 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
     flattened to ``checker_{base}_output_{path}`` with slot ``output.{path}``.
     """
     if output is None or is_tensor_like(output):
-        return [(f"{TAG_PREFIX}{base}", "output", output)]
-    return [(f"{TAG_PREFIX}{base}_output_{p}", f"output.{p}", leaf) for p, leaf in flatten(output)]
+        return [(output_tag(base), "output", output)]
+    return [(output_tag(base, p), f"output.{p}", leaf) for p, leaf in flatten(output)]
 
 
 def input_leaves(
@@ -145,40 +108,8 @@ def input_leaves(
     for name, value in items:
         for p, leaf in flatten(value):
             suffix = f"{name}.{p}" if p else name
-            leaves.append((f"{TAG_PREFIX}{base}_input_{suffix}", f"input.{suffix}", leaf))
+            leaves.append((input_tag(base, suffix), f"input.{suffix}", leaf))
     return leaves
-
-
-def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
-    """View a registered object as a torch tensor without copying where possible.
-
-    Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
-    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
-    with ``__array__`` (``numpy.asarray``).
-
-    Raises:
-        InputError: the object is none of these, or its numpy dtype has no torch equivalent.
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
-        return torch.from_dlpack(obj)
-    if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
-        obj = np.asarray(obj)
-    if isinstance(obj, np.ndarray):
-        try:
-            if not obj.flags.writeable or any(s < 0 for s in obj.strides):
-                obj = np.array(obj, copy=True)
-            return torch.from_numpy(obj)
-        except TypeError as exc:
-            raise InputError(
-                f"tensor for tag {tag!r}: numpy dtype {obj.dtype} has no torch equivalent; "
-                "convert it to a numeric dtype first"
-            ) from exc
-    raise InputError(
-        f"register_tensor({tag!r}, ...) got a {type(obj).__name__}; pass a torch.Tensor, a "
-        "numpy array, or an object exposing __dlpack__ or __array__"
-    )
 
 
 def tensor_version(t: torch.Tensor) -> int | None:

@@ -1,0 +1,114 @@
+"""Verdicts derived from many comparison rows: the first divergence and the worst tensor.
+
+Each rule is defined here once; the checker's printout, the run summary, the CLI and the HTML
+report call these functions instead of writing their own filter or ordering.
+
+Rows are mappings with the ``modules``/``ops`` table columns (``tables.MODULES_SCHEMA``):
+``status``, ``kind``, ``step``, ``exec_order``, ``cache_hit``, ``sqnr_db``, ``max_abs_diff``
+(a missing key reads as ``None``). A ``pyarrow.Table`` is accepted too and read row by row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from parity_tracker.statuses import WEIGHT_KINDS, is_failing
+
+Row = Mapping[str, Any]
+
+
+def _rows(rows: Iterable[Row] | Any) -> list[Row]:
+    if hasattr(rows, "to_pylist"):  # pyarrow.Table
+        return rows.to_pylist()
+    return list(rows)
+
+
+def _finite(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number, else None (NaN, ±inf, None, non-numbers)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def _order(x: Any) -> float:
+    """An ``exec_order``/``step`` for sorting; None and negatives (never captured) sort last."""
+    return math.inf if x is None or x < 0 else x
+
+
+def is_divergence(row: Row) -> bool:
+    """True for a row that can be a first divergence: failing, not a weight, not a cache hit.
+
+    Weights (``param``/``buffer``) are reported apart so a weight-loading error is never blamed
+    on a module; a ``cache_hit`` row's error belongs to the cache that skipped the module
+    (issue 7), not to the module.
+    """
+    return (
+        is_failing(row.get("status"))
+        and row.get("kind") not in WEIGHT_KINDS
+        and not row.get("cache_hit")
+    )
+
+
+def first_divergence_index(rows: Iterable[Row] | Any) -> int | None:
+    """Position in ``rows`` of the first divergence (see :func:`first_divergence`)."""
+    best: tuple[float, float, int] | None = None
+    for i, row in enumerate(_rows(rows)):
+        if not is_divergence(row):
+            continue
+        key = (_order(row.get("step") or 0), _order(row.get("exec_order")), i)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]
+
+
+def first_divergence(rows: Iterable[Row] | Any) -> Row | None:
+    """The first failing row in execution order, weights and cache hits left out.
+
+    Execution order is ``step``, then ``exec_order`` (rows without a position — never
+    captured — come after the positioned rows of their step), then the rows' own order.
+    ``skipped`` rows are not divergences (:mod:`parity_tracker.statuses`).
+
+    Args:
+        rows: row mappings (or a ``pyarrow.Table``) with the modules/ops table columns.
+
+    Returns:
+        That row (the mapping given), or None when no row diverges.
+    """
+    rows = _rows(rows)
+    i = first_divergence_index(rows)
+    return None if i is None else rows[i]
+
+
+def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
+    i, row = item
+    sqnr = _finite(row.get("sqnr_db"))
+    diff = _finite(row.get("max_abs_diff"))
+    values = 0 if row.get("status") == "mismatch" else 1
+    return (values, math.inf if sqnr is None else sqnr, -(diff or 0.0), i)
+
+
+def worst_tensors(rows: Iterable[Row] | Any, n: int | None = None) -> list[Row]:
+    """Failing rows from worst to least bad (the ``n`` worst when ``n`` is given).
+
+    Value mismatches (status ``mismatch``: both tensors exist and have a shape in common) come
+    first, by lowest ``sqnr_db`` — scale-free, signal power over error power — with missing or
+    non-finite SQNR last and ties broken by the largest ``max_abs_diff``, then row order. The
+    other failing rows (shape mismatch, missing, error: no value difference to measure) follow
+    in row order. Weights and cache hits are included: they are tensors that differ.
+    """
+    ranked = sorted(
+        ((i, r) for i, r in enumerate(_rows(rows)) if is_failing(r.get("status"))), key=_badness
+    )
+    out = [r for _, r in ranked]
+    return out if n is None else out[:n]
+
+
+def worst_tensor(rows: Iterable[Row] | Any) -> Row | None:
+    """The worst failing row (first of :func:`worst_tensors`), or None when none fails.
+
+    The report draws this tensor's histogram; it is a ``mismatch`` row whenever one exists.
+    """
+    worst = worst_tensors(rows, 1)
+    return worst[0] if worst else None
