@@ -16,8 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: Passing statuses (design.md, "Statuses").
-PASSING = ("equal", "close")
+from parity_tracker.statuses import is_passing, passing_mask
 
 #: Every change label, in the order of the predicate (first matching rule wins).
 CHANGES = ("new", "removed", "regression", "fix", "worse", "better", "drift", "unchanged")
@@ -159,8 +158,8 @@ def classify(
     label = decide(
         base_present=np.array(base_row is not None),
         head_present=np.array(head_row is not None),
-        base_pass=np.array(base_row is not None and base_row.get("status") in PASSING),
-        head_pass=np.array(head_row is not None and head_row.get("status") in PASSING),
+        base_pass=np.array(base_row is not None and is_passing(base_row.get("status"))),
+        head_pass=np.array(head_row is not None and is_passing(head_row.get("status"))),
         base_mad=np.array(_mad(base_row)),
         head_mad=np.array(_mad(head_row)),
         eps=np.array(floor),
@@ -234,7 +233,6 @@ def diff_tables(
         _side(head_modules, "head_"), keys=["tag", "step"], join_type="full outer"
     )
     j = {name: joined.column(name) for name in joined.column_names}
-    passing = pa.array(PASSING)
     bh, hh = j["base_cand_hash"], j["head_cand_hash"]
     hash_changed = _np(pc.not_equal(bh, hh), False, bool)  # null (a hash unknown) → False
     dtype = pc.coalesce(j["head_cand_dtype"], j["base_cand_dtype"])
@@ -242,8 +240,8 @@ def diff_tables(
     change = decide(
         base_present=_np(j["base_present"], False, bool),
         head_present=_np(j["head_present"], False, bool),
-        base_pass=_np(pc.is_in(j["base_status"], value_set=passing), False, bool),
-        head_pass=_np(pc.is_in(j["head_status"], value_set=passing), False, bool),
+        base_pass=_np(passing_mask(j["base_status"]), False, bool),
+        head_pass=_np(passing_mask(j["head_status"]), False, bool),
         base_mad=_np(j["base_max_abs_diff"].cast(pa.float64()), np.nan, np.float64),
         head_mad=_np(j["head_max_abs_diff"].cast(pa.float64()), np.nan, np.float64),
         eps=eps_arr,

@@ -26,8 +26,9 @@ from urllib.parse import unquote, urlparse
 import pyarrow.compute as pc
 
 from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
+from parity_tracker.statuses import PASSING, is_passing
 
-PASSING = ("equal", "close")
+__all__ = ["PASSING"]  # re-exported for old readers; the owner is parity_tracker.statuses
 
 
 def _is_failing(run: Any) -> bool:
@@ -117,7 +118,7 @@ def _tag_status(table: Any, tag: str) -> str | None:
     if rows.num_rows == 0:
         return None
     statuses = rows.column("status").to_pylist()
-    return next((s for s in statuses if s not in PASSING), statuses[0])
+    return next((s for s in statuses if not is_passing(s)), statuses[0])
 
 
 def _download_modules(client: Any, run_id: str, dst: Path) -> Any:
@@ -195,7 +196,7 @@ def _first_failing(statuses: Sequence[str]) -> str | None:
     """The first failing status over steps, else the first (passing) one; None when empty."""
     if not statuses:
         return None
-    return next((s for s in statuses if s not in PASSING), statuses[0])
+    return next((s for s in statuses if not is_passing(s)), statuses[0])
 
 
 def _local_tag_statuses(paths: Sequence[Path], tag: str) -> list[str | None]:
@@ -392,7 +393,7 @@ def build_history(
                 f"tag {tag!r} is in none of the {len(points)} runs; "
                 f"tags look like: {', '.join(sample)}"
             )
-        failing = [None if p.tag_status is None else p.tag_status not in PASSING for p in points]
+        failing = [None if p.tag_status is None else not is_passing(p.tag_status) for p in points]
     index = first_bad(failing)
     return History(
         target=target,

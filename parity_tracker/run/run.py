@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.compare import PASSING
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.run.histogram import histogram_from_dump
 from parity_tracker.run.mode import choose_mode
 from parity_tracker.run.result import RunResult
-from parity_tracker.run.summary import NEUTRAL, build_summary, worst_tensor
+from parity_tracker.run.summary import build_summary, worst_tensor
+from parity_tracker.statuses import is_failing
 
 # ---------------------------------------------------------------------------------------------
 # running both sides
@@ -268,7 +268,7 @@ def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any
     failing = {
         r["module"]
         for r in rows
-        if r["kind"] == "output" and r["module"] and r["status"] not in PASSING | NEUTRAL
+        if r["kind"] == "output" and r["module"] and is_failing(r["status"])
     }
     if not failing:
         return {}

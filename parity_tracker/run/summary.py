@@ -19,14 +19,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parity_tracker.compare import PASSING, STATUSES
+from parity_tracker.compare import verdict
 from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
 from parity_tracker.run.mode import config_fingerprint
+from parity_tracker.statuses import (
+    NEUTRAL,
+    PASSING,
+    STATUSES,
+    WEIGHT_KINDS,  # noqa: F401  (re-exported: an old ``parity_tracker.run`` name)
+    failing_mask,
+    weight_mask,
+)
 
-#: Statuses that count as neither passing nor failing (the pair could not be judged).
-NEUTRAL = frozenset({"skipped"})
-#: Row kinds that are weights: reported apart from module divergences.
-WEIGHT_KINDS = ("buffer", "param")
 #: Execution statuses of a run (``summary["status"]``) and the MLflow run status each maps to.
 RUN_STATUSES = {"completed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
@@ -289,45 +293,48 @@ def status_counts(table: pa.Table) -> dict[str, int]:
     return counts
 
 
-def _failing_mask(table: pa.Table, weights: bool | None = None) -> pa.ChunkedArray:
-    """Mask of rows whose status fails (anything but equal, close, skipped).
-
-    ``weights`` True keeps only param/buffer rows, False only the others, None all.
-    """
-    bad = pc.invert(pc.is_in(table.column("status"), pa.array(sorted(PASSING | NEUTRAL))))
-    if weights is not None:
-        is_weight = pc.fill_null(pc.is_in(table.column("kind"), pa.array(WEIGHT_KINDS)), False)
-        bad = pc.and_(bad, is_weight if weights else pc.invert(is_weight))
-    return bad
+def _failing_rows(table: pa.Table, columns: list[str]) -> list[dict[str, Any]]:
+    """The failing rows (``statuses.failing_mask``) of ``columns``, in table order."""
+    if not table.num_rows:
+        return []
+    return table.select(columns).filter(failing_mask(table.column("status"))).to_pylist()
 
 
-def _not_cache_hit(table: pa.Table) -> pa.ChunkedArray:
-    """True for rows not marked ``cache_hit`` (null counts as not a hit)."""
-    return pc.invert(pc.fill_null(table.column("cache_hit"), False))
+def _count(mask: Any) -> int:
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
+_FD_KEYS = ["tag", "module", "kind", "step", "exec_order", "status", "max_abs_diff", "message"]
 
 
 def first_divergence(table: pa.Table) -> dict[str, Any] | None:
-    """The first failing row (by step, then exec_order, then table order), weights left out.
+    """The first divergence of a modules/ops table (``compare.verdict.first_divergence``).
 
-    Rows marked ``cache_hit`` are left out too: their error belongs to the cache that skipped
-    the module, not to the module (issue 7; counted in ``summary["cache_hits_failing"]``).
-    ``skipped`` rows are not divergences; parameters and buffers are reported apart
-    (``summary["weights_failing"]``) so a weight-loading error is never blamed on a module
-    (the TensorChecker's rule). Returns the keys tag, module, kind, step, exec_order, status,
-    max_abs_diff, message; None when no such row fails.
+    Failing rows in execution order (step, exec_order, table order), weights and ``cache_hit``
+    rows left out (they are counted in ``weights_failing`` / ``cache_hits_failing``).
+
+    Returns:
+        ``{tag, module, kind, step, exec_order, status, max_abs_diff, message}``, or None.
     """
-    if not table.num_rows:
-        return None
-    bad = pc.and_(_failing_mask(table, weights=False), _not_cache_hit(table))
-    failing = table.append_column("_row", pa.array(range(table.num_rows), pa.int64())).filter(bad)
-    if not failing.num_rows:
-        return None
-    failing = failing.sort_by(
-        [("step", "ascending"), ("exec_order", "ascending"), ("_row", "ascending")]
-    )
-    row = failing.slice(0, 1).to_pylist()[0]
-    keys = ("tag", "module", "kind", "step", "exec_order", "status", "max_abs_diff", "message")
-    return {k: row[k] for k in keys}
+    rows = _failing_rows(table, [*_FD_KEYS, "cache_hit"])
+    row = verdict.first_divergence(rows)
+    return None if row is None else {k: row[k] for k in _FD_KEYS}
+
+
+def worst_tensor(table: pa.Table | list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The worst failing tensor (``compare.verdict.worst_tensor``).
+
+    The one whose histogram the run records and the report draws.
+
+    Returns:
+        ``{tag, module, step, status, max_abs_diff, sqnr_db}`` of that row, or None when no
+        row fails.
+    """
+    cols = ["tag", "module", "step", "status", "max_abs_diff", "sqnr_db"]
+    if isinstance(table, pa.Table):
+        table = _failing_rows(table, cols)
+    row = verdict.worst_tensor(table)
+    return None if row is None else {k: row.get(k) for k in cols}
 
 
 def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
@@ -386,33 +393,31 @@ def build_summary(
     mode the comparison core never returns ``close``, so passing there means bitwise equal.
     """
     counts, ops_counts = status_counts(modules), status_counts(ops)
-    passing = counts["equal"] + counts["close"]
-    skipped = counts["skipped"]
-    failing = modules.num_rows - passing - skipped
-    ops_failing = ops.num_rows - ops_counts["equal"] - ops_counts["close"] - ops_counts["skipped"]
+    passing = sum(counts[s] for s in PASSING)
+    skipped = sum(counts[s] for s in NEUTRAL)
+    n_failing = modules.num_rows - passing - skipped
+    ops_failing = ops.num_rows - sum(ops_counts[s] for s in PASSING | NEUTRAL)
     steps = sorted({s for s in modules.column("step").to_pylist() if s is not None})
+    failing = failing_mask(modules.column("status"))
+    weights = weight_mask(modules.column("kind"))
+    cache_hit = pc.fill_null(modules.column("cache_hit"), False)
     summary = {
         "run_id": run_id,
         "status": status,
-        "passed": status == "completed" and failing == 0 and ops_failing == 0 and passing > 0,
+        "passed": status == "completed" and n_failing == 0 and ops_failing == 0 and passing > 0,
         "counts": counts,
         "ops_counts": ops_counts,
         "tensors_compared": modules.num_rows,
         "tensors_passing": passing,
-        "tensors_failing": failing,
+        "tensors_failing": n_failing,
         "tensors_skipped": skipped,
         "ops_compared": ops.num_rows,
         "ops_failing": ops_failing,
-        "weights_failing": _failing_mask(modules, weights=True).to_pylist().count(True)
-        if modules.num_rows
-        else 0,
+        "weights_failing": _count(pc.and_(failing, weights)) if modules.num_rows else 0,
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
         "root_causes": list(root_causes or []),
-        "cache_hits_failing": pc.sum(
-            pc.and_(_failing_mask(modules, weights=False), pc.invert(_not_cache_hit(modules)))
-        ).as_py()
-        or 0
+        "cache_hits_failing": _count(pc.and_(pc.and_(failing, pc.invert(weights)), cache_hit))
         if modules.num_rows
         else 0,
         **output_metrics(modules, root),
@@ -430,28 +435,3 @@ def build_summary(
         "worst_tensor_histogram": dict(worst_tensor_histogram) if worst_tensor_histogram else None,
     }
     return RunSummary.from_dict(_json_clean(summary))
-
-
-def worst_tensor(table: pa.Table | list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The worst failing tensor of a modules table: the one whose histogram is recorded.
-
-    Among rows with status ``mismatch``, the lowest ``sqnr_db`` (scale-free: signal power over
-    error power; null counts as +inf), ties broken by the largest ``max_abs_diff``, then by
-    table order — the rule of the run report (``dashboards.report.pick_worst``).
-
-    Returns:
-        ``{tag, module, step, status, max_abs_diff, sqnr_db}`` of that row, or None when no row
-        is a ``mismatch``.
-    """
-    cols = ["tag", "module", "step", "status", "max_abs_diff", "sqnr_db"]
-    if isinstance(table, pa.Table):
-        table = table.select(cols).to_pylist() if table.num_rows else []
-    rows = [{k: r.get(k) for k in cols} for r in table if r.get("status") == "mismatch"]
-    if not rows:
-        return None
-
-    def badness(r: Mapping[str, Any]) -> tuple[float, float]:
-        sqnr, diff = _finite(r["sqnr_db"]), _finite(r["max_abs_diff"])
-        return (math.inf if sqnr is None else sqnr, -(diff or 0.0))
-
-    return min(rows, key=badness)
