@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -362,3 +363,39 @@ def test_tag_index_failure_only_warns(tiny_pair, sqlite_tracking_uri, in_tmp_cwd
     assert read_tag_index(sqlite_tracking_uri, [run_id], failing) is None
     hist = build_history("tiny", tracking_uri=sqlite_tracking_uri, tag=failing)  # the scan
     assert [p.tag_status for p in hist.points] == [first]
+
+
+def test_log_run_attaches_given_files_and_rendered_ones(tiny_pair, sqlite_tracking_uri, in_tmp_cwd):
+    """The layer above hands log_run its files: ``artifacts`` (paths) and ``render`` (texts)."""
+    reference, candidate, inputs = tiny_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+    extra = in_tmp_cwd / "notes.txt"
+    extra.write_text("hello", encoding="utf-8")
+    seen = []
+
+    def render(res):
+        seen.append(res.run_id)
+        return {"pages/report.html": "<p>report</p>"}
+
+    run_id = log_run(result, tracking_uri=sqlite_tracking_uri, experiment=_experiment(),
+                     artifacts={"docs/notes.txt": extra}, render=render)  # fmt: skip
+    client = get_client(sqlite_tracking_uri)
+    arts = {a for a in _artifacts(client, run_id) if not a.startswith("tensors/")}
+    assert arts == {"tables/modules.parquet", "tables/ops.parquet", "summary.json",
+                    "docs/notes.txt", "pages/report.html"}  # fmt: skip
+    assert seen == [result.run_id]
+    local = client.download_artifacts(run_id, "docs/notes.txt", str(in_tmp_cwd / "dl"))
+    assert Path(local).read_text(encoding="utf-8") == "hello"
+
+
+def test_log_run_refuses_an_artifact_path_outside_the_root(tiny_pair, sqlite_tracking_uri,
+                                                           in_tmp_cwd):  # fmt: skip
+    from parity_tracker.errors import InputError
+
+    reference, candidate, inputs = tiny_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+    extra = in_tmp_cwd / "x.txt"
+    extra.write_text("x", encoding="utf-8")
+    with pytest.raises(InputError, match="leaves the artifact root"):
+        log_run(result, tracking_uri=sqlite_tracking_uri, experiment=_experiment(),
+                artifacts={"../x.txt": extra}, render=None)  # fmt: skip
