@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -35,6 +36,13 @@ ENV = {
     "git_commit": "0123abcd", "git_branch": "main", "git_dirty": False, "torch_version": "x",
     "parity_tracker_version": "0.1.0", "num_threads": 2, "deterministic": False, "tf32": False,
 }  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _temp_folder_in_tmp_path(tmp_path, monkeypatch):
+    """Default dumps and spills (``tempfile.gettempdir()``) land in this test's ``tmp_path``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("server", marks=pytest.mark.server)])
