@@ -160,3 +160,66 @@ def test_diff_of_100k_rows():
     assert count_changes(out)["regression"] == int((b_pass & ~h_pass).sum())
     # the time is a benchmark figure (benchmarks/), printed here, never a timed assertion
     print(f"100,000-row diff: {elapsed:.3f} s")
+
+
+# --------------------------------------------------------------------------- diff_runs
+
+
+def _modules(rows):
+    base = {"kind": "output", "step": 0, "cand_dtype": "float32"}
+    return rows_to_table([{**base, **r} for r in rows], MODULES_SCHEMA)
+
+
+def test_diff_runs_applies_expected_and_counts_unexpected_failing():
+    import datetime as dt
+
+    from parity_tracker.analysis.diff import diff_runs
+    from parity_tracker.analysis.expected import ExpectedEntry
+
+    base = _modules([
+        {"tag": "a", "exec_order": 0, "status": "equal", "max_abs_diff": 0.0},
+        {"tag": "b", "exec_order": 1, "status": "equal", "max_abs_diff": 0.0},
+        {"tag": "c", "exec_order": 2, "status": "mismatch", "max_abs_diff": 1.0},
+        {"tag": "gone", "exec_order": 3, "status": "mismatch", "max_abs_diff": 1.0},
+    ])  # fmt: skip
+    head = _modules([
+        {"tag": "a", "exec_order": 0, "status": "mismatch", "max_abs_diff": 1.0},
+        {"tag": "b", "exec_order": 1, "status": "mismatch", "max_abs_diff": 1.0},
+        {"tag": "c", "exec_order": 2, "status": "mismatch", "max_abs_diff": 1.0},
+        {"tag": "s", "exec_order": 4, "status": "skipped"},
+    ])  # fmt: skip
+    entry = ExpectedEntry(target="t", tag="b", reason="known", until=dt.date(2099, 1, 1))
+    d = diff_runs(base, head, expected=[entry], target="t", settings={},
+                  today=dt.date(2026, 1, 1))  # fmt: skip
+    tags, changes = d.table.column("tag").to_pylist(), d.table.column("change").to_pylist()
+    change = dict(zip(tags, changes, strict=True))
+    assert change == {"a": "regression", "b": "expected", "c": "unchanged", "gone": "removed",
+                      "s": "new"}  # fmt: skip
+    # failing in head and not expected: a and c (b is expected, s skipped, gone removed)
+    assert d.unexpected_failing == 2
+    assert d.regressions == 1 and d.counts["expected"] == 1
+    assert [e.tag for e in d.expected_used] == ["b"]
+
+
+def test_diff_runs_without_baseline_is_all_new():
+    from parity_tracker.analysis.diff import diff_runs
+
+    head = _modules([{"tag": "a", "exec_order": 0, "status": "mismatch", "max_abs_diff": 1.0}])
+    d = diff_runs(None, head)
+    assert d.table.column("change").to_pylist() == ["new"] and d.unexpected_failing == 1
+
+
+def test_diff_runs_needs_a_store_for_run_ids():
+    from parity_tracker.analysis.diff import diff_runs
+    from parity_tracker.errors import InputError
+
+    with pytest.raises(InputError, match="store"):
+        diff_runs("abc", "def")
+
+
+def test_markdown_table_escapes_pipes():
+    from parity_tracker.analysis.render import markdown_table
+
+    assert markdown_table(["a", "b"], [["x|y", None], [0.5, 3]]) == (
+        "| a | b |\n|---|---|\n| x\\|y | - |\n| 0.5 | 3 |"
+    )

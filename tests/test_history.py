@@ -170,8 +170,8 @@ def _slow_paths(monkeypatch):
     """Force MLflow's search (as for an http store) and the download of each modules table."""
     import sqlite3
 
-    import parity_tracker.history as history
     import parity_tracker.track.query as track
+    import parity_tracker.track.tag_status as history
 
     def refuse(*_args, **_kwargs):
         raise sqlite3.OperationalError("no such table: forced for the test")
@@ -181,8 +181,8 @@ def _slow_paths(monkeypatch):
 
 
 def test_sql_and_scan_paths_equal_mlflow_search_and_download(store, monkeypatch):
-    import parity_tracker.history as history
     import parity_tracker.track.query as track
+    import parity_tracker.track.tag_status as history
     from parity_tracker.track import find_run_heads, find_runs
 
     client, exp, uri, tmp = store
@@ -191,7 +191,7 @@ def test_sql_and_scan_paths_equal_mlflow_search_and_download(store, monkeypatch)
     monkeypatch.setattr(track, "_sqlite_heads", _spy(track._sqlite_heads, calls, "sql"))
     scan = _spy(history._statuses_by_file, calls, "scan")
     monkeypatch.setattr(history, "_statuses_by_file", scan)
-    monkeypatch.setattr(history, "_modules_tables", _spy(history._modules_tables, calls, "dl"))
+    monkeypatch.setattr(history, "modules_tables", _spy(history.modules_tables, calls, "dl"))
 
     fast_heads = find_run_heads(tracking_uri=uri, target="toy", quantization="none")
     fast = {
@@ -242,7 +242,7 @@ def test_scan_path_first_bad_commit_and_errors(store, monkeypatch):
     with pytest.raises(InputError, match=r"checker_nope.*checker_fc1, checker_fc0"):
         build_history("toy", tracking_uri=uri, tag="checker_nope")
     # a run whose modules table vanished from the artifact folder: named, not a traceback
-    from parity_tracker.history import local_modules_path
+    from parity_tracker.track.tag_status import local_modules_path
 
     local_modules_path(client.get_run(ids[2]).info.artifact_uri).unlink()
     with pytest.raises(InfrastructureError, match="no such file"):
@@ -250,7 +250,7 @@ def test_scan_path_first_bad_commit_and_errors(store, monkeypatch):
 
 
 def test_local_modules_path():
-    from parity_tracker.history import local_modules_path
+    from parity_tracker.track.tag_status import local_modules_path
 
     assert local_modules_path("file:///a%20b/run/artifacts") == Path(
         "/a b/run/artifacts/tables/modules.parquet"
@@ -270,7 +270,7 @@ def _spy(fn, calls, name):
 
 
 def test_local_scan_takes_first_failing_step_per_file(tmp_path):
-    from parity_tracker.history import _local_tag_statuses
+    from parity_tracker.track.tag_status import _local_tag_statuses
 
     def table(name, statuses):
         rows = [{"tag": "t", "status": s, "step": k} for k, s in enumerate(statuses)]
@@ -295,7 +295,7 @@ def _log_steps(client, exp, tmp, *, commit, t, rows):
 
 
 def test_tag_index_and_scan_give_the_same_history(store, monkeypatch):
-    import parity_tracker.history as history
+    import parity_tracker.track.tag_status as history
     from parity_tracker.store import tag_index_path, write_tag_index
 
     client, exp, uri, tmp = store
@@ -337,7 +337,7 @@ def test_tag_index_and_scan_give_the_same_history(store, monkeypatch):
 
 
 def test_run_missing_from_tag_index_falls_back_to_scan(store, monkeypatch):
-    import parity_tracker.history as history
+    import parity_tracker.track.tag_status as history
     from parity_tracker.store import read_tag_index, write_tag_index
 
     client, exp, uri, tmp = store

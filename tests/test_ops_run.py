@@ -3,6 +3,8 @@ case for each test of §5, and ``isolate=True`` separates local from propagated 
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,6 +12,13 @@ from test_localize import _Chain
 from test_ops import Outer, RowSum, RowSumTransposed, _block_pair
 
 from parity_tracker.run import run_parity
+
+
+@pytest.fixture(autouse=True)
+def _temp_folder_in_tmp_path(tmp_path, monkeypatch):
+    """Default dumps and spills (``tempfile.gettempdir()``) land in this test's ``tmp_path``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
 
 
 def _first(result):

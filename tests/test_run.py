@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 
 import numpy as np
 import pytest
@@ -17,6 +18,13 @@ from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA
 from parity_tracker.tensor_checker import DumpMode
 
 ENV = {"git_commit": "c0ffee", "git_branch": "main", "git_dirty": False}
+
+
+@pytest.fixture(autouse=True)
+def _temp_folder_in_tmp_path(tmp_path, monkeypatch):
+    """Default dumps and spills (``tempfile.gettempdir()``) land in this test's ``tmp_path``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
 
 
 def _statuses(result) -> dict[str, str]:

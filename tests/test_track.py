@@ -7,8 +7,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +36,13 @@ ENV = {
     "git_commit": "0123abcd", "git_branch": "main", "git_dirty": False, "torch_version": "x",
     "parity_tracker_version": "0.1.0", "num_threads": 2, "deterministic": False, "tf32": False,
 }  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _temp_folder_in_tmp_path(tmp_path, monkeypatch):
+    """Default dumps and spills (``tempfile.gettempdir()``) land in this test's ``tmp_path``."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("server", marks=pytest.mark.server)])
@@ -105,11 +114,17 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
         "tables/modules.parquet", "tables/ops.parquet", "summary.json", "report.html"}  # fmt: skip
     assert not (in_tmp_cwd / "mlruns").exists()
     loaded = load_run(run_id, tracking_uri=store_uri)
-    _assert_same(loaded, result)
+    # log_run stores a new record naming the overridden commit/branch; the result is not edited
+    stored = result.with_record(
+        result.record.replace(environment={**ENV, "git_commit": "feedbeef",
+                                           "git_branch": "feature/x"})
+    )  # fmt: skip
+    assert result.environment == ENV
+    _assert_same(loaded, stored)
     assert loaded.environment["git_commit"] == "feedbeef" and loaded.tracking_run_id == run_id
     cache = in_tmp_cwd / ".parity" / "cache" / "runs" / run_id
     assert (cache / "tables" / "modules.parquet").is_file()
-    _assert_same(load_run(run_id, tracking_uri=store_uri), result)  # from the cache
+    _assert_same(load_run(run_id, tracking_uri=store_uri), stored)  # from the cache
     found = find_runs(tracking_uri=store_uri, experiment=exp, target="tiny", quantization="none")
     assert [f.run_id for f in found] == [run_id]
     assert found[0].commit == "feedbeef" and found[0].settings["mode"] == "equal"
@@ -356,3 +371,39 @@ def test_tag_index_failure_only_warns(tiny_pair, sqlite_tracking_uri, in_tmp_cwd
     assert read_tag_index(sqlite_tracking_uri, [run_id], failing) is None
     hist = build_history("tiny", tracking_uri=sqlite_tracking_uri, tag=failing)  # the scan
     assert [p.tag_status for p in hist.points] == [first]
+
+
+def test_log_run_attaches_given_files_and_rendered_ones(tiny_pair, sqlite_tracking_uri, in_tmp_cwd):
+    """The layer above hands log_run its files: ``artifacts`` (paths) and ``render`` (texts)."""
+    reference, candidate, inputs = tiny_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+    extra = in_tmp_cwd / "notes.txt"
+    extra.write_text("hello", encoding="utf-8")
+    seen = []
+
+    def render(res):
+        seen.append(res.run_id)
+        return {"pages/report.html": "<p>report</p>"}
+
+    run_id = log_run(result, tracking_uri=sqlite_tracking_uri, experiment=_experiment(),
+                     artifacts={"docs/notes.txt": extra}, render=render)  # fmt: skip
+    client = get_client(sqlite_tracking_uri)
+    arts = {a for a in _artifacts(client, run_id) if not a.startswith("tensors/")}
+    assert arts == {"tables/modules.parquet", "tables/ops.parquet", "summary.json",
+                    "docs/notes.txt", "pages/report.html"}  # fmt: skip
+    assert seen == [result.run_id]
+    local = client.download_artifacts(run_id, "docs/notes.txt", str(in_tmp_cwd / "dl"))
+    assert Path(local).read_text(encoding="utf-8") == "hello"
+
+
+def test_log_run_refuses_an_artifact_path_outside_the_root(tiny_pair, sqlite_tracking_uri,
+                                                           in_tmp_cwd):  # fmt: skip
+    from parity_tracker.errors import InputError
+
+    reference, candidate, inputs = tiny_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+    extra = in_tmp_cwd / "x.txt"
+    extra.write_text("x", encoding="utf-8")
+    with pytest.raises(InputError, match="leaves the artifact root"):
+        log_run(result, tracking_uri=sqlite_tracking_uri, experiment=_experiment(),
+                artifacts={"../x.txt": extra}, render=None)  # fmt: skip

@@ -2,22 +2,25 @@
 
 The decision is ONE small predicate, :func:`decide`, with explicit thresholds; it is written
 over numpy arrays so the same code classifies one row (:func:`classify`) or a 100,000-row join
-(:func:`diff_tables`) without a per-row Python loop. Rendering (rich, json, markdown) is kept
-apart from the decision, in the pattern of asv's ``commands/compare.py``.
+(:func:`diff_tables`) without a per-row Python loop. :func:`diff_runs` is the whole sequence
+(join, decide, expected divergences, counts) that the CLI and the nightly share. Rendering
+(rich, json, markdown) lives apart, in ``analysis.render`` (the pattern of asv's
+``commands/compare.py``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: Passing statuses (design.md, "Statuses").
-PASSING = ("equal", "close")
+from parity_tracker.errors import InputError
+from parity_tracker.statuses import failing_mask, is_passing, passing_mask
 
 #: Every change label, in the order of the predicate (first matching rule wins).
 CHANGES = ("new", "removed", "regression", "fix", "worse", "better", "drift", "unchanged")
@@ -159,8 +162,8 @@ def classify(
     label = decide(
         base_present=np.array(base_row is not None),
         head_present=np.array(head_row is not None),
-        base_pass=np.array(base_row is not None and base_row.get("status") in PASSING),
-        head_pass=np.array(head_row is not None and head_row.get("status") in PASSING),
+        base_pass=np.array(base_row is not None and is_passing(base_row.get("status"))),
+        head_pass=np.array(head_row is not None and is_passing(head_row.get("status"))),
         base_mad=np.array(_mad(base_row)),
         head_mad=np.array(_mad(head_row)),
         eps=np.array(floor),
@@ -234,7 +237,6 @@ def diff_tables(
         _side(head_modules, "head_"), keys=["tag", "step"], join_type="full outer"
     )
     j = {name: joined.column(name) for name in joined.column_names}
-    passing = pa.array(PASSING)
     bh, hh = j["base_cand_hash"], j["head_cand_hash"]
     hash_changed = _np(pc.not_equal(bh, hh), False, bool)  # null (a hash unknown) → False
     dtype = pc.coalesce(j["head_cand_dtype"], j["base_cand_dtype"])
@@ -242,8 +244,8 @@ def diff_tables(
     change = decide(
         base_present=_np(j["base_present"], False, bool),
         head_present=_np(j["head_present"], False, bool),
-        base_pass=_np(pc.is_in(j["base_status"], value_set=passing), False, bool),
-        head_pass=_np(pc.is_in(j["head_status"], value_set=passing), False, bool),
+        base_pass=_np(passing_mask(j["base_status"]), False, bool),
+        head_pass=_np(passing_mask(j["head_status"]), False, bool),
         base_mad=_np(j["base_max_abs_diff"].cast(pa.float64()), np.nan, np.float64),
         head_mad=_np(j["head_max_abs_diff"].cast(pa.float64()), np.nan, np.float64),
         eps=eps_arr,
@@ -287,48 +289,125 @@ def interesting(diff: pa.Table, *, include_unchanged: bool = False) -> pa.Table:
     return diff.filter(pc.not_equal(diff.column("change"), "unchanged"))
 
 
-# --------------------------------------------------------------------------- rendering
+# --------------------------------------------------------------------------- two runs
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
+@dataclass(frozen=True)
+class RunDiff:
+    """The diff of two runs, expectations applied: what the CLI prints and the nightly records.
+
+    Attributes:
+        table: one row per (tag, step), :data:`DIFF_COLUMNS`, with ``change`` relabelled
+            ``expected`` where a live expected entry matched.
+        counts: rows per change label (``count_changes``), ``expected`` included.
+        expected_used: the live expected entries that matched at least one row.
+        unexpected_failing: head rows that fail (not passing, not skipped; removed tags do not
+            count) and are not ``expected``.
+        base_id: the base run's id (MLflow run id, or None: no baseline, every tag is new).
+        head_id: the head run's id, when known.
+    """
+
+    table: pa.Table
+    counts: dict[str, int]
+    expected_used: tuple[Any, ...] = ()
+    unexpected_failing: int = 0
+    base_id: str | None = None
+    head_id: str | None = None
+
+    @property
+    def regressions(self) -> int:
+        """Rows labelled ``regression`` (the CLI exits 1 when any)."""
+        return self.counts.get("regression", 0)
+
+    def rows(self, *, include_unchanged: bool = False) -> pa.Table:
+        """The rows worth showing (``interesting``)."""
+        return interesting(self.table, include_unchanged=include_unchanged)
 
 
-_SHOWN = ("change", "tag", "step", "base_status", "head_status", "base_max_abs_diff",
-          "head_max_abs_diff")  # fmt: skip
-_STYLE = {"regression": "bold red", "worse": "red", "expected": "yellow", "fix": "green",
-          "better": "green", "drift": "magenta", "new": "cyan", "removed": "cyan"}  # fmt: skip
+def _modules_of(run: Any, store: Any) -> tuple[pa.Table | None, Any, str | None]:
+    """``(modules table, the run or None, its id)`` of a run id, ``RunResult`` or table."""
+    if run is None:
+        return None, None, None
+    if isinstance(run, str):
+        if store is None:
+            raise InputError(f"diff_runs got run id {run!r} without a store; pass store=RunStore")
+        run = store.load(run)
+    if isinstance(run, pa.Table):
+        return run, None, None
+    return run.modules, run, getattr(run, "tracking_run_id", None)
 
 
-def to_rich(diff: pa.Table, *, title: str = "diff", limit: int = 50) -> Any:
-    """A ``rich.table.Table`` of the non-unchanged rows (at most ``limit``), styled by change."""
-    from rich.table import Table
+def diff_runs(
+    base: Any,
+    head: Any,
+    *,
+    expected: Sequence[Any] = (),
+    today: dt.date | None = None,
+    target: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    worse_factor: float = WORSE_FACTOR,
+    store: Any = None,
+) -> RunDiff:
+    """Diff two runs tag by tag and apply the expected divergences: the CLI's and nightly's diff.
 
-    table = Table(title=title)
-    for col in _SHOWN:
-        table.add_column(col, justify="right" if "diff" in col or col == "step" else "left")
-    for row in interesting(diff).slice(0, limit).to_pylist():
-        table.add_row(*(_fmt(row.get(c)) for c in _SHOWN), style=_STYLE.get(row["change"], ""))
-    return table
+    Args:
+        base: the base run: a ``RunResult``, its ``modules`` table, an MLflow run id (read
+            through ``store``), or None (no baseline: every head tag is ``new``).
+        head: the head run, in the same forms (not None).
+        expected: ``ExpectedEntry`` items (``expected.load_expected``); none by default.
+        today: the date expected entries expire against (default: today in UTC).
+        target: the target the entries are matched on (default: head's ``target`` setting).
+        settings: the settings they are matched on (default: head's settings).
+        worse_factor: growth factor for ``worse``/``better`` (``decide``).
+        store: a ``track.query.RunStore`` to read run ids from.
+
+    Returns:
+        A ``RunDiff``.
+
+    Raises:
+        InputError: a run id without ``store``, or an unknown run id.
+        InfrastructureError: the store could not be reached.
+    """
+    from parity_tracker.analysis.expected import apply_expected
+
+    head_tab, head_run, head_id = _modules_of(head, store)
+    base_tab, _, base_id = _modules_of(base, store)
+    if head_tab is None:
+        raise InputError("diff_runs needs a head run")
+    if isinstance(base, str):
+        base_id = base
+    if isinstance(head, str):
+        head_id = head
+    if base_tab is None:
+        base_tab = head_tab.schema.empty_table()
+    table = diff_tables(base_tab, head_tab, worse_factor=worse_factor)
+    used: list[Any] = []
+    if expected:
+        sets = dict(settings if settings is not None else getattr(head_run, "settings", {}) or {})
+        table, used = apply_expected(
+            table,
+            list(expected),
+            target=str(target if target is not None else sets.get("target")),
+            settings=sets,
+            today=today or dt.datetime.now(dt.timezone.utc).date(),
+        )
+    status = table.column("head_status")
+    failing = pc.and_(pc.is_valid(status), failing_mask(status))
+    unexpected = pc.and_(failing, pc.not_equal(table.column("change"), "expected"))
+    return RunDiff(
+        table=table,
+        counts=count_changes(table),
+        expected_used=tuple(used),
+        unexpected_failing=int(pc.sum(pc.cast(unexpected, pa.int64())).as_py() or 0),
+        base_id=base_id,
+        head_id=head_id,
+    )
 
 
-def to_markdown(diff: pa.Table, *, limit: int = 50) -> str:
-    """A GitHub-flavoured markdown table of the non-unchanged rows (at most ``limit``)."""
-    rows = interesting(diff)
-    lines = ["| " + " | ".join(_SHOWN) + " |", "|" + "---|" * len(_SHOWN)]
-    for row in rows.slice(0, limit).to_pylist():
-        cells = (_fmt(row.get(c)).replace("|", "\\|") for c in _SHOWN)
-        lines.append("| " + " | ".join(cells) + " |")
-    if rows.num_rows > limit:
-        lines.append(f"\n… and {rows.num_rows - limit} more")
-    return "\n".join(lines)
+def __getattr__(name: str) -> Any:
+    """Old names: the renderers moved to ``analysis.render``."""
+    if name in ("to_rich", "to_markdown", "to_json", "markdown_table"):
+        from parity_tracker.analysis import render
 
-
-def to_json(diff: pa.Table, **extra: Any) -> str:
-    """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
-    payload = {"counts": count_changes(diff), "rows": interesting(diff).to_pylist(), **extra}
-    return json.dumps(payload, default=str)
+        return getattr(render, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

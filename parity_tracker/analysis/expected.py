@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from parity_tracker.errors import InputError
 from parity_tracker.files.toml import load_toml
+from parity_tracker.statuses import failing_mask
 
 _KEYS = {"target", "settings", "tag", "reason", "until"}
 
@@ -148,8 +149,7 @@ def apply_expected(
     tags = diff.column("tag").to_pylist()
     status = diff.column("head_status")
     # skipped (never called, or skipped by a cache) is not a failure, so never "expected"
-    passing = pc.is_in(status, value_set=pa.array(["equal", "close", "skipped"]))
-    failing = np.asarray(pc.and_(pc.is_valid(status), pc.invert(passing)))  # removed: null
+    failing = np.asarray(pc.and_(pc.is_valid(status), failing_mask(status)))  # removed: null
     change = np.asarray(diff.column("change").to_pylist(), dtype=object)
     used = []
     for entry in live:

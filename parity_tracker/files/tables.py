@@ -155,6 +155,48 @@ def _migrate_v0(table: pa.Table) -> pa.Table:
 MIGRATIONS: dict[int, Any] = {0: _migrate_v0}
 
 
+#: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),
+#: kept here beside the tables' version so every on-disk format is versioned in one place.
+#: v0: the untyped dict of before issue 12 (no ``schema_version`` key); v1 adds
+#: ``schema_version``, ``worst_tensor`` and makes ``worst_tensor_histogram`` a field.
+SUMMARY_SCHEMA_VERSION = 1
+
+
+def _migrate_summary_v0(data: dict[str, Any]) -> dict[str, Any]:
+    """v0 → v1: the same keys; the worst tensor unknown (None) unless a histogram named it."""
+    hist = data.get("worst_tensor_histogram") or None
+    data.setdefault(
+        "worst_tensor", {"tag": hist.get("tag"), "step": hist.get("step")} if hist else None
+    )
+    data.setdefault("worst_tensor_histogram", hist)
+    return data
+
+
+#: Summary migrations: version -> function(dict) returning the dict at version + 1.
+SUMMARY_MIGRATIONS: dict[int, Any] = {0: _migrate_summary_v0}
+
+
+def migrate_summary(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``summary.json`` dict of any version, migrated to ``SUMMARY_SCHEMA_VERSION``.
+
+    Raises:
+        InputError: the dict is from a newer version than this package knows.
+    """
+    out = dict(data)
+    version = int(out.pop("schema_version", 0) or 0)
+    if version > SUMMARY_SCHEMA_VERSION:
+        from parity_tracker.errors import InputError
+
+        raise InputError(
+            f"summary.json has schema_version {version}, newer than this parity_tracker "
+            f"({SUMMARY_SCHEMA_VERSION}); upgrade parity-tracker to read it"
+        )
+    while version < SUMMARY_SCHEMA_VERSION:
+        out = SUMMARY_MIGRATIONS[version](out)
+        version += 1
+    return out
+
+
 def read_table(path: str | os.PathLike[str], kind: str = "modules") -> pa.Table:
     """Read a parity table written by any schema version and migrate it to the current one.
 

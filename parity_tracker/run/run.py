@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.compare import PASSING
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+from parity_tracker.run.histogram import histogram_from_dump
 from parity_tracker.run.mode import choose_mode
-from parity_tracker.run.summary import NEUTRAL, RunResult, build_summary
+from parity_tracker.run.result import RunResult
+from parity_tracker.run.summary import build_summary, worst_tensor
+from parity_tracker.statuses import is_failing
 
 # ---------------------------------------------------------------------------------------------
 # running both sides
@@ -170,27 +172,36 @@ def _run_side(plan: _Plan, checker: Any, ops: Any, seed: int) -> None:
             _forward(plan.model, inputs)
 
 
-def _prefix_dump_paths(rows: list[dict[str, Any]]) -> None:
-    """``check-NNNN/file.npy`` (relative to dump_path) → ``tensors/file.npy`` (artifact path)."""
-    for row in rows:
-        p = row.get("dump_path")
-        if p:
-            row["dump_path"] = "tensors/" + p.split("/", 1)[-1]
+def _with_artifact_paths(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``check-NNNN/file.npy`` (relative to dump_path) → ``tensors/file.npy``."""
+    return [
+        {**row, "dump_path": "tensors/" + row["dump_path"].split("/", 1)[-1]}
+        if row.get("dump_path")
+        else row
+        for row in rows
+    ]
 
 
-def _name_unreached(rows: list[dict[str, Any]], error: Mapping[str, Any] | None) -> None:
-    """Say in each row the failed side never reached that it was the exception that stopped it."""
+def _with_unreached_named(
+    rows: list[dict[str, Any]], error: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Rows where each one the failed side never reached says the exception stopped it."""
     if not error:
-        return
+        return rows
     absent = "missing_candidate" if error["side"] == "candidate" else "missing_reference"
     note = f"the {error['side']}'s forward raised {error['type']}: {error['message']}"[:500]
-    for row in rows:
-        if row["status"] == absent:
-            row["message"] = f"{row.get('message') or ''} ({note} before reaching it)".strip()
+    return [
+        {**row, "message": f"{row.get('message') or ''} ({note} before reaching it)".strip()}
+        if row["status"] == absent
+        else row
+        for row in rows
+    ]
 
 
-def _apply_isolation(rows: list[dict[str, Any]], local: Mapping[tuple[str, int], Any]) -> None:
-    """Fill ``local_status`` / ``local_max_abs_diff`` of module output rows.
+def _with_isolation(
+    rows: list[dict[str, Any]], local: Mapping[tuple[str, int], Any]
+) -> list[dict[str, Any]]:
+    """Rows with ``local_status`` / ``local_max_abs_diff`` of module output rows filled.
 
     ``localize.isolate`` counts a module's calls over the whole run, the table per step: the
     n-th distinct (step, call_index) of a module, in that order, is its n-th call of the run.
@@ -204,12 +215,50 @@ def _apply_isolation(rows: list[dict[str, Any]], local: Mapping[tuple[str, int],
     index = {
         (m, step, ci): n for m, keys in calls.items() for n, (step, ci) in enumerate(sorted(keys))
     }
+    out = []
     for row in rows:
-        if row["kind"] != "output" or row["module"] is None:
-            continue
-        n = index[(row["module"], row["step"] or 0, row["call_index"] or 0)]
-        if (row["module"], n) in local:
-            row["local_status"], row["local_max_abs_diff"] = local[(row["module"], n)]
+        if row["kind"] == "output" and row["module"] is not None:
+            n = index[(row["module"], row["step"] or 0, row["call_index"] or 0)]
+            if (row["module"], n) in local:
+                status, diff = local[(row["module"], n)]
+                row = {**row, "local_status": status, "local_max_abs_diff": diff}
+        out.append(row)
+    return out
+
+
+def _retention(dump_mode: Any, mode: str) -> Any:
+    """The dump mode the checker plans for (which tensors it keeps after comparing them).
+
+    The requested one, widened to every failing tag in allclose mode, so the worst tensor's
+    histogram can always be computed (``_histogram``).
+    """
+    from parity_tracker.tensor_checker import DumpMode
+
+    if mode == "allclose" and dump_mode in (DumpMode.NOT, DumpMode.FIRST_NOT_EQUAL):
+        return DumpMode.NOT_EQUAL
+    return dump_mode
+
+
+def _histogram(checker: Any, check: Any, rows: list[dict[str, Any]], mode: str, dump_path: Any):
+    """The worst tensor's |candidate − reference| histogram, or None.
+
+    Read from the run's dump when the worst tensor is in it, else from a private dump of the
+    failing tensors the checker still holds (``_retention``); None when no tensor failed.
+    """
+    from parity_tracker.tensor_checker import DumpMode
+
+    worst = worst_tensor(rows)
+    if worst is None:
+        return None
+    if check.dump_dir:
+        hist = histogram_from_dump(Path(dump_path) / check.dump_dir, worst)
+        if hist is not None:
+            return hist
+    if checker.dump_mode not in (DumpMode.NOT_EQUAL, DumpMode.ALL):
+        return None  # the checker released the failing tensors (equal mode, by request)
+    with tempfile.TemporaryDirectory(prefix="parity-hist-") as tmp:
+        again = checker.check(mode, dump_mode=DumpMode.NOT_EQUAL, dump_path=tmp, verbose=False)
+        return histogram_from_dump(Path(tmp) / again.dump_dir, worst) if again.dump_dir else None
 
 
 def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any, seed: int):
@@ -219,7 +268,7 @@ def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any
     failing = {
         r["module"]
         for r in rows
-        if r["kind"] == "output" and r["module"] and r["status"] not in PASSING | NEUTRAL
+        if r["kind"] == "output" and r["module"] and is_failing(r["status"])
     }
     if not failing:
         return {}
@@ -373,7 +422,7 @@ def run_parity(
     spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
-        dump_mode=dump_mode, spill_dir=spill.name,
+        dump_mode=_retention(dump_mode, chosen), spill_dir=spill.name,
     )  # fmt: skip
     ops = None
     if capture_ops:
@@ -391,12 +440,11 @@ def run_parity(
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]
-        _prefix_dump_paths(rows)
-        _name_unreached(rows, error)
+        hist = _histogram(checker, check, rows, chosen, dump_path)
+        rows = _with_unreached_named(_with_artifact_paths(rows), error)
         op_rows, root_causes = [], []
         if ops is not None:
-            op_rows = [{**r, "run_id": run_id} for r in ops.rows()]
-            _name_unreached(op_rows, error)
+            op_rows = _with_unreached_named([{**r, "run_id": run_id} for r in ops.rows()], error)
             root_causes = ops.root_causes()
             ops.close()
     finally:
@@ -405,14 +453,14 @@ def run_parity(
     if isolate and status == "completed" and cand_is_module:
         t0 = time.perf_counter()
         with _eval_mode(reference, candidate):
-            _apply_isolation(rows, _isolate(plans, rows, chosen, tolerances, seed))
+            rows = _with_isolation(rows, _isolate(plans, rows, chosen, tolerances, seed))
         durations["isolate"] = time.perf_counter() - t0
     modules, ops_table = rows_to_table(rows, MODULES_SCHEMA), rows_to_table(op_rows, OPS_SCHEMA)
     summary = build_summary(
         modules, ops_table, run_id=run_id, status=status, mode=chosen, mode_reason=reason,
         requested_mode=requested or "auto", settings=settings, environment=env, error=error,
         root_causes=[_root_cause_record(r) for r in root_causes], durations_s=durations,
-        start_time_ms=start_ms, root=root_name(reference),
+        start_time_ms=start_ms, root=root_name(reference), worst_tensor_histogram=hist,
     )  # fmt: skip
     dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)

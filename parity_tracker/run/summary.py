@@ -1,105 +1,262 @@
-"""The run record: ``RunResult`` and the summary derived from a run's tables."""
+"""The run record: ``RunSummary``, typed, frozen and versioned, and how it is derived.
+
+``summary.json`` is ``RunSummary.to_json()``: strict JSON (no NaN/Infinity), the same key names
+as the untyped dict it replaces (so old readers keep working), plus ``schema_version``
+(``files.tables.SUMMARY_SCHEMA_VERSION``, migrations beside the tables'). ``from_json`` migrates
+an older file forward. Later stages never edit a record: ``replace(...)`` returns a new one.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parity_tracker.compare import PASSING, STATUSES
+from parity_tracker.compare import verdict
+from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
 from parity_tracker.run.mode import config_fingerprint
+from parity_tracker.statuses import (
+    NEUTRAL,
+    PASSING,
+    STATUSES,
+    WEIGHT_KINDS,  # noqa: F401  (re-exported: an old ``parity_tracker.run`` name)
+    failing_mask,
+    weight_mask,
+)
 
-#: Statuses that count as neither passing nor failing (the pair could not be judged).
-NEUTRAL = frozenset({"skipped"})
-#: Row kinds that are weights: reported apart from module divergences.
-WEIGHT_KINDS = ("buffer", "param")
 #: Execution statuses of a run (``summary["status"]``) and the MLflow run status each maps to.
 RUN_STATUSES = {"completed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
 
 # ---------------------------------------------------------------------------------------------
-# the result record
+# the record
 
 
-@dataclass(eq=False)
-class RunResult:
-    """The record of one parity run, ready to be written to disk or MLflow.
+class _Record:
+    """``to_dict`` / ``from_dict`` for the small frozen records below (unknown keys ignored)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None):
+        if data is None:
+            return None
+        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FirstDivergence(_Record):
+    """The first failing row of a table (``first_divergence``): where parity first breaks.
 
     Attributes:
-        run_id: the parity run id (32 hex digits), also in every table row's ``run_id`` and the
-            MLflow tag ``parity.run_id``. Not the MLflow run id (see ``tracking_run_id``).
-        modules: one row per compared tag and step (``tables.MODULES_SCHEMA``).
-        ops: one row per compared op output (``tables.OPS_SCHEMA``); empty unless ops captured.
-        summary: JSON-clean dict (no NaN/inf: non-finite floats become None): ``status``
-            (completed | failed | killed), ``passed``, ``counts`` / ``ops_counts`` (rows per
-            status, every status present), ``tensors_compared/passing/failing/skipped``,
-            ``weights_failing`` (failing param/buffer rows),
-            ``first_divergence`` (tag, module, kind, step, exec_order, status, max_abs_diff) or
-            None, ``root_causes``, ``output_max_abs_diff``, ``output_sqnr_db``, ``output_equal``,
-            ``mode``, ``mode_reason``, ``requested_mode``, ``settings``, ``environment``,
-            ``config_fingerprint``, ``error`` ({type, message, traceback, side} or None),
-            ``steps``, ``durations_s`` (reference, candidate, compare, isolate) and
-            ``start_time_ms`` (ms since the epoch).
-        settings: the settings as logged (MLflow params), including the chosen ``mode``.
-        dump_dir: local folder of dumped tensors (``.npy`` + index), None when nothing dumped or
-            when loaded from the store (the tensors stay in the store under ``tensors/``).
-        tracking_run_id: the MLflow run id once logged or loaded, else None.
+        tag: the row's tag; module: its module display name (None for a manual tag);
+        kind: param | buffer | input | output | op | manual; step, exec_order: its place in
+        execution order; status: its failing status; max_abs_diff: max |candidate −
+        reference| (None when not computable); message: the comparison's message.
+    """
+
+    tag: str
+    module: str | None = None
+    kind: str | None = None
+    step: int | None = None
+    exec_order: int | None = None
+    status: str | None = None
+    max_abs_diff: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class WorstTensor(_Record):
+    """The worst failing tensor of a run (the one whose difference histogram is shown).
+
+    Attributes:
+        tag, module, step, status: the row's; max_abs_diff: max |candidate − reference|;
+        sqnr_db: signal-to-quantization-noise ratio in dB (None when not computable).
+    """
+
+    tag: str
+    module: str | None = None
+    step: int | None = None
+    status: str | None = None
+    max_abs_diff: float | None = None
+    sqnr_db: float | None = None
+
+
+@dataclass(frozen=True)
+class RunError(_Record):
+    """A forward that raised.
+
+    Attributes: type (exception class name), message, traceback (formatted), side
+    (``reference`` or ``candidate``).
+    """
+
+    type: str
+    message: str
+    traceback: str | None = None
+    side: str | None = None
+
+
+_NESTED = {"first_divergence": FirstDivergence, "first_divergent_op": FirstDivergence,
+           "worst_tensor": WorstTensor, "error": RunError}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunSummary(Mapping[str, Any]):
+    """The record of one parity run (``summary.json``), frozen; read it as fields.
+
+    It is also a read-only ``Mapping`` over ``to_dict()`` (``summary["mode"]``,
+    ``summary.get("error")``), so readers of the old untyped dict keep working.
+
+    Attributes:
+        run_id: the parity run id (32 hex digits).
+        status: ``completed`` | ``failed`` (a forward raised) | ``killed`` (interrupted).
+        passed: the run completed, at least one tensor was compared, and no modules or ops row
+            has a failing status (anything but equal, close, skipped).
+        mode, mode_reason, requested_mode: the comparison mode used, why, and what was asked.
+        settings, environment: the run's settings and recorded environment (``ENV_KEYS``).
+        config_fingerprint: ``mode.config_fingerprint(settings)`` (16 hex digits).
+        counts, ops_counts: rows per status of the modules / ops table, every status present.
+        tensors_compared, tensors_passing, tensors_failing, tensors_skipped: modules rows.
+        ops_compared, ops_failing: ops rows.
+        weights_failing: failing param/buffer rows (reported apart from modules).
+        cache_hits_failing: failing rows marked ``cache_hit`` (not divergences).
+        first_divergence, first_divergent_op: the first failing modules / ops row, or None.
+        root_causes: root-cause op rows (tag, module, op, op_index, step, exec_order, status,
+            cause, message).
+        output_max_abs_diff, output_sqnr_db, output_equal: the root output's metrics (None when
+            no root output was compared; an infinite SQNR is None with ``output_equal`` True).
+        worst_tensor: the worst failing tensor, or None when none failed.
+        worst_tensor_histogram: its |candidate − reference| histogram (``run.histogram``), or
+            None when no tensor failed or its two sides were not both tensors of one shape.
+        error: the exception of a failed/killed run, else None.
+        steps: distinct steps compared. durations_s: seconds per phase (reference,
+            candidate, compare, isolate). start_time_ms: ms since the epoch.
+        extra: keys of a stored summary this version does not know, kept (never dropped).
+        schema_version: ``SUMMARY_SCHEMA_VERSION``.
     """
 
     run_id: str
-    modules: pa.Table
-    ops: pa.Table
-    summary: dict[str, Any]
+    status: str
+    passed: bool
+    mode: str
+    mode_reason: str = ""
+    requested_mode: str = "auto"
     settings: dict[str, Any] = field(default_factory=dict)
-    dump_dir: Path | None = None
-    tracking_run_id: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    config_fingerprint: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    ops_counts: dict[str, int] = field(default_factory=dict)
+    tensors_compared: int = 0
+    tensors_passing: int = 0
+    tensors_failing: int = 0
+    tensors_skipped: int = 0
+    ops_compared: int = 0
+    ops_failing: int = 0
+    weights_failing: int = 0
+    cache_hits_failing: int = 0
+    first_divergence: FirstDivergence | None = None
+    first_divergent_op: FirstDivergence | None = None
+    root_causes: tuple[dict[str, Any], ...] = ()
+    output_max_abs_diff: float | None = None
+    output_sqnr_db: float | None = None
+    output_equal: bool | None = None
+    worst_tensor: WorstTensor | None = None
+    worst_tensor_histogram: dict[str, Any] | None = None
+    error: RunError | None = None
+    steps: int = 0
+    durations_s: dict[str, float] = field(default_factory=dict)
+    start_time_ms: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SUMMARY_SCHEMA_VERSION
 
-    @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first non-passing tag in execution order (step, then exec_order), or None."""
-        return self.summary.get("first_divergence")
+    # -- conversion
+    def to_dict(self) -> dict[str, Any]:
+        """The ``summary.json`` dict: fields by name, nested records as dicts, ``extra`` merged.
 
-    @property
-    def error(self) -> dict[str, Any] | None:
-        """``{type, message, traceback, side}`` when a forward raised, else None."""
-        return self.summary.get("error")
+        Returns a fresh dict (deep copy): editing it never changes the record.
+        """
+        out = json.loads(self._json)
+        return out
 
-    @property
-    def environment(self) -> dict[str, Any]:
-        """The recorded environment (``env.ENV_KEYS``)."""
-        return self.summary.get("environment", {})
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Strict JSON (sorted keys).
 
-    @property
-    def status(self) -> str:
-        """``completed``, ``failed`` (a forward raised) or ``killed`` (KeyboardInterrupt)."""
-        return self.summary["status"]
+        Raises:
+            ValueError: a NaN or infinity somewhere in the record (strict JSON has neither).
+        """
+        return json.dumps(json.loads(self._json), indent=indent, sort_keys=True, allow_nan=False)
 
-    @property
-    def mode(self) -> str:
-        """The comparison mode used: ``equal`` or ``allclose``."""
-        return self.summary["mode"]
+    @cached_property
+    def _json(self) -> str:
+        data = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
+        }
+        for key, value in data.items():
+            if isinstance(value, _Record):
+                data[key] = value.to_dict()
+        data["root_causes"] = [dict(r) for r in self.root_causes]
+        data = {**self.extra, **data}
+        return json.dumps(data, sort_keys=True, allow_nan=False)
 
-    @property
-    def passed(self) -> bool:
-        """Parity holds for the mode: the run completed and no compared tag or op failed."""
-        return bool(self.summary.get("passed"))
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
+        """A record from a ``summary.json`` dict of any schema version (migrated forward).
 
-    @property
-    def fingerprint(self) -> str:
-        """``config_fingerprint(self.settings)``."""
-        return self.summary["config_fingerprint"]
+        Unknown keys are kept in ``extra``. Raises ``InputError`` for a newer schema version
+        and ``TypeError`` when a required key (run_id, status, passed, mode) is missing.
+        """
+        data = migrate_summary(data)
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {
+            k: v for k, v in data.items() if k in names and k not in ("extra", "schema_version")
+        }
+        for key, typ in _NESTED.items():
+            if key in kwargs:
+                kwargs[key] = typ.from_dict(kwargs[key])
+        kwargs["root_causes"] = tuple(dict(r) for r in kwargs.get("root_causes") or ())
+        extra = {
+            **dict(data.get("extra") or {}),
+            **{k: v for k, v in data.items() if k not in names},
+        }
+        return cls(**kwargs, extra=extra)
 
-    def to_pandas(self) -> tuple[Any, Any]:
-        """``(modules_df, ops_df)`` as pandas DataFrames (nullable dtypes kept as arrow types)."""
-        import pandas as pd
+    @classmethod
+    def from_json(cls, text: str) -> RunSummary:
+        """``from_dict(json.loads(text))``."""
+        return cls.from_dict(json.loads(text))
 
-        kw = {"types_mapper": pd.ArrowDtype}
-        return self.modules.to_pandas(**kw), self.ops.to_pandas(**kw)
+    def replace(self, **changes: Any) -> RunSummary:
+        """A new record with ``changes`` (``dataclasses.replace``); this one is unchanged."""
+        return dataclasses.replace(self, **changes)
+
+    # -- read-only Mapping over to_dict(), for readers of the old dict
+    @cached_property
+    def _view(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._view[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._view)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    __hash__ = None  # type: ignore[assignment]  # holds dicts: not hashable
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RunSummary):
+            return self._json == other._json
+        return NotImplemented
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,45 +293,48 @@ def status_counts(table: pa.Table) -> dict[str, int]:
     return counts
 
 
-def _failing_mask(table: pa.Table, weights: bool | None = None) -> pa.ChunkedArray:
-    """Mask of rows whose status fails (anything but equal, close, skipped).
-
-    ``weights`` True keeps only param/buffer rows, False only the others, None all.
-    """
-    bad = pc.invert(pc.is_in(table.column("status"), pa.array(sorted(PASSING | NEUTRAL))))
-    if weights is not None:
-        is_weight = pc.fill_null(pc.is_in(table.column("kind"), pa.array(WEIGHT_KINDS)), False)
-        bad = pc.and_(bad, is_weight if weights else pc.invert(is_weight))
-    return bad
+def _failing_rows(table: pa.Table, columns: list[str]) -> list[dict[str, Any]]:
+    """The failing rows (``statuses.failing_mask``) of ``columns``, in table order."""
+    if not table.num_rows:
+        return []
+    return table.select(columns).filter(failing_mask(table.column("status"))).to_pylist()
 
 
-def _not_cache_hit(table: pa.Table) -> pa.ChunkedArray:
-    """True for rows not marked ``cache_hit`` (null counts as not a hit)."""
-    return pc.invert(pc.fill_null(table.column("cache_hit"), False))
+def _count(mask: Any) -> int:
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
+_FD_KEYS = ["tag", "module", "kind", "step", "exec_order", "status", "max_abs_diff", "message"]
 
 
 def first_divergence(table: pa.Table) -> dict[str, Any] | None:
-    """The first failing row (by step, then exec_order, then table order), weights left out.
+    """The first divergence of a modules/ops table (``compare.verdict.first_divergence``).
 
-    Rows marked ``cache_hit`` are left out too: their error belongs to the cache that skipped
-    the module, not to the module (issue 7; counted in ``summary["cache_hits_failing"]``).
-    ``skipped`` rows are not divergences; parameters and buffers are reported apart
-    (``summary["weights_failing"]``) so a weight-loading error is never blamed on a module
-    (the TensorChecker's rule). Returns the keys tag, module, kind, step, exec_order, status,
-    max_abs_diff, message; None when no such row fails.
+    Failing rows in execution order (step, exec_order, table order), weights and ``cache_hit``
+    rows left out (they are counted in ``weights_failing`` / ``cache_hits_failing``).
+
+    Returns:
+        ``{tag, module, kind, step, exec_order, status, max_abs_diff, message}``, or None.
     """
-    if not table.num_rows:
-        return None
-    bad = pc.and_(_failing_mask(table, weights=False), _not_cache_hit(table))
-    failing = table.append_column("_row", pa.array(range(table.num_rows), pa.int64())).filter(bad)
-    if not failing.num_rows:
-        return None
-    failing = failing.sort_by(
-        [("step", "ascending"), ("exec_order", "ascending"), ("_row", "ascending")]
-    )
-    row = failing.slice(0, 1).to_pylist()[0]
-    keys = ("tag", "module", "kind", "step", "exec_order", "status", "max_abs_diff", "message")
-    return {k: row[k] for k in keys}
+    rows = _failing_rows(table, [*_FD_KEYS, "cache_hit"])
+    row = verdict.first_divergence(rows)
+    return None if row is None else {k: row[k] for k in _FD_KEYS}
+
+
+def worst_tensor(table: pa.Table | list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The worst failing tensor (``compare.verdict.worst_tensor``).
+
+    The one whose histogram the run records and the report draws.
+
+    Returns:
+        ``{tag, module, step, status, max_abs_diff, sqnr_db}`` of that row, or None when no
+        row fails.
+    """
+    cols = ["tag", "module", "step", "status", "max_abs_diff", "sqnr_db"]
+    if isinstance(table, pa.Table):
+        table = _failing_rows(table, cols)
+    row = verdict.worst_tensor(table)
+    return None if row is None else {k: row.get(k) for k in cols}
 
 
 def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
@@ -221,41 +381,43 @@ def build_summary(
     durations_s: Mapping[str, float] | None = None,
     start_time_ms: int | None = None,
     root: str = "model",
-) -> dict[str, Any]:
-    """The run summary (see ``RunResult.summary``), JSON-clean.
+    worst_tensor_histogram: Mapping[str, Any] | None = None,
+) -> RunSummary:
+    """The run record derived from the run's tables (non-finite floats become None).
+
+    ``worst_tensor`` is ``worst_tensor(modules)``; ``worst_tensor_histogram`` is passed by the
+    run stage, which still holds the tensors (``run.histogram``).
 
     ``passed`` is True only when the run completed, at least one tensor was compared, and no
     modules or ops row has a failing status (anything but equal, close, skipped). In ``equal``
     mode the comparison core never returns ``close``, so passing there means bitwise equal.
     """
     counts, ops_counts = status_counts(modules), status_counts(ops)
-    passing = counts["equal"] + counts["close"]
-    skipped = counts["skipped"]
-    failing = modules.num_rows - passing - skipped
-    ops_failing = ops.num_rows - ops_counts["equal"] - ops_counts["close"] - ops_counts["skipped"]
+    passing = sum(counts[s] for s in PASSING)
+    skipped = sum(counts[s] for s in NEUTRAL)
+    n_failing = modules.num_rows - passing - skipped
+    ops_failing = ops.num_rows - sum(ops_counts[s] for s in PASSING | NEUTRAL)
     steps = sorted({s for s in modules.column("step").to_pylist() if s is not None})
+    failing = failing_mask(modules.column("status"))
+    weights = weight_mask(modules.column("kind"))
+    cache_hit = pc.fill_null(modules.column("cache_hit"), False)
     summary = {
         "run_id": run_id,
         "status": status,
-        "passed": status == "completed" and failing == 0 and ops_failing == 0 and passing > 0,
+        "passed": status == "completed" and n_failing == 0 and ops_failing == 0 and passing > 0,
         "counts": counts,
         "ops_counts": ops_counts,
         "tensors_compared": modules.num_rows,
         "tensors_passing": passing,
-        "tensors_failing": failing,
+        "tensors_failing": n_failing,
         "tensors_skipped": skipped,
         "ops_compared": ops.num_rows,
         "ops_failing": ops_failing,
-        "weights_failing": _failing_mask(modules, weights=True).to_pylist().count(True)
-        if modules.num_rows
-        else 0,
+        "weights_failing": _count(pc.and_(failing, weights)) if modules.num_rows else 0,
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
         "root_causes": list(root_causes or []),
-        "cache_hits_failing": pc.sum(
-            pc.and_(_failing_mask(modules, weights=False), pc.invert(_not_cache_hit(modules)))
-        ).as_py()
-        or 0
+        "cache_hits_failing": _count(pc.and_(pc.and_(failing, pc.invert(weights)), cache_hit))
         if modules.num_rows
         else 0,
         **output_metrics(modules, root),
@@ -269,5 +431,7 @@ def build_summary(
         "steps": len(steps),
         "durations_s": dict(durations_s or {}),
         "start_time_ms": start_time_ms,
+        "worst_tensor": worst_tensor(modules),
+        "worst_tensor_histogram": dict(worst_tensor_histogram) if worst_tensor_histogram else None,
     }
-    return _json_clean(summary)
+    return RunSummary.from_dict(_json_clean(summary))

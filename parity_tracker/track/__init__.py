@@ -1,9 +1,10 @@
 """Tracking: parity runs as MLflow runs. The ONLY package of parity_tracker that imports mlflow.
 
 Submodules: ``store`` (tracking URI, client, experiments, locking, tag-status index), ``log``
-(stage, log, spool, sync; parent runs and extra artifacts), ``query`` (reading runs back;
-``RunStore`` holds every read). The names below keep the old ``parity_tracker.track`` module's
-public API importable.
+(stage, log, spool, sync), ``parents`` (parent runs, files attached later), ``query``
+(reading runs back; ``RunStore`` holds every read), ``tag_status`` (a tag's status in stored
+runs, behind ``RunStore.tag_statuses``). The names below keep the old
+``parity_tracker.track`` module's public API importable.
 """
 
 from __future__ import annotations
@@ -13,18 +14,23 @@ from parity_tracker.track.log import (
     DERIVED_PARAMS,
     EXTRA_METRICS,
     SpooledError,
-    end_run,
-    log_artifact_files,
     log_run,
     run_metrics,
     run_params,
     run_tags,
     spool_root,
     stage_run,
-    start_parent_run,
     sync_spool,
 )
-from parity_tracker.track.query import RunHead, RunInfo, find_run_heads, find_runs, load_run
+from parity_tracker.track.parents import end_run, log_artifact_files, start_parent_run
+from parity_tracker.track.query import (
+    RunHead,
+    RunInfo,
+    RunStore,
+    find_run_heads,
+    find_runs,
+    load_run,
+)
 from parity_tracker.track.store import TAG_COMPLETE, TAG_RUN_ID
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "TAG_RUN_ID",
     "RunHead",
     "RunInfo",
+    "RunStore",
     "SpooledError",
     "end_run",
     "find_run_heads",

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ from parity_tracker.errors import InfrastructureError, InputError
 from parity_tracker.files.atomic import atomic_write_json, atomic_write_text
 from parity_tracker.files.tables import read_table, write_table
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.summary import RUN_STATUSES, RunResult
+from parity_tracker.run.result import RunResult
+from parity_tracker.run.summary import RUN_STATUSES
 from parity_tracker.track.store import (
     TAG_COMPLETE,
     TAG_RUN_ID,
@@ -149,25 +150,66 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
     return tags
 
 
-def _render_report(result: RunResult, path: Path) -> None:
-    """Write ``report.html`` with the dashboards' renderer; a renderer fault only warns.
+#: Renders the files a run's artifacts get beside its tables: ``render(result)`` returns
+#: ``{artifact_path: text}`` (e.g. ``{"report.html": html}``). The layer above passes one.
+Renderer = Callable[[RunResult], Mapping[str, str]]
 
-    The worst tensor's difference histogram is put into ``result.summary`` first (read from
-    the dump while it is still local), so ``summary.json`` keeps it for a later
-    ``parity-tracker report RUN``.
+
+def legacy_report_renderer(result: RunResult) -> dict[str, str]:
+    """TRANSITIONAL default of ``log_run(render=...)``: ``report.html`` from the dashboards.
+
+    Kept only so callers that do not pass ``render`` yet still store a report. It imports the
+    presentation layer by name at call time; delete it (and make ``render`` default to None)
+    once ``pipeline``/``cli`` pass ``render=`` themselves (issue 12).
     """
-    from parity_tracker.dashboards.report import render_run_report, worst_tensor_histogram
+    import importlib
 
-    try:
-        if not result.summary.get("worst_tensor_histogram"):
-            hist = worst_tensor_histogram(result)
-            if hist:
-                result.summary["worst_tensor_histogram"] = hist
-        html = render_run_report(result)
-    except Exception as exc:  # a report bug must not lose the run
-        warnings.warn(f"report.html not written: {exc!r}", RuntimeWarning, stacklevel=3)
+    for name in ("parity_tracker.dashboards.report", "dashboards.report"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        return {"report.html": module.render_run_report(result)}
+    return {}
+
+
+def _write_rendered(result: RunResult, art: Path, render: Renderer | None) -> None:
+    """Write ``render(result)``'s files under ``art``; a renderer fault only warns."""
+    if render is None:
         return
-    atomic_write_text(path, html)
+    try:
+        files = dict(render(result))
+    except Exception as exc:  # a report bug must not lose the run
+        warnings.warn(f"rendered artifacts not written: {exc!r}", RuntimeWarning, stacklevel=3)
+        return
+    for name, text in files.items():
+        atomic_write_text(_inside(art, name), text)
+
+
+def _inside(root: Path, name: str) -> Path:
+    """``root / name``, refusing a name that leaves ``root`` (absolute, or with ``..``).
+
+    Raises:
+        InputError: the artifact path escapes the artifact root.
+    """
+    path = (root / name).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise InputError(f"artifact path {name!r} leaves the artifact root; use a relative path")
+    return path
+
+
+def _copy_artifacts(art: Path, artifacts: Mapping[str, str | os.PathLike[str]] | None) -> None:
+    """Copy ``{artifact_path: local file}`` under ``art``.
+
+    Raises:
+        InputError: a file does not exist, or an artifact path leaves the root.
+    """
+    for name, local in (artifacts or {}).items():
+        if not Path(local).is_file():
+            raise InputError(f"artifact file {local} (for {name!r}) does not exist")
+        target = _inside(art, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, target)
 
 
 def stage_run(
@@ -178,18 +220,22 @@ def stage_run(
     tracking_uri: str,
     parent_run_id: str | None,
     run_name: str | None,
+    artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
+    render: Renderer | None = None,
 ) -> Path:
     """Write everything ``log_run`` uploads into ``folder`` (the spool's format).
 
     Layout: ``run.json`` (experiment, run name, parent, params, metrics, tags, status, times)
     and ``artifacts/`` (``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``,
-    ``report.html``). Tensors are not copied here (see ``_spool``).
+    the files of ``artifacts`` and of ``render``, e.g. ``report.html``). Tensors are not copied
+    here (see ``_spool``).
     """
     art = folder / "artifacts"
     write_table(result.modules, art / "tables" / "modules.parquet")
     write_table(result.ops, art / "tables" / "ops.parquet")
-    _render_report(result, art / "report.html")
-    atomic_write_json(art / "summary.json", result.summary)
+    _copy_artifacts(art, artifacts)
+    _write_rendered(result, art, render)
+    atomic_write_text(art / "summary.json", result.record.to_json())
     now = int(time.time() * 1000)
     meta = {
         "parity_run_id": result.run_id,
@@ -200,8 +246,8 @@ def stage_run(
         "params": run_params(result),
         "metrics": run_metrics(result),
         "tags": run_tags(result, parent_run_id),
-        "status": RUN_STATUSES[result.summary["status"]],
-        "start_time": int(result.summary.get("start_time_ms") or now),
+        "status": RUN_STATUSES[result.record.status],
+        "start_time": int(result.record.start_time_ms or now),
         "end_time": now,
     }
     atomic_write_json(folder / "run.json", meta)
@@ -305,6 +351,18 @@ def _spool(staged: Path, tensors: Path | None, root: Path, run_id: str, cause: s
     return final
 
 
+def _with_git(result: RunResult, commit: str | None, branch: str | None) -> RunResult:
+    """``result`` with a new record whose environment names ``commit`` / ``branch``."""
+    if commit is None and branch is None:
+        return result
+    env = dict(result.record.environment)
+    if commit is not None:
+        env["git_commit"] = commit
+    if branch is not None:
+        env["git_branch"] = branch
+    return result.with_record(result.record.replace(environment=env))
+
+
 def log_run(
     result: RunResult,
     *,
@@ -315,6 +373,8 @@ def log_run(
     commit: str | None = None,
     branch: str | None = None,
     spool_dir: str | os.PathLike[str] | None = None,
+    artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
+    render: Renderer | None = legacy_report_renderer,
 ) -> str:
     """Record a parity run as one MLflow run (see the module docstring for exactly what).
 
@@ -325,13 +385,21 @@ def log_run(
         experiment: MLflow experiment name, created with an explicit artifact location.
         parent_run_id: nest under this run (tag ``mlflow.parentRunId``), e.g. a nightly run.
         run_name: MLflow run name (default: MLflow's generated name).
-        commit: overrides the git commit read at run time (written into
-            ``result.summary["environment"]`` so the stored record and the result agree).
+        commit: overrides the git commit read at run time: the stored record is a new
+            ``RunSummary`` with it in ``environment`` (``result.record`` is not edited; better,
+            pass the commit to ``run_parity(environment=...)``).
         branch: overrides the git branch likewise.
         spool_dir: where an unlogged run goes (default ``./.parity/spool``).
+        artifacts: extra files to attach, ``{artifact_path: local_path}`` (e.g.
+            ``{"report.html": path}``), stored beside the tables and spooled with them.
+        render: ``render(result) -> {artifact_path: text}``, called once while staging (a
+            fault only warns); None for none. The default is TRANSITIONAL
+            (``legacy_report_renderer``: ``report.html`` from the dashboards) until the layer
+            above passes its own.
 
     Returns:
-        The MLflow run id (also set on ``result.tracking_run_id``).
+        The MLflow run id (also set on ``result.tracking_run_id``, the one field of the
+        result the tracker fills).
 
     Raises:
         SpooledError: the store could not be reached (or failed mid-upload); the run is whole
@@ -339,20 +407,18 @@ def log_run(
             ``InfrastructureError``: the CLI exits 3.
         KeyboardInterrupt: interrupted mid-upload; the run was spooled first.
     """
-    env = result.summary.setdefault("environment", {})
-    if commit is not None:
-        env["git_commit"] = commit
-    if branch is not None:
-        env["git_branch"] = branch
+    stored = _with_git(result, commit, branch)
     uri = resolve_tracking_uri(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="parity-stage-") as tmp:
         staged = stage_run(
-            result,
+            stored,
             Path(tmp),
             experiment=experiment,
             tracking_uri=uri,
             parent_run_id=parent_run_id,
             run_name=run_name,
+            artifacts=artifacts,
+            render=render,
         )
         try:
             run_id = _upload(staged, uri, result.dump_dir, result.modules)
@@ -451,105 +517,3 @@ def sync_spool(
     if failed:
         raise InfrastructureError("could not upload spooled runs: " + "; ".join(failed))
     return done
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers for the CLI (nightly parent runs, extra artifacts)
-
-
-def start_parent_run(
-    *,
-    tracking_uri: str | None = None,
-    experiment: str = "parity",
-    run_name: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    tags: Mapping[str, Any] | None = None,
-    commit: str | None = None,
-    branch: str | None = None,
-) -> str:
-    """Open a run that parity runs nest under (``log_run(parent_run_id=...)``); returns its id.
-
-    The git commit/branch (read with git unless given) are set as ``mlflow.source.git.*``
-    tags. Close it with ``end_run``.
-
-    Raises:
-        InfrastructureError: the store could not be reached.
-    """
-    from mlflow.entities import Param, RunTag
-
-    from parity_tracker.run.environment import git_info
-
-    git = git_info()
-    all_tags = {
-        "mlflow.source.git.commit": commit or git["git_commit"],
-        "mlflow.source.git.branch": branch or git["git_branch"],
-        "parity.kind": "parent",
-        **{k: str(v) for k, v in (tags or {}).items()},
-    }
-    try:
-        client = get_client(tracking_uri)
-        exp_id = get_or_create_experiment(client, experiment)
-        run = retry(client.create_run, exp_id, run_name=run_name)
-        run_id = run.info.run_id
-        items = [Param(param_key(k), _param_value(v)) for k, v in (params or {}).items()]
-        run_tags = [RunTag(k, v) for k, v in all_tags.items() if v is not None]
-        retry(client.log_batch, run_id, params=items[:_BATCH], tags=run_tags)
-        for chunk in _chunks(items[_BATCH:], _BATCH):
-            retry(client.log_batch, run_id, params=chunk)
-    except Exception as exc:
-        uri = resolve_tracking_uri(tracking_uri)
-        raise InfrastructureError(f"cannot open a parent run in {uri}: {exc}") from exc
-    return run_id
-
-
-def end_run(run_id: str, status: str = "FINISHED", *, tracking_uri: str | None = None) -> None:
-    """Terminate a run (``FINISHED``, ``FAILED`` or ``KILLED``).
-
-    Raises:
-        InfrastructureError: the store could not be reached.
-    """
-    try:
-        retry(get_client(tracking_uri).set_terminated, run_id, status)
-    except Exception as exc:
-        raise InfrastructureError(f"cannot end run {run_id}: {exc}") from exc
-
-
-def log_artifact_files(
-    run_id: str,
-    files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]],
-    *,
-    tracking_uri: str | None = None,
-) -> None:
-    """Attach local files to a run.
-
-    Args:
-        run_id: the MLflow run.
-        files: paths (stored at the artifact root under their own names) or a mapping
-            ``{artifact_path: local_path}`` (e.g. ``{"dashboards/history.html": p}``).
-        tracking_uri: the store.
-
-    Raises:
-        InputError: a file does not exist.
-        InfrastructureError: the store could not be reached.
-    """
-    pairs = (
-        [(k, Path(v)) for k, v in files.items()]
-        if isinstance(files, Mapping)
-        else [(Path(p).name, Path(p)) for p in files]
-    )
-    for _name, path in pairs:
-        if not path.is_file():
-            raise InputError(f"artifact file {path} does not exist")
-    try:
-        client = get_client(tracking_uri)
-        for name, path in pairs:
-            folder = str(Path(name).parent) if Path(name).parent != Path(".") else None
-            if Path(name).name == path.name:
-                retry(client.log_artifact, run_id, str(path), folder)
-            else:
-                with tempfile.TemporaryDirectory() as tmp:
-                    renamed = Path(tmp) / Path(name).name
-                    shutil.copyfile(path, renamed)
-                    retry(client.log_artifact, run_id, str(renamed), folder)
-    except Exception as exc:
-        raise InfrastructureError(f"cannot log artifacts to run {run_id}: {exc}") from exc

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.summary import RunResult
+from parity_tracker.run.result import RunResult
 from parity_tracker.track.store import (
     TAG_RUN_ID,
     get_client,
@@ -326,3 +326,112 @@ def find_run_heads(
             # a schema this query does not fit (another MLflow version): MLflow's own search
     infos = find_runs(tracking_uri=uri, experiment=experiment, max_results=max_results, **settings)
     return [RunHead.from_info(info) for info in infos]
+
+
+# ---------------------------------------------------------------------------------------------
+# the one read interface
+
+
+class RunStore:
+    """Every read of stored parity runs, over one tracking store and experiment.
+
+    History, diff, the nightly and the CLI read runs through this class only; the fast paths
+    (MLflow's SQLite tables read directly, the tag-status index, in-place parquet scans) live
+    behind it. Writing stays with ``track.log`` (``log_run``, ``sync_spool``).
+
+    Args:
+        tracking_uri: the store (default: ``store.resolve_tracking_uri``: explicit URI, else
+            ``$MLFLOW_TRACKING_URI``, else the embedded ``sqlite:///<cwd>/.parity/mlflow.db``).
+        experiment: the MLflow experiment searched.
+
+    Attributes:
+        uri: the resolved tracking URI.
+        experiment: the experiment name.
+    """
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str = "parity") -> None:
+        self.uri = resolve_tracking_uri(tracking_uri)
+        self.experiment = experiment
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.uri!r}, experiment={self.experiment!r})"
+
+    def load(self, run_id: str) -> RunResult:
+        """The ``RunResult`` of a logged run (``load_run``; cached locally).
+
+        Raises:
+            InputError: no such run, or not a parity run. InfrastructureError: unreachable.
+        """
+        return load_run(run_id, tracking_uri=self.uri)
+
+    def _search(self, find: Any, max_results: int | None, settings: Mapping[str, Any]) -> list:
+        try:
+            return find(
+                tracking_uri=self.uri, experiment=self.experiment, max_results=max_results,
+                **settings,
+            )  # fmt: skip
+        except ParityTrackerError:
+            raise
+        except Exception as exc:
+            raise InfrastructureError(
+                f"cannot search runs in {self.uri}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def find(self, *, max_results: int | None = None, **settings: Any) -> list[RunInfo]:
+        """Runs whose params match ``settings`` (strings), newest first (``find_runs``).
+
+        Raises:
+            InfrastructureError: the store could not be reached (names the URI).
+        """
+        return self._search(find_runs, max_results, settings)
+
+    def heads(self, *, max_results: int | None = None, **settings: Any) -> list[RunHead]:
+        """Like ``find`` but only ``RunHead`` fields; one SQL query on a SQLite store.
+
+        Raises:
+            InfrastructureError: the store could not be reached (names the URI).
+        """
+        return self._search(find_run_heads, max_results, settings)
+
+    def modules_tables(self, run_ids: list[str]) -> list[Any]:
+        """The ``modules`` table of each run (only that artifact), downloaded in 8 threads.
+
+        Raises:
+            InfrastructureError: the store could not be reached or a run has no modules table.
+        """
+        from parity_tracker.track.tag_status import modules_tables
+
+        return modules_tables(run_ids, self.uri)
+
+    def tag_statuses(self, heads: list[Any], tag: str) -> tuple[list[str | None], list[str]]:
+        """``tag``'s status in each run, and sample tags when it is in none of them.
+
+        See ``tag_status.tag_statuses``: the sample is up to 8 tags of the newest run (for an
+        error message).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a run has no modules table.
+        """
+        from parity_tracker.track.tag_status import tag_statuses
+
+        return tag_statuses(heads, tag, self.uri)
+
+    def run_for_commit(self, commit: str, **settings: Any) -> RunInfo:
+        """The newest run of ``commit`` matching ``settings``.
+
+        ``commit`` is matched exactly (the ``git_commit`` param); when nothing matches and it is
+        shorter than 40 characters, as an abbreviated SHA (a prefix, as git prints it).
+
+        Raises:
+            InputError: no such run (names the commit, settings and experiment).
+            InfrastructureError: the store could not be reached.
+        """
+        runs = self.find(**settings, git_commit=commit)
+        if not runs and len(commit) < 40:
+            runs = [r for r in self.find(**settings) if str(r.commit or "").startswith(commit)]
+        if not runs:
+            raise InputError(
+                f"no run matching {dict(settings)} on commit {commit!r} in experiment "
+                f"{self.experiment!r} of {self.uri}"
+            )
+        return runs[0]

@@ -1,0 +1,77 @@
+"""Presentation of diffs: a rich table, one markdown-table helper, JSON.
+
+Kept apart from the decision (``analysis.diff``), in the pattern of asv's
+``commands/compare.py``. ``markdown_table`` is the one GitHub-flavoured markdown table writer
+(the nightly digest should use it too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from parity_tracker.analysis.diff import count_changes, interesting
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+_SHOWN = ("change", "tag", "step", "base_status", "head_status", "base_max_abs_diff",
+          "head_max_abs_diff")  # fmt: skip
+_STYLE = {"regression": "bold red", "worse": "red", "expected": "yellow", "fix": "green",
+          "better": "green", "drift": "magenta", "new": "cyan", "removed": "cyan"}  # fmt: skip
+
+
+def to_rich(diff: pa.Table, *, title: str = "diff", limit: int = 50) -> Any:
+    """A ``rich.table.Table`` of the non-unchanged rows (at most ``limit``), styled by change."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in _SHOWN:
+        table.add_column(col, justify="right" if "diff" in col or col == "step" else "left")
+    for row in interesting(diff).slice(0, limit).to_pylist():
+        table.add_row(*(_fmt(row.get(c)) for c in _SHOWN), style=_STYLE.get(row["change"], ""))
+    return table
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; cells formatted with ``_fmt``, ``|`` escaped.
+
+    Args:
+        header: the column names.
+        rows: one sequence of cell values per row (None shows as ``-``, floats as ``%.3g``).
+
+    Returns:
+        The table's lines joined by newlines (no trailing newline).
+    """
+
+    def cell(value: Any) -> str:
+        return _fmt(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(diff: pa.Table, *, limit: int = 50) -> str:
+    """A GitHub-flavoured markdown table of the non-unchanged rows (at most ``limit``)."""
+    rows = interesting(diff)
+    shown = rows.slice(0, limit).to_pylist()
+    text = markdown_table(_SHOWN, ([row.get(c) for c in _SHOWN] for row in shown))
+    if rows.num_rows > limit:
+        text += f"\n\n… and {rows.num_rows - limit} more"
+    return text
+
+
+def to_json(diff: pa.Table, **extra: Any) -> str:
+    """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
+    payload = {"counts": count_changes(diff), "rows": interesting(diff).to_pylist(), **extra}
+    return json.dumps(payload, default=str)

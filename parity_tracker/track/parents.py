@@ -1,0 +1,118 @@
+"""Runs that parity runs nest under (a nightly's parent run), and files attached afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.track.log import _BATCH, _chunks, _param_value
+from parity_tracker.track.store import (
+    get_client,
+    get_or_create_experiment,
+    param_key,
+    resolve_tracking_uri,
+    retry,
+)
+
+
+def start_parent_run(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    run_name: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    commit: str | None = None,
+    branch: str | None = None,
+) -> str:
+    """Open a run that parity runs nest under (``log_run(parent_run_id=...)``); returns its id.
+
+    The git commit/branch (read with git unless given) are set as ``mlflow.source.git.*``
+    tags. Close it with ``end_run``.
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    from mlflow.entities import Param, RunTag
+
+    from parity_tracker.run.environment import git_info
+
+    git = git_info()
+    all_tags = {
+        "mlflow.source.git.commit": commit or git["git_commit"],
+        "mlflow.source.git.branch": branch or git["git_branch"],
+        "parity.kind": "parent",
+        **{k: str(v) for k, v in (tags or {}).items()},
+    }
+    try:
+        client = get_client(tracking_uri)
+        exp_id = get_or_create_experiment(client, experiment)
+        run = retry(client.create_run, exp_id, run_name=run_name)
+        run_id = run.info.run_id
+        items = [Param(param_key(k), _param_value(v)) for k, v in (params or {}).items()]
+        run_tags = [RunTag(k, v) for k, v in all_tags.items() if v is not None]
+        retry(client.log_batch, run_id, params=items[:_BATCH], tags=run_tags)
+        for chunk in _chunks(items[_BATCH:], _BATCH):
+            retry(client.log_batch, run_id, params=chunk)
+    except Exception as exc:
+        uri = resolve_tracking_uri(tracking_uri)
+        raise InfrastructureError(f"cannot open a parent run in {uri}: {exc}") from exc
+    return run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", *, tracking_uri: str | None = None) -> None:
+    """Terminate a run (``FINISHED``, ``FAILED`` or ``KILLED``).
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    try:
+        retry(get_client(tracking_uri).set_terminated, run_id, status)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot end run {run_id}: {exc}") from exc
+
+
+def log_artifact_files(
+    run_id: str,
+    files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]],
+    *,
+    tracking_uri: str | None = None,
+) -> None:
+    """Attach local files to a run.
+
+    Args:
+        run_id: the MLflow run.
+        files: paths (stored at the artifact root under their own names) or a mapping
+            ``{artifact_path: local_path}`` (e.g. ``{"dashboards/history.html": p}``).
+        tracking_uri: the store.
+
+    Raises:
+        InputError: a file does not exist.
+        InfrastructureError: the store could not be reached.
+    """
+    pairs = (
+        [(k, Path(v)) for k, v in files.items()]
+        if isinstance(files, Mapping)
+        else [(Path(p).name, Path(p)) for p in files]
+    )
+    for _name, path in pairs:
+        if not path.is_file():
+            raise InputError(f"artifact file {path} does not exist")
+    try:
+        client = get_client(tracking_uri)
+        for name, path in pairs:
+            folder = str(Path(name).parent) if Path(name).parent != Path(".") else None
+            if Path(name).name == path.name:
+                retry(client.log_artifact, run_id, str(path), folder)
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    renamed = Path(tmp) / Path(name).name
+                    shutil.copyfile(path, renamed)
+                    retry(client.log_artifact, run_id, str(renamed), folder)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot log artifacts to run {run_id}: {exc}") from exc
