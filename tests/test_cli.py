@@ -180,8 +180,11 @@ def test_diff_expected_entry_turns_regressions_into_expected(two_commits, tmp_pa
 
 
 def test_diff_unknown_run_id_exits_2_naming_it(env):
-    res = invoke("diff", "0123456789abcdef0123456789abcdef", "feedbeef")
-    assert res.exit_code == 2 and "0123456789abcdef0123456789abcdef" in res.output
+    unknown = "0123456789abcdef0123456789abcdef"
+    for base, head in ((unknown, "feedbeef"), ("feedbeef", unknown)):
+        res = invoke("diff", base, head)
+        # both ids are unknown; the first one read (head, by diff_runs) is named
+        assert res.exit_code == 2 and f"no run '{head}'" in res.output
     assert invoke("diff").exit_code == 2  # neither ids nor commits
 
 

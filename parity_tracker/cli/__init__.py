@@ -69,6 +69,13 @@ set_option = click.option(
 )
 
 
+def report_files(result: Any) -> dict[str, str]:
+    """The files a logged run gets beside its tables: ``report.html`` (``dashboards.report``)."""
+    from parity_tracker.dashboards.report import render_run_report
+
+    return {"report.html": render_run_report(result)}
+
+
 @click.group(cls=ParityGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="parity-tracker")
 def cli() -> None:
@@ -170,6 +177,7 @@ def run(
         tracking_uri=tracking_uri,
         experiment=experiment,
         commit=commit,
+        render=report_files,
     )
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
@@ -261,6 +269,7 @@ def nightly(
         branch=branch,
         reporter=None if as_json else T.RichReporter(),
         render=nightly_artifacts,
+        render_run=report_files,
     )
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
@@ -337,51 +346,43 @@ def diff(
     BASE and HEAD are MLflow run ids; or select the newest run of a commit with --base-commit /
     --head-commit, --target and --set.
     """
-    import datetime as dt
-
-    from parity_tracker.analysis import diff as D
-    from parity_tracker.analysis.expected import apply_expected, load_expected
+    from parity_tracker.analysis import render as R
+    from parity_tracker.analysis.diff import diff_runs
+    from parity_tracker.analysis.expected import load_expected
     from parity_tracker.pipeline.select import run_for_commit
     from parity_tracker.pipeline.targets import parse_assignments
-    from parity_tracker.track import load_run
+    from parity_tracker.track.query import RunStore
 
-    store = {"tracking_uri": tracking_uri, "experiment": experiment}
+    where = {"tracking_uri": tracking_uri, "experiment": experiment}
     if base_commit:
-        base = run_for_commit(base_commit, target, parse_assignments(sets), **store)
+        base = run_for_commit(base_commit, target, parse_assignments(sets), **where)
     if head_commit:
-        head = run_for_commit(head_commit, target, parse_assignments(sets), **store)
+        head = run_for_commit(head_commit, target, parse_assignments(sets), **where)
     if not base or not head:
         raise click.UsageError("give BASE and HEAD run ids, or --base-commit/--head-commit")
-    base_run = load_run(base, tracking_uri=tracking_uri)
-    head_run = load_run(head, tracking_uri=tracking_uri)
-    table = D.diff_tables(base_run.modules, head_run.modules, worse_factor=worse_factor)
-    if expected:
-        today = dt.datetime.now(dt.timezone.utc).date()
-        settings = head_run.settings
-        table, _ = apply_expected(
-            table,
-            load_expected(expected),
-            target=str(settings.get("target")),
-            settings=settings,
-            today=today,
-        )
-    counts = D.count_changes(table)
-    shown = table if show_all else D.interesting(table)
+    result = diff_runs(
+        base,
+        head,
+        expected=load_expected(expected) if expected else (),
+        worse_factor=worse_factor,
+        store=RunStore(tracking_uri, experiment),
+    )
+    shown = result.rows(include_unchanged=show_all)
     if as_json or fmt == "json":
         click.echo(
-            D.to_json(shown, base=base, head=head)
+            R.to_json(shown, base=base, head=head)
             if not show_all
             else json.dumps(
-                {"counts": counts, "rows": shown.to_pylist(), "base": base, "head": head},
+                {"counts": result.counts, "rows": shown.to_pylist(), "base": base, "head": head},
                 default=str,
             )
         )
     elif fmt == "markdown":
-        click.echo(D.to_markdown(shown))
+        click.echo(R.to_markdown(shown))
     else:
-        T.console().print(D.to_rich(shown, title=f"diff {base} -> {head}"))
-        T.console().print(", ".join(f"{k} {v}" for k, v in counts.items() if v) or "no rows")
-    ctx.exit(EXIT_PARITY_FAILURE if counts.get("regression") else EXIT_OK)
+        T.console().print(R.to_rich(shown, title=f"diff {base} -> {head}"))
+        T.console().print(", ".join(f"{k} {v}" for k, v in result.counts.items() if v) or "no rows")
+    ctx.exit(EXIT_PARITY_FAILURE if result.regressions else EXIT_OK)
 
 
 # --------------------------------------------------------------------------- history

@@ -1,9 +1,9 @@
 """Which stored run a nightly cell is diffed against (``--baseline auto`` or a run id).
 
-The policy is :func:`choose_baseline`, a pure function over stored runs. Reading the store goes
-through ``parity_tracker.track`` and ``parity_tracker.analysis.history``; this module imports
-no mlflow. (The two reads of an explicit ``--baseline RUN_ID`` still use the tracking client
-through ``track.store.get_client``; they move behind track's ``RunStore`` when it exists.)
+The policy is :func:`choose_baseline`, a pure function over stored runs. Runs are read through
+``track.RunStore``; this module imports no mlflow. (The two reads of an explicit
+``--baseline RUN_ID`` — the run's params and its children — still use the tracking client
+through ``track.store.get_client``: ``RunStore`` has no call for them yet.)
 """
 
 from __future__ import annotations
@@ -36,34 +36,26 @@ def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit:
     return pool[0] if pool else None
 
 
-def modules_table(run_id: str | None, tracking_uri: str | None) -> pa.Table | None:
-    """The stored ``modules`` table of ``run_id`` (None for None)."""
-    from parity_tracker.analysis.history import _modules_tables
-
-    return None if run_id is None else _modules_tables([run_id], tracking_uri)[0]
-
-
 def baseline_modules(
-    baseline: str,
-    *,
-    head_run_id: str,
-    head_commit: str | None,
-    fingerprint: str,
-    tracking_uri: str | None,
-    experiment: str,
+    baseline: str, *, head_run_id: str, head_commit: str | None, fingerprint: str, store: Any
 ) -> tuple[str | None, pa.Table | None]:
-    """``(baseline run id, its modules table)`` for one cell, or ``(None, None)``."""
-    from parity_tracker.analysis.history import search_runs
+    """``(baseline run id, its modules table)`` for one cell, or ``(None, None)``.
 
+    Args:
+        baseline: ``auto`` (:func:`choose_baseline` among the runs of ``fingerprint``) or a
+            run id.
+        head_run_id: the cell's own run (never its own baseline).
+        head_commit: the commit under test.
+        fingerprint: the cell's ``config_fingerprint``.
+        store: a ``track.RunStore``.
+    """
     if baseline == "auto":
-        runs = search_runs(
-            {"config_fingerprint": fingerprint}, tracking_uri=tracking_uri, experiment=experiment
-        )
+        runs = store.find(config_fingerprint=fingerprint)
         chosen = choose_baseline(runs, head_run_id=head_run_id, head_commit=head_commit)
         if chosen is None:
             return None, None
         baseline = chosen.run_id
-    return baseline, modules_table(baseline, tracking_uri)
+    return baseline, store.modules_tables([baseline])[0]
 
 
 def resolve_baseline_runs(baseline: str, *, tracking_uri: str | None) -> dict[str, str] | None:

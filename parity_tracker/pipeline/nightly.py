@@ -3,8 +3,8 @@
 ``run_nightly`` reads the matrix (``pipeline.config``, ``pipelines/nightly.toml``), keeps this
 shard's cells (``pipeline.matrix``), opens one parent MLflow run, and for each cell builds the
 target and runs it (``pipeline.run_target``), logs it as a child run, picks its baseline
-(``pipeline.baseline``) and diffs against it (``analysis.diff.diff_tables``), relabelling known
-failures as ``expected`` (``analysis.expected.apply_expected``). At the end it logs
+(``pipeline.baseline``) and diffs against it (``analysis.diff.diff_runs``), relabelling known
+failures as ``expected``. At the end it logs
 ``regressions.parquet`` and the files of the injected renderer (``digest.md``, ``matrix.html``,
 ``history.html`` from ``dashboards.digest.nightly_artifacts``) to the parent run, and returns
 the :class:`~parity_tracker.pipeline.results.NightlyResult`.
@@ -16,23 +16,16 @@ import datetime as dt
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
-
-from parity_tracker.analysis.diff import count_changes, diff_tables
-from parity_tracker.analysis.expected import (
-    ExpectedEntry,
-    apply_expected,
-    expired_entries,
-    load_expected,
-)
+from parity_tracker.analysis.diff import diff_runs
+from parity_tracker.analysis.expected import ExpectedEntry, expired_entries, load_expected
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import (
     baseline_modules,
     choose_baseline,
-    modules_table,
     resolve_baseline_runs,
 )
 from parity_tracker.pipeline.config import load_matrix
@@ -45,11 +38,13 @@ from parity_tracker.pipeline.results import (
     cell_status,
     regressions_table,
 )
-from parity_tracker.statuses import failing_mask
+from parity_tracker.track.query import RunStore
 
 #: ``render(result, pages) -> {file name: text}``: the files attached to the parent run
 #: (``pages`` is None when the store could not give the pages' data).
 Render = Callable[[NightlyResult, NightlyPages | None], Mapping[str, str]]
+#: ``render_run(result) -> {artifact path: text}``: the files each cell's run gets.
+RunRender = Callable[[Any], Mapping[str, str]]
 
 __all__ = [
     "FAIL_ON",
@@ -70,6 +65,22 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Everything decided before the first cell runs."""
+
+    config: str
+    shard: tuple[int, int]
+    cells: list[Cell]
+    baseline: str
+    explicit: dict[str, str] | None
+    fail_on: str
+    entries: list[ExpectedEntry]
+    today: dt.date
+    commit: str | None
+    branch: str | None
+
+
 class Reporter:
     """Progress events of a nightly (the CLI shows them as a rich progress bar)."""
 
@@ -86,48 +97,27 @@ class Reporter:
         """The nightly ended (normally or not)."""
 
 
-def _diff_cell(
-    out: CellResult,
-    result: Any,
-    *,
-    baseline: str,
-    explicit: dict[str, str] | None,
-    commit: str | None,
-    entries: list[ExpectedEntry],
-    today: dt.date,
-    tracking_uri: str | None,
-    experiment: str,
-) -> None:
-    """Pick the cell's baseline, diff its modules table against head's, apply expectations."""
+def _diff_cell(out: CellResult, result: Any, plan: _Plan, store: RunStore) -> None:
+    """Pick the cell's baseline, diff head against it (``analysis.diff.diff_runs``), record it."""
     fp = out.fingerprint = result.fingerprint
-    if explicit is not None:
-        base_id = explicit.get(fp)
-        base_tab = modules_table(base_id, tracking_uri)
+    if plan.explicit is not None:
+        base_id = plan.explicit.get(fp)
+        base_tab = None if base_id is None else store.modules_tables([base_id])[0]
     else:
         base_id, base_tab = baseline_modules(
-            baseline,
-            head_run_id=out.run_id,
-            head_commit=commit,
-            fingerprint=fp,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-        )
+            plan.baseline, head_run_id=out.run_id, head_commit=plan.commit, fingerprint=fp,
+            store=store,
+        )  # fmt: skip
     out.baseline_run_id = base_id
-    if base_tab is None:  # no baseline: every tag is new; diff against an empty table
-        base_tab = result.modules.schema.empty_table()
-    diff = diff_tables(base_tab, result.modules)
-    diff, used = apply_expected(
-        diff, entries, target=out.cell.target, settings=dict(out.cell.settings), today=today
-    )
-    out.diff = diff
-    out.changes = count_changes(diff)
-    out.expected_used = [e.describe() for e in used]
-    head = diff.column("head_status")  # skipped is no failure; a tag absent in head neither
-    failing = diff.filter(pc.and_(failing_mask(head), pc.is_valid(head)))
-    out.unexpected_failing = failing.filter(
-        pc.not_equal(failing.column("change"), "expected")
-    ).num_rows
-    _record_on_run(out, tracking_uri)
+    diff = diff_runs(  # no baseline: base None, every tag is new
+        base_tab, result, expected=plan.entries, today=plan.today, target=out.cell.target,
+        settings=dict(out.cell.settings),
+    )  # fmt: skip
+    out.diff = diff.table
+    out.changes = diff.counts
+    out.expected_used = [e.describe() for e in diff.expected_used]
+    out.unexpected_failing = diff.unexpected_failing
+    _record_on_run(out, store.uri)
 
 
 def _record_on_run(out: CellResult, tracking_uri: str | None) -> None:
@@ -150,10 +140,10 @@ def run_cell(
     cell: Cell,
     *,
     parent_run_id: str | None,
-    tracking_uri: str | None,
-    experiment: str,
+    store: RunStore,
     commit: str | None,
     branch: str | None = None,
+    render_run: RunRender | None = None,
 ) -> tuple[CellResult, Any]:
     """Build, run and log one cell (``pipeline.run_target``); a fault becomes ``error``.
 
@@ -169,9 +159,9 @@ def run_cell(
     try:
         done = run_target(
             cell.target, dict(cell.settings), mode=cell.mode, rtol=cell.rtol, atol=cell.atol,
-            dump_mode=cell.dump_mode, capture_ops=cell.ops, tracking_uri=tracking_uri,
-            experiment=experiment, parent_run_id=parent_run_id, run_name=cell.name,
-            commit=commit, branch=branch,
+            dump_mode=cell.dump_mode, capture_ops=cell.ops, tracking_uri=store.uri,
+            experiment=store.experiment, parent_run_id=parent_run_id, run_name=cell.name,
+            commit=commit, branch=branch, render=render_run,
         )  # fmt: skip
     except Exception as exc:  # a broken target must not stop the matrix
         out.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -192,40 +182,61 @@ def run_cell(
     return out, result
 
 
-def _cell(cell: Cell, parent: str, *, branch: str | None, **diff_args: Any) -> CellResult:
+def _cell(
+    cell: Cell, parent: str, plan: _Plan, store: RunStore, render_run: RunRender | None
+) -> CellResult:
     """Run, log and diff one cell; a diff fault (e.g. an unreadable baseline) becomes ``error``."""
-    res, result = run_cell(
-        cell, parent_run_id=parent, tracking_uri=diff_args["tracking_uri"],
-        experiment=diff_args["experiment"], commit=diff_args["commit"], branch=branch,
-    )  # fmt: skip
+    res, result = run_cell(cell, parent_run_id=parent, store=store, commit=plan.commit,
+                           branch=plan.branch, render_run=render_run)  # fmt: skip
     if result is None or res.run_id is None:
         return res
     try:
-        _diff_cell(res, result, **diff_args)
+        _diff_cell(res, result, plan, store)
     except Exception as exc:
         res.error = f"diff against the baseline failed: {type(exc).__name__}: {exc}"[:500]
     return res
 
 
-def _start(config: str | Path, cells: list[Cell], shard: tuple[int, int], **meta: Any) -> str:
+def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
+          expected: str | Path | None, commit: str | None, branch: str | None,
+          today: dt.date | None, store: RunStore) -> _Plan:  # fmt: skip
+    """Read and check the inputs (matrix, shard, expected file, baseline) before any work."""
+    from parity_tracker.run.environment import git_info
+
+    if fail_on not in FAIL_ON:
+        raise InputError(f"--fail-on {fail_on!r}; allowed: {', '.join(FAIL_ON)}")
+    index, count = parse_shard(shard)
+    cells = shard_cells(load_matrix(config), index, count)
+    expected = Path(config).with_name("expected.toml") if expected is None else expected
+    entries = load_expected(expected)
+    git = git_info()
+    return _Plan(
+        config=str(config), shard=(index, count), cells=cells, baseline=baseline,
+        explicit=resolve_baseline_runs(baseline, tracking_uri=store.uri), fail_on=fail_on,
+        entries=entries, today=today or dt.datetime.now(dt.timezone.utc).date(),
+        commit=commit or git["git_commit"], branch=branch or git["git_branch"],
+    )  # fmt: skip
+
+
+def _start(plan: _Plan, store: RunStore) -> str:
     """Open the nightly's parent run."""
     from parity_tracker.track import start_parent_run
 
-    index, count = shard
+    index, count = plan.shard
     return start_parent_run(
-        tracking_uri=meta["tracking_uri"],
-        experiment=meta["experiment"],
+        tracking_uri=store.uri,
+        experiment=store.experiment,
         run_name=f"nightly {index}/{count}",
         params={
-            "config": str(config),
+            "config": plan.config,
             "shard": f"{index}/{count}",
-            "baseline": meta["baseline"],
-            "fail_on": meta["fail_on"],
-            "cells": len(cells),
+            "baseline": plan.baseline,
+            "fail_on": plan.fail_on,
+            "cells": len(plan.cells),
         },
         tags={"parity.kind": "nightly"},
-        commit=meta["commit"],
-        branch=meta["branch"],
+        commit=plan.commit,
+        branch=plan.branch,
     )
 
 
@@ -243,6 +254,7 @@ def run_nightly(
     today: dt.date | None = None,
     reporter: Reporter | None = None,
     render: Render | None = None,
+    render_run: RunRender | None = None,
 ) -> NightlyResult:
     """Run this shard of the matrix in ``config`` under one parent MLflow run (module docstring).
 
@@ -262,6 +274,7 @@ def run_nightly(
         render: the files to attach to the parent run besides ``regressions.parquet``
             (the CLI passes ``dashboards.digest.nightly_artifacts``); its ``digest.md`` becomes
             ``NightlyResult.digest``. None attaches nothing else.
+        render_run: the files each cell's run gets (``report.html``), passed to ``log_run``.
 
     Returns:
         The ``NightlyResult``.
@@ -273,54 +286,39 @@ def run_nightly(
             ``exit_code`` is then 3.)
         KeyboardInterrupt: the parent run is ended KILLED first.
     """
-    from parity_tracker.run.environment import git_info
     from parity_tracker.track import end_run
 
-    if fail_on not in FAIL_ON:
-        raise InputError(f"--fail-on {fail_on!r}; allowed: {', '.join(FAIL_ON)}")
-    index, count = parse_shard(shard)
-    cells = shard_cells(load_matrix(config), index, count)
-    expected = Path(config).with_name("expected.toml") if expected is None else expected
-    entries = load_expected(expected)
-    today = today or dt.datetime.now(dt.timezone.utc).date()
-    git = git_info()
-    commit, branch = commit or git["git_commit"], branch or git["git_branch"]
-    explicit = resolve_baseline_runs(baseline, tracking_uri=tracking_uri)
+    store = RunStore(tracking_uri, experiment)
+    plan = _plan(config, shard=shard, baseline=baseline, fail_on=fail_on, expected=expected,
+                 commit=commit, branch=branch, today=today, store=store)  # fmt: skip
     reporter = reporter or Reporter()
-    store = {"tracking_uri": tracking_uri, "experiment": experiment}
-    parent = _start(config, cells, (index, count), baseline=baseline, fail_on=fail_on,
-                    commit=commit, branch=branch, **store)  # fmt: skip
+    parent = _start(plan, store)
     out = NightlyResult(
-        parent, commit, (index, count), [], expired_entries(entries, today), fail_on
+        parent, plan.commit, plan.shard, [], expired_entries(plan.entries, plan.today), fail_on
     )
-    reporter.start(len(cells))
+    reporter.start(len(plan.cells))
     try:
-        for cell in cells:
+        for cell in plan.cells:
             reporter.cell_started(cell)
-            out.cells.append(
-                _cell(cell, parent, branch=branch, baseline=baseline, explicit=explicit,
-                      commit=commit, entries=entries, today=today, **store)
-            )  # fmt: skip
+            out.cells.append(_cell(cell, parent, plan, store, render_run))
             reporter.cell_done(out.cells[-1])
     except BaseException as exc:  # Ctrl-C: KILLED; a bug of ours: FAILED; then re-raise
         end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED",
-                tracking_uri=tracking_uri)  # fmt: skip
+                tracking_uri=store.uri)  # fmt: skip
         raise
     finally:
         reporter.stop()
-    _publish(out, render, **store)
-    end_run(parent, "FINISHED", tracking_uri=tracking_uri)
+    _publish(out, render, store)
+    end_run(parent, "FINISHED", tracking_uri=store.uri)
     return out
 
 
-def _rendered(
-    result: NightlyResult, render: Render | None, *, tracking_uri: str | None, experiment: str
-) -> dict[str, str]:
+def _rendered(result: NightlyResult, render: Render | None, store: RunStore) -> dict[str, str]:
     """The renderer's files; a fault in the pages' data or the renderer only warns."""
     if render is None:
         return {}
     try:
-        pages = nightly_pages(result, tracking_uri=tracking_uri, experiment=experiment)
+        pages = nightly_pages(result, store)
     except Exception as exc:
         warnings.warn(f"nightly pages' data not read: {exc!r}", RuntimeWarning, stacklevel=3)
         pages = None
@@ -331,14 +329,12 @@ def _rendered(
         return {}
 
 
-def _publish(
-    result: NightlyResult, render: Render | None, *, tracking_uri: str | None, experiment: str
-) -> None:
+def _publish(result: NightlyResult, render: Render | None, store: RunStore) -> None:
     """Log ``regressions.parquet`` and the rendered files to the parent run."""
     from parity_tracker.files.tables import write_table
     from parity_tracker.track import log_artifact_files
 
-    texts = _rendered(result, render, tracking_uri=tracking_uri, experiment=experiment)
+    texts = _rendered(result, render, store)
     result.digest = texts.get("digest.md", "")
     with tempfile.TemporaryDirectory(prefix="parity-nightly-") as tmp:
         files = {
@@ -349,4 +345,4 @@ def _publish(
         for name, text in texts.items():
             files[name] = Path(tmp) / name
             files[name].write_text(text, encoding="utf-8")
-        log_artifact_files(result.parent_run_id, files, tracking_uri=tracking_uri)
+        log_artifact_files(result.parent_run_id, files, tracking_uri=store.uri)

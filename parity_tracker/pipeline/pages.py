@@ -46,11 +46,11 @@ def run_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | N
     return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def _experiment_id(tracking_uri: str | None, experiment: str) -> str | None:
-    # Reads through track's client; moves behind track's RunStore when it exists.
+def _experiment_id(store: Any) -> str | None:
+    # Through track's client: RunStore has no call for the experiment id yet.
     from parity_tracker.track.store import get_client
 
-    exp = get_client(tracking_uri).get_experiment_by_name(experiment)
+    exp = get_client(store.uri).get_experiment_by_name(store.experiment)
     return exp.experiment_id if exp is not None else None
 
 
@@ -65,10 +65,8 @@ def _cells(result: NightlyResult, url: Any) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _history_runs(
-    result: NightlyResult, url: Any, *, tracking_uri: str | None, experiment: str
-) -> list[dict[str, Any]]:
-    from parity_tracker.analysis.history import latest_per_commit, search_runs
+def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str, Any]]:
+    from parity_tracker.analysis.history import latest_per_commit
 
     this = {c.run_id: c for c in result.cells if c.run_id}
     out = []
@@ -76,11 +74,7 @@ def _history_runs(
         if not c.run_id:
             continue
         fp = c.fingerprint
-        runs = latest_per_commit(
-            search_runs(
-                {"config_fingerprint": fp}, tracking_uri=tracking_uri, experiment=experiment
-            )
-        )[-HISTORY_COMMITS:]
+        runs = latest_per_commit(store.find(config_fingerprint=fp))[-HISTORY_COMMITS:]
         for r in runs:
             mine = this.get(r.run_id)
             out.append({
@@ -107,22 +101,24 @@ def _tag_status(result: NightlyResult) -> list[dict[str, Any]]:
     return rows
 
 
-def nightly_pages(
-    result: NightlyResult, *, tracking_uri: str | None, experiment: str
-) -> NightlyPages:
-    """Gather the pages' data of ``result`` (one read per cell configuration from the store).
+def nightly_pages(result: NightlyResult, store: Any) -> NightlyPages:
+    """Gather the pages' data of ``result`` (one read per cell configuration from ``store``).
+
+    Args:
+        result: the finished nightly.
+        store: the ``track.RunStore`` the nightly logged to.
 
     Raises:
         Exception: whatever the store raises; the nightly turns it into a warning.
     """
-    exp_id = _experiment_id(tracking_uri, experiment)
+    exp_id = _experiment_id(store)
 
     def url(run_id: str | None) -> str | None:
-        return run_url(tracking_uri, exp_id, run_id)
+        return run_url(store.uri, exp_id, run_id)
 
     return NightlyPages(
         title=f"Nightly parity {result.commit or ''}",
         cells=_cells(result, url),
-        runs=_history_runs(result, url, tracking_uri=tracking_uri, experiment=experiment),
+        runs=_history_runs(result, url, store),
         tag_status=_tag_status(result),
     )

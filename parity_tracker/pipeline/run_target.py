@@ -7,7 +7,7 @@ returned with the result, not raised over it), and an interrupted run is still l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ def run_target(
     commit: str | None = None,
     branch: str | None = None,
     log: bool = True,
+    render: Callable[[Any], Mapping[str, str]] | None = None,
 ) -> TargetRun:
     """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
 
@@ -96,6 +97,8 @@ def run_target(
         commit: the commit to record (default: read with git).
         branch: the branch to record.
         log: False to run without logging.
+        render: ``render(result) -> {artifact path: text}``, the files the logged run gets
+            (the CLI passes the dashboards' report renderer); None: ``log_run``'s default.
 
     Raises:
         InputError: bad target or settings; TargetBuildError: the build raised.
@@ -131,6 +134,7 @@ def run_target(
             run_name=run_name,
             commit=commit,
             branch=branch,
+            **({} if render is None else {"render": render}),
         )
     except SpooledError as exc:
         out.error = exc

@@ -7,9 +7,6 @@ from collections.abc import Mapping
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.targets import resolve_target
 
-#: Length of a full git SHA-1; anything shorter is an abbreviation, matched as a prefix.
-FULL_SHA = 40
-
 
 def run_for_commit(
     commit: str,
@@ -22,28 +19,18 @@ def run_for_commit(
     """The newest run of ``commit`` with ``target`` and ``settings`` (validated, defaults filled).
 
     An abbreviated SHA (shorter than 40 hex digits, as ``git log --oneline`` prints it) matches
-    the runs whose recorded commit starts with it.
+    the runs whose recorded commit starts with it (``track.RunStore.run_for_commit``).
 
     Raises:
         InputError: no ``target`` given, a bad setting, or no such run (names the commit,
-            target, settings and experiment).
+            settings and experiment).
+        InfrastructureError: the store could not be reached.
     """
-    from parity_tracker.analysis.history import search_runs
+    from parity_tracker.track.query import RunStore
 
     if target is None:
         raise InputError("--base-commit/--head-commit need --target (and optionally --set)")
     resolved = resolve_target(target)
     chosen = resolved.validate(settings)
-    query = {"target": resolved.name, **chosen}
-    runs = search_runs(
-        {**query, "git_commit": commit}, tracking_uri=tracking_uri, experiment=experiment
-    )
-    if not runs and len(commit) < FULL_SHA:
-        runs = [
-            r
-            for r in search_runs(query, tracking_uri=tracking_uri, experiment=experiment)
-            if str(r.commit or "").startswith(commit)
-        ]
-    if not runs:
-        raise InputError(f"no run of {target} {chosen} on commit {commit!r} in {experiment!r}")
-    return runs[0].run_id
+    store = RunStore(tracking_uri, experiment)
+    return store.run_for_commit(commit, target=resolved.name, **chosen).run_id
