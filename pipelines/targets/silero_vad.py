@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from parity_tracker.builtin_targets import _common
-from parity_tracker.pipeline.case import ParityCase
 from parity_tracker.errors import InfrastructureError
+from parity_tracker.pipeline.case import ParityCase
 
 NAME = "silero-vad"
 DESCRIPTION = (
