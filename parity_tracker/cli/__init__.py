@@ -557,7 +557,3 @@ def main(argv: list[str] | None = None) -> None:
     # MLflow draws a tqdm bar per artifact download; the CLI shows its own progress instead.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     cli.main(args=argv, prog_name="parity-tracker")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
