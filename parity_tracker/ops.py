@@ -17,8 +17,9 @@ Tags (:func:`parity_tracker.capture.tags.op_tag`): ``{module}@{call}::{op}#{k}``
 from ``named_modules()`` with the root named by :func:`parity_tracker.capture.tags.root_name`
 (``model``, or ``root`` when a child is named ``model``), ``call`` the module's call index
 within the step (0 first), ``op`` the aten overload packet name (``gelu``, ``addmm``,
-``native_layer_norm``; other namespaces keep theirs: ``quantized.linear``), ``k`` the occurrence of that op within the module call. Output ``i >= 1``
-of a multi-output op appends ``:{i}``. Ops run outside any module call are attributed to
+``native_layer_norm``; other namespaces keep theirs: ``quantized.linear``), ``k`` the
+occurrence of that op within the module call. Output ``i >= 1`` of a multi-output op appends
+``:{i}``. Ops run outside any module call are attributed to
 ``_top_`` (call 0 per step).
 
 What is captured (issue 5 §4): only outputs that own new storage. Ops whose outputs alias an
