@@ -166,7 +166,8 @@ class TensorChecker(SpillCounters):
         self.rtol, self.atol = _fill_pair(rtol, atol)
         self._eager_tol = Tolerances(self.tolerances, rtol=self.rtol, atol=self.atol)
         self.dump_mode = DumpMode(dump_mode)
-        self._log = CaptureLog(self._on_tensor)
+        self._hold = _Holder(self)
+        self._log = CaptureLog(self._hold.on_tensor)
         self._pairs = PairComparer(align)
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
@@ -177,7 +178,7 @@ class TensorChecker(SpillCounters):
     # ------------------------------------------------------------------ state
     def _reset(self) -> None:
         self._log.reset()
-        self._eager_first: dict[bool, Group] = {}
+        self._hold.eager_first = {}
         self._pairs.clear()
         self._snap.clear()
         self._store.clear()
@@ -270,71 +271,6 @@ class TensorChecker(SpillCounters):
             for listener in self.manual_listeners:
                 listener(side, tag, value)
 
-    def _on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        ref_i = self._eager_reference(g, cap.side)
-        if ref_i is None:
-            self._keep(cap, value, alias)
-            return
-        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
-
-    def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
-        if alias:
-            cap.value = value.detach()
-            return
-        cap.value = copy = self._snap.take(value)
-        self._store.admit(copy, cap)
-
-    # ---------------------------------------------------------------- eager
-    def _eager_reference(self, g: Group, side: int) -> int | None:
-        """Index of the capture the new one is compared against now, or None to hold it."""
-        if self.eager_mode is None:
-            return None
-        i = g.ref_index if g.ref_index is not None else 0
-        if len(g.captures) < 2:
-            return None
-        held = g.captures[i]
-        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
-            return None
-        return i
-
-    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
-        held = g.captures[held_i]
-        new = g.captures[new_i]
-        new_is_ref = new.side < held.side
-        ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = load(held.value)
-        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        comp = self._pairs.compare(g.tag, ref, cand, self.eager_mode, self._eager_tol)
-        g.ref_index = ref_i
-        g.pairs[cand_i] = comp
-        if self._eager_keep(g, comp):
-            self._keep(new, value, alias)
-        else:
-            new.value = held.value = RELEASED
-
-    def _eager_keep(self, g: Group, comp: Comparison) -> bool:
-        """Whether the planned dump needs this group's tensors after an eager comparison."""
-        mode = self.dump_mode
-        failed = is_failing(comp.status)
-        if mode is DumpMode.ALL:
-            return True
-        if mode is DumpMode.NOT_EQUAL:
-            return failed
-        if mode is DumpMode.FIRST_NOT_EQUAL and failed:
-            weight = g.kind in WEIGHT_KINDS
-            best = self._eager_first.get(weight)
-            key = (g.captures[g.ref_index].exec_order, g.step)
-            if best is not None and (best.captures[best.ref_index].exec_order, best.step) <= key:
-                return False
-            if best is not None:
-                for c in best.captures:
-                    if c.is_tensor:
-                        c.value = RELEASED
-            self._eager_first[weight] = g
-            return True
-        return False
-
     # ---------------------------------------------------------------- check
     def check_equal(self, dump_mode: DumpMode = DumpMode.NOT, dump_path: Any = None) -> CheckResult:
         """Compare every tag exactly (``torch.equal`` semantics; seed section 3.1).
@@ -400,7 +336,7 @@ class TensorChecker(SpillCounters):
         resolved = self._resolve_all(mode, tol)
         ordered = sorted(resolved, key=lambda x: order_key(x[0]))
         plan = dump_plan(DumpMode(dump_mode), ordered)
-        paths, dump_dir = self._write_dumps(plan, dump_path) if plan else ({}, None)
+        paths, dump_dir = self._hold.write_dumps(plan, dump_path) if plan else ({}, None)
         results = [
             tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered
         ]
@@ -452,12 +388,89 @@ class TensorChecker(SpillCounters):
             )
         return out
 
-    def _write_dumps(self, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
+
+class _Holder:
+    """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
+
+    Deferred path: a counted snapshot (parameters by reference). Eager path: when the second
+    side's tensor of a tag arrives it is compared with the held one and both are released,
+    unless the planned dump needs them. Also writes the dumps of a check.
+    """
+
+    def __init__(self, checker: TensorChecker) -> None:
+        self.c = checker
+        self.eager_first: dict[bool, Group] = {}
+
+    def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
+        ref_i = self._eager_reference(g, cap.side)
+        if ref_i is None:
+            self._keep(cap, value, alias)
+            return
+        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
+
+    def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
+        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
+        if alias:
+            cap.value = value.detach()
+            return
+        cap.value = copy = self.c._snap.take(value)
+        self.c._store.admit(copy, cap)
+
+    def _eager_reference(self, g: Group, side: int) -> int | None:
+        """Index of the capture the new one is compared against now, or None to hold it."""
+        if self.c.eager_mode is None:
+            return None
+        i = g.ref_index if g.ref_index is not None else 0
+        if len(g.captures) < 2:
+            return None
+        held = g.captures[i]
+        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
+            return None
+        return i
+
+    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
+        held = g.captures[held_i]
+        new = g.captures[new_i]
+        new_is_ref = new.side < held.side
+        ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
+        held_value = load(held.value)
+        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
+        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
+        g.ref_index = ref_i
+        g.pairs[cand_i] = comp
+        if self._eager_keep(g, comp):
+            self._keep(new, value, alias)
+        else:
+            new.value = held.value = RELEASED
+
+    def _eager_keep(self, g: Group, comp: Comparison) -> bool:
+        """Whether the planned dump needs this group's tensors after an eager comparison."""
+        mode = self.c.dump_mode
+        failed = is_failing(comp.status)
+        if mode is DumpMode.ALL:
+            return True
+        if mode is DumpMode.NOT_EQUAL:
+            return failed
+        if mode is DumpMode.FIRST_NOT_EQUAL and failed:
+            weight = g.kind in WEIGHT_KINDS
+            best = self.eager_first.get(weight)
+            key = (g.captures[g.ref_index].exec_order, g.step)
+            if best is not None and (best.captures[best.ref_index].exec_order, best.step) <= key:
+                return False
+            if best is not None:
+                for c in best.captures:
+                    if c.is_tensor:
+                        c.value = RELEASED
+            self.eager_first[weight] = g
+            return True
+        return False
+
+    def write_dumps(self, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
         from parity_tracker.dump import DumpWriter
 
         writer = DumpWriter(dump_path)
         paths: dict[int, tuple[str, ...]] = {}
-        ref_side = self._log.reference_side()
+        ref_side = self.c._log.reference_side()
         for g in plan:
             written = []
             for cap in g.captures:
