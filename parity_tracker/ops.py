@@ -57,7 +57,6 @@ import contextlib
 import itertools
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,12 +72,12 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
+from parity_tracker.capture.store import BoundedStore, SpillCounters, Spilled, span_elements
 from parity_tracker.compare import Comparison, compare_tensors, passes
+from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.localize import align_ops, classify, layout_differences
-from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.statuses import is_failing, is_neutral, is_passing
-from parity_tracker.tolerances import Tolerances
 
 #: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
 #: target of a parity run (issue 5/9), so the op store, the TensorChecker's module snapshots
@@ -197,9 +196,7 @@ def _ptr(t: torch.Tensor) -> int:
 
 def _span(t: torch.Tensor) -> int:
     """Storage elements spanned by ``t`` from its storage offset (0 for an empty tensor)."""
-    if t.numel() == 0:
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return 0 if t.numel() == 0 else span_elements(tuple(t.shape), t.stride())
 
 
 def _flat_span(t: torch.Tensor) -> torch.Tensor:
@@ -234,26 +231,25 @@ class _Held:
         return self.spilled.load()
 
 
-class _Store:
-    """Keeps captures within ``max_resident_bytes``, spilling the oldest to ``spill_dir``."""
+class _Store(BoundedStore):
+    """Op captures within ``max_resident_bytes`` (the oldest spilled), with copy-on-write.
+
+    Captures are references to the op outputs, indexed by storage pointer so that an in-place
+    write into a held storage first gives each holder a private copy (:meth:`before_write`).
+    Uncounted holdings (parameters, storages a counted capture already holds) never spill.
+    """
 
     def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
-        self.max_resident_bytes = max_resident_bytes
-        self._spill_dir = SpillDir(spill_dir, prefix="ops-spill-")
-        self._resident: OrderedDict[int, _Held] = OrderedDict()
+        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
         self._by_ptr: dict[int, list[_Held]] = {}
         self._ids = itertools.count()
-        self.resident_bytes = 0
-        self.peak_resident_bytes = 0
-        self.spilled_bytes = 0
-        self.spilled_count = 0
 
     def hold(self, tensor: torch.Tensor, *, counted: bool = True) -> _Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled)."""
         h = _Held(next(self._ids), tensor, counted)
         self._index(h)
         if counted:
-            self._admit(h)
+            self.admit(h.id, h.nbytes, h)
         return h
 
     def counts(self, ptr: int) -> bool:
@@ -276,13 +272,6 @@ class _Store:
             if not lst:
                 del self._by_ptr[ptr]
 
-    def _admit(self, h: _Held) -> None:
-        self._resident[h.id] = h
-        self.resident_bytes += h.nbytes
-        while self.resident_bytes > self.max_resident_bytes and self._resident:
-            self._spill(self._resident.popitem(last=False)[1])
-        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-
     def before_write(self, tensor: torch.Tensor) -> None:
         """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
         if not isinstance(tensor, torch.Tensor) or not _capturable(tensor):
@@ -294,36 +283,32 @@ class _Store:
             h.tensor = copy
             self._index(h)
             if h.counted:
-                self._resident.pop(h.id, None)
-                self.resident_bytes -= h.nbytes
+                self.discard(h.id)
             h.counted, h.nbytes = True, copy.untyped_storage().nbytes()
-            self._admit(h)
+            self.admit(h.id, h.nbytes, h)
 
-    def _spill(self, h: _Held) -> None:
-        self.resident_bytes -= h.nbytes
+    def _spill_entry(self, _key: int, h: _Held) -> bool:
         if h.tensor is None:
-            return
+            return False
         self._unindex(h)
-        h.spilled, h.tensor = self._spill_dir.write(h.tensor, f"{h.id}.bin"), None
-        self.spilled_bytes += h.nbytes
-        self.spilled_count += 1
+        h.spilled, h.tensor = self.write(h.tensor, f"{h.id}.bin"), None
+        return True
 
     def release(self, h: _Held) -> None:
         """Forget ``h`` (resident reference dropped, spill file deleted)."""
         self._unindex(h)
-        if self._resident.pop(h.id, None) is not None:
-            self.resident_bytes -= h.nbytes
+        self.discard(h.id)
         h.tensor = None
         if h.spilled is not None:
             h.spilled.delete()
             h.spilled = None
 
-    def close(self) -> None:
+    def close(self) -> None:  # type: ignore[override]
         """Drop everything and delete the spill directory."""
-        for h in list(self._resident.values()):
+        for h in self.payloads():
             self.release(h)
         self._by_ptr.clear()
-        self._spill_dir.close()
+        super().close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -982,7 +967,7 @@ class OpSession(SpillCounters):
                 continue
             base = h.get()
             offset = base.storage_offset() + rd.rel_off
-            need = 1 + sum((s - 1) * st for s, st in zip(rd.shape, rd.stride, strict=True))
+            need = span_elements(rd.shape, rd.stride)
             if offset < 0 or (
                 0 not in rd.shape
                 and offset + need > base.untyped_storage().nbytes() // base.element_size()

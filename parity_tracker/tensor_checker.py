@@ -28,7 +28,7 @@ The memory bound: on the eager path the reference runs first, so its snapshots w
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot
 storage resident (each snapshot counted once, however many captures share it; parameters and
 buffers are referenced, not copied, and not counted). Past the budget the oldest snapshots are
-written to ``spill_dir`` (``parity_tracker.spill``, shared with the op store) and read back
+written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read back
 memory-mapped when their pair is compared or dumped. After every capture::
 
     resident_bytes <= max_resident_bytes        (whatever the model depth)
@@ -39,11 +39,9 @@ Spilling changes where a snapshot lives, never its value: results are identical.
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,10 +61,12 @@ from parity_tracker.capture import (
     root_name,
     tensor_version,
 )
+from parity_tracker.capture.snapshot import SnapshotStore
+from parity_tracker.capture.store import SpillCounters, Spilled
 from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
 from parity_tracker.errors import InputError
-from parity_tracker.spill import SpillCounters, SpillDir, Spilled
 from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old import path)
     MODES,
     NEUTRAL,
@@ -75,7 +75,6 @@ from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL: re-exported, old 
     is_failing,
     is_passing,
 )
-from parity_tracker.tolerances import Tolerances
 
 try:  # the op recorder must not record the checker's own copies and comparisons
     from parity_tracker.ops import suspended
@@ -283,65 +282,6 @@ def _load(value: Any) -> Any:
     return value.load(to_device=True) if isinstance(value, Spilled) else value
 
 
-class _SnapshotStore:
-    """Keeps snapshots within ``max_resident_bytes``, spilling the oldest to ``spill_dir``.
-
-    Each snapshot is tracked by a weak reference: it stops counting as soon as no capture
-    holds it (the eager path releasing a pair), and a spilled snapshot's file is deleted once
-    no capture holds its ``Spilled`` record.
-    """
-
-    def __init__(self, max_resident_bytes: float, spill_dir: Any) -> None:
-        self.max_resident_bytes = max_resident_bytes
-        self._dir = SpillDir(spill_dir, prefix="checker-spill-")
-        self._ids = itertools.count()
-        self._resident: OrderedDict[int, tuple[weakref.ref, int, list[_Capture]]] = OrderedDict()
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every snapshot and delete the spill folder."""
-        self._resident = OrderedDict()
-        self._dir.close()
-        self.resident_bytes = self.peak_resident_bytes = 0
-        self.spilled_bytes = self.spilled_count = 0
-
-    def admit(self, copy: torch.Tensor, cap: _Capture) -> None:
-        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
-        key = id(copy)
-        entry = self._resident.get(key)
-        if entry is not None and entry[0]() is copy:
-            entry[2].append(cap)  # a snapshot shared with an earlier capture counts once
-            return
-        nbytes = copy.untyped_storage().nbytes()
-        self._resident[key] = (weakref.ref(copy, self._gone(key)), nbytes, [cap])
-        self.resident_bytes += nbytes
-        while self.resident_bytes > self.max_resident_bytes and self._resident:
-            self._spill(*self._resident.popitem(last=False)[1])
-        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-
-    def _gone(self, key: int) -> Callable[[weakref.ref], None]:
-        def callback(ref: weakref.ref) -> None:
-            entry = self._resident.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._resident[key]
-                self.resident_bytes -= entry[1]
-
-        return callback
-
-    def _spill(self, ref: weakref.ref, nbytes: int, caps: list[_Capture]) -> None:
-        self.resident_bytes -= nbytes
-        copy = ref()
-        if copy is None:
-            return
-        spilled = self._dir.write(copy, f"{next(self._ids)}.bin")
-        weakref.finalize(spilled, spilled.path.unlink, True)
-        for c in caps:
-            if c.value is copy:
-                c.value = spilled
-        self.spilled_bytes += nbytes
-        self.spilled_count += 1
-
-
 class TensorChecker(SpillCounters):
     """Collects tensors by tag from two (or more) implementations and compares them.
 
@@ -355,8 +295,8 @@ class TensorChecker(SpillCounters):
             released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
             ``fnmatch`` against the tag; the first matching glob wins, and an override beats
-            the check's ``rtol``/``atol`` (``parity_tracker.tolerances.Tolerances``). Integer
-            and bool tensors are always compared exactly. Raises ``InputError`` when a pair is
+            the check's ``rtol``/``atol`` (``compare.tolerances.Tolerances``). Integer and bool
+            tensors are always compared exactly. Raises ``InputError`` when a pair is
             incomplete or negative.
         rtol: default relative tolerance for the eager path (``None``: the comparison core's
             per-dtype default, from ``torch.testing.assert_close``).
@@ -397,7 +337,7 @@ class TensorChecker(SpillCounters):
                 f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0 (math.inf for "
                 "no bound)"
             )
-        self._store = _SnapshotStore(max_resident_bytes, spill_dir)
+        self._store = SnapshotStore(max_resident_bytes, spill_dir)
         self.verbose = verbose
         self.align = align
         self.eager_mode = eager_mode

@@ -92,7 +92,7 @@ def test_alignment_is_a_longest_common_subsequence(ref, cand):
 
 
 def test_long_sequences_fall_back_and_stay_valid(monkeypatch):
-    import parity_tracker.localize as loc
+    import parity_tracker.localize.align as loc
 
     monkeypatch.setattr(loc, "MAX_DP_CELLS", 10)
     ref = list("xabcabcabcy")

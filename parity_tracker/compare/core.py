@@ -1,11 +1,11 @@
 """Compare one reference tensor with one candidate tensor (design.md, "Comparison semantics").
 
 One public function, :func:`compare_tensors`, read top to bottom (the layout of
-``torch/testing/_comparison.py``): normalise both sides (:mod:`parity_tracker.convert`), check
-shapes, run the ``equal`` fast path (content hashes and a bitwise check chunk by chunk, one read
-of each input), and only for pairs that are not bitwise identical compute every metric in one
-chunked pass (:mod:`parity_tracker.metrics`). Tolerances come from
-:mod:`parity_tracker.tolerances`.
+``torch/testing/_comparison.py``): normalise both sides (:mod:`parity_tracker.compare.convert`),
+check shapes, run the ``equal`` fast path (content hashes and a bitwise check chunk by chunk,
+one read of each input), and only for pairs that are not bitwise identical compute every metric
+in one chunked pass (:mod:`parity_tracker.compare.metrics`). Tolerances come from
+:mod:`parity_tracker.compare.tolerances`. :func:`passes` is the same verdict without metrics.
 
 Semantics:
 
@@ -33,10 +33,9 @@ import numpy as np
 import torch
 import xxhash
 
-from parity_tracker.convert import Converted, _plain, to_tensor
-from parity_tracker.errors import InputError
-from parity_tracker.hashing import _NUMPY_DTYPES, StreamHasher, dtype_name, raw_buffer
-from parity_tracker.metrics import (
+from parity_tracker.compare.convert import Converted, _plain, to_tensor
+from parity_tracker.compare.hashing import _NUMPY_DTYPES, StreamHasher, dtype_name, raw_buffer
+from parity_tracker.compare.metrics import (
     DiffStats,
     diff_stats,
     flat,
@@ -44,8 +43,9 @@ from parity_tracker.metrics import (
     torch_threads,
     ulp_spec,
 )
+from parity_tracker.compare.tolerances import Tolerances, check_pair
+from parity_tracker.errors import InputError
 from parity_tracker.statuses import MODES, PASSING
-from parity_tracker.tolerances import Tolerances, check_pair
 
 EQUAL_CHUNK = 1 << 18
 """Elements per chunk of the equal fast path (1 MiB of float32: hashed, then compared in cache)."""
@@ -216,7 +216,7 @@ def _header(dtype: str, shape: tuple[int, ...]) -> bytes:
 
 
 def _digest(buffer, dtype: str, shape: tuple[int, ...]) -> str:
-    """:func:`parity_tracker.hashing.content_hash` of a tensor's raw ``buffer`` in one call."""
+    """``compare.hashing.content_hash`` of a tensor's raw ``buffer`` in one call."""
     hasher = xxhash.xxh3_64(_header(dtype, shape))
     hasher.update(buffer)
     return hasher.hexdigest()
@@ -454,14 +454,15 @@ def compare_tensors(
     Args:
         reference: the reference side: a torch tensor of any dtype/device/layout, a numpy
             array, an object with ``__dlpack__`` or ``__array__``, or a Python number
-            (see :mod:`parity_tracker.convert`).
+            (see :mod:`parity_tracker.compare.convert`).
         candidate: the candidate side, same kinds; must have the reference's shape.
         mode: ``"equal"`` (identical values, dtype and shape) or ``"allclose"``.
         rtol: relative tolerance for ``allclose``; give together with ``atol`` or neither
             (then the per-dtype defaults of ``torch.testing.assert_close`` apply).
         atol: absolute tolerance for ``allclose``, in the tensors' units.
         tag: the tag, used to look up per-tag overrides in ``tolerances``.
-        tolerances: per-tag tolerance overrides (:class:`parity_tracker.tolerances.Tolerances`).
+        tolerances: per-tag tolerance overrides
+            (:class:`parity_tracker.compare.tolerances.Tolerances`).
 
     Returns:
         A frozen :class:`Comparison`. Its ``status`` is one of :data:`STATUSES`; metrics are
@@ -509,8 +510,8 @@ def passes(
     position) and the same dtype; ``allclose`` wants ``|c - r| <= atol + rtol * |r|`` with
     ``tolerances.resolve(tag, dtypes)`` (integers and bools exact), NaN/inf matched by
     position (``torch.isclose(..., equal_nan=True)`` in float64/complex128, which also covers
-    float8). Both sides are first cast to their promoted dtype (``torch.promote_types``). Used where only pass/fail is needed, e.g. the op
-    recorder's input statuses.
+    float8). Both sides are first cast to their promoted dtype (``torch.promote_types``).
+    Used where only pass/fail is needed, e.g. the op recorder's input statuses.
 
     Args:
         reference: reference tensor (any device; moved to the candidate's device).

@@ -1,0 +1,288 @@
+"""Normalise whatever was registered into a dense, contiguous CPU tensor plus its metadata.
+
+Accepted inputs (design.md, "Comparison semantics" → Inputs):
+
+- ``torch.Tensor`` of any dtype and device: detached, moved to the CPU (the original device is
+  recorded), conjugate/negative bits resolved, made contiguous (non-contiguous and stride-0
+  expanded views are materialised);
+- quantized tensors: dequantized; the quantization parameters and ``int_repr`` are kept so the
+  comparison can name a differing scale or zero point;
+- sparse tensors (COO, CSR, CSC, BSR, BSC): ``to_dense()``;
+- ``DTensor``: ``full_tensor()`` (torch.distributed is not imported by this module);
+- meta tensors and fake tensors: no data, status ``skipped``;
+- ``numpy.ndarray`` and numpy scalars; any object with ``__dlpack__`` (``torch.from_dlpack``)
+  or ``__array__`` (``numpy.asarray``);
+- Python ``bool``, ``int``, ``float``, ``complex``: 0-d tensors of ``bool``, ``int64``,
+  ``float64`` (a Python float is a double) and ``complex128``.
+
+Anything else, ``None`` included, gives status ``error`` with a message naming the type. No
+function here raises for a bad input: the problem is returned in :class:`Converted`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from parity_tracker.compare.hashing import dtype_name
+from parity_tracker.errors import InputError
+
+_SPARSE_LAYOUTS = frozenset(
+    {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
+)
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """Quantization parameters of a quantized tensor (per-tensor or per-channel).
+
+    Attributes:
+        qscheme: e.g. ``"per_tensor_affine"``.
+        scale: per-tensor scale, or per-channel scales as a CPU float64 tensor.
+        zero_point: per-tensor zero point, or per-channel zero points as a CPU int64 tensor.
+        axis: the channel axis for per-channel schemes, else ``None``.
+        int_repr: the stored integers (CPU tensor).
+    """
+
+    qscheme: str
+    scale: float | torch.Tensor
+    zero_point: int | torch.Tensor
+    axis: int | None
+    int_repr: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Converted:
+    """One side of a pair after normalisation.
+
+    Attributes:
+        tensor: dense contiguous CPU tensor to compare, or ``None`` when ``status`` is set.
+        dtype: the ORIGINAL dtype name (``"quint8"`` for a quantized tensor, whose ``tensor``
+            is the dequantized float32), or ``None`` when unknown.
+        device: the original device (``"cuda:0"``, ``"cpu"``, ``"meta"``), or ``None``.
+        shape: the original shape, or ``None`` when unknown.
+        status: ``None`` when usable, else ``"skipped"`` or ``"error"``.
+        message: why it is skipped / an error, and notes on the conversion.
+        quant: quantization parameters, for quantized inputs only.
+    """
+
+    tensor: torch.Tensor | None
+    dtype: str | None = None
+    device: str | None = None
+    shape: tuple[int, ...] | None = None
+    status: str | None = None
+    message: str = ""
+    quant: QuantInfo | None = None
+
+
+def _fail(status: str, message: str, x: Any = None) -> Converted:
+    t = x if isinstance(x, torch.Tensor) else None
+    return Converted(
+        tensor=None,
+        dtype=dtype_name(t.dtype) if t is not None else None,
+        device=str(t.device) if t is not None else None,
+        shape=tuple(t.shape) if t is not None else None,
+        status=status,
+        message=message,
+    )
+
+
+def quant_info(t: torch.Tensor) -> QuantInfo:
+    """Quantization parameters and ``int_repr`` of a quantized tensor (per tensor or channel)."""
+    scheme = t.qscheme()
+    name = str(scheme).removeprefix("torch.")
+    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return QuantInfo(name, float(t.q_scale()), int(t.q_zero_point()), None, t.int_repr())
+    return QuantInfo(
+        name,
+        t.q_per_channel_scales().double(),
+        t.q_per_channel_zero_points().long(),
+        int(t.q_per_channel_axis()),
+        t.int_repr(),
+    )
+
+
+def is_dtensor(t: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor`` (without importing torch.distributed)."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
+
+
+def dense_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, gathered (DTensor), dense (sparse layouts) and on the CPU, lossless.
+
+    A quantized tensor stays quantized (its ``int_repr`` and parameters are the lossless form);
+    any other tensor has its conjugate/negative bits resolved. Shared by :func:`to_tensor` and
+    the dump writer (``parity_tracker.dump.to_numpy``).
+
+    Raises:
+        InputError: a meta or fake tensor (it has no data).
+    """
+    if _is_fake(t):
+        raise InputError(f"a {t.device} tensor has no data")
+    t = t.detach()
+    if is_dtensor(t):
+        t = t.full_tensor()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.cpu()
+    return t if t.is_quantized else t.resolve_conj().resolve_neg()
+
+
+def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
+    """View a registered object as a torch tensor without copying where possible.
+
+    Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
+    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
+    with ``__array__`` (``numpy.asarray``).
+
+    Raises:
+        InputError: the object is none of these, or its numpy dtype has no torch equivalent.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
+        return torch.from_dlpack(obj)
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
+        obj = np.asarray(obj)
+    if isinstance(obj, np.ndarray):
+        try:
+            if not obj.flags.writeable or any(s < 0 for s in obj.strides):
+                obj = np.array(obj, copy=True)
+            return torch.from_numpy(obj)
+        except TypeError as exc:
+            raise InputError(
+                f"tensor for tag {tag!r}: numpy dtype {obj.dtype} has no torch equivalent; "
+                "convert it to a numeric dtype first"
+            ) from exc
+    raise InputError(
+        f"register_tensor({tag!r}, ...) got a {type(obj).__name__}; pass a torch.Tensor, a "
+        "numpy array, or an object exposing __dlpack__ or __array__"
+    )
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return type(t).__name__ in ("FakeTensor", "FunctionalTensor") or t.is_meta
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain(x: torch.Tensor) -> bool:
+    """True for a dense, contiguous CPU tensor that needs no conversion (the common case)."""
+    return (
+        type(x) in _PLAIN_TYPES
+        and x.is_cpu
+        and x.layout == torch.strided
+        and not x.is_nested
+        and not x.is_quantized
+        and x.is_contiguous()
+        and not x.is_conj()
+        and not x.is_neg()
+        and x.dtype != torch.complex32
+    )
+
+
+def _from_tensor(x: torch.Tensor, side: str) -> Converted:
+    if _plain(x):
+        t = x.detach() if x.requires_grad else x
+        return Converted(tensor=t, dtype=dtype_name(x.dtype), device="cpu", shape=tuple(x.shape))
+    dtype, device, shape = dtype_name(x.dtype), str(x.device), tuple(x.shape)
+    if _is_fake(x):
+        return _fail("skipped", f"{side} is a {device} tensor without data", x)
+    t = x.detach()
+    if is_dtensor(t):
+        t = t.full_tensor()
+    if t.is_nested:
+        return _fail("error", f"{side} is a nested tensor; register its components separately", x)
+    quant = None
+    if t.is_quantized:
+        t = t.cpu()
+        quant = quant_info(t)
+        t = t.dequantize()
+    if t.layout in _SPARSE_LAYOUTS:
+        t = t.to_dense()
+    if t.layout != torch.strided:
+        return _fail("error", f"{side} has unsupported layout {t.layout}", x)
+    t = t.cpu().resolve_conj().resolve_neg().contiguous()
+    if t.dtype == torch.complex32:  # few CPU kernels; complex64 holds it exactly
+        t = t.to(torch.complex64)
+    return Converted(tensor=t, dtype=dtype, device=device, shape=shape, quant=quant)
+
+
+def _from_numpy(a: np.ndarray, side: str) -> Converted:
+    if a.dtype.kind not in "biufc":
+        return _fail("error", f"{side} is a numpy array of unsupported dtype {a.dtype}")
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if a.dtype == np.longdouble and a.dtype.itemsize > 8:
+        a = a.astype(np.float64)
+    if a.dtype == np.clongdouble and a.dtype.itemsize > 16:
+        a = a.astype(np.complex128)
+    if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn 0-d into shape (1,))
+        a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
+    try:
+        t = torch.from_numpy(a)
+    except TypeError as exc:
+        return _fail("error", f"{side}: numpy dtype {a.dtype} has no torch equivalent ({exc})")
+    return Converted(tensor=t, dtype=dtype_name(t.dtype), device="cpu", shape=tuple(t.shape))
+
+
+def _from_scalar(x: bool | int | float | complex, side: str) -> Converted:
+    kind = next(k for k in (bool, int, float, complex) if isinstance(x, k))
+    dtype = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+    try:
+        t = torch.tensor(x, dtype=dtype[kind])
+    except Exception:  # torch raises RuntimeError or OverflowError, by version
+        return _fail("error", f"{side} Python {kind.__name__} {x!r} does not fit {dtype[kind]}")
+    return Converted(tensor=t, dtype=dtype_name(t.dtype), device="cpu", shape=())
+
+
+def _from_protocol(x: Any, side: str) -> Converted:
+    name = type(x).__name__
+    if hasattr(x, "__dlpack__"):
+        try:
+            return _from_tensor(torch.from_dlpack(x), side)
+        except Exception as exc:
+            if not hasattr(x, "__array__"):
+                return _fail("error", f"{side} of type {name}: __dlpack__ failed ({exc})")
+    try:
+        a = np.asarray(x)
+    except Exception as exc:
+        return _fail("error", f"{side} of type {name}: __array__ failed ({exc})")
+    return _from_numpy(a, side)
+
+
+def to_tensor(x: Any, side: str = "reference") -> Converted:
+    """Normalise one side of a pair (see the module docstring for what is accepted).
+
+    Args:
+        x: the registered object.
+        side: ``"reference"`` or ``"candidate"``, used in messages.
+
+    Returns:
+        :class:`Converted`; never raises for a bad input (the problem is in ``status`` and
+        ``message``).
+    """
+    try:
+        if isinstance(x, torch.Tensor):
+            return _from_tensor(x, side)
+        if isinstance(x, np.ndarray | np.generic):
+            return _from_numpy(np.asarray(x), side)
+        if isinstance(x, bool | int | float | complex):
+            return _from_scalar(x, side)
+        if x is None:
+            return _fail("error", f"{side} is None, not a tensor")
+        if hasattr(x, "__dlpack__") or hasattr(x, "__array__"):
+            return _from_protocol(x, side)
+    except Exception as exc:  # a broken object must not abort the whole check
+        return _fail("error", f"{side} of type {type(x).__qualname__} could not be read: {exc}")
+    return _fail(
+        "error",
+        f"{side} has unsupported type {type(x).__module__}.{type(x).__qualname__}; "
+        "register a torch.Tensor, a numpy array or a Python number",
+    )

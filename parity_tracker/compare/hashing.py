@@ -1,0 +1,128 @@
+"""Content hashes of tensors: xxh3-64 over dtype, shape and the contiguous raw bytes.
+
+Two tensors get the same hash exactly when they have the same dtype string, the same shape and
+bitwise-identical contents (up to the 2**-64 chance of an xxh3-64 collision). So ``-0.0`` and
+``0.0`` hash differently although ``torch.equal`` calls them equal, and two NaNs with different
+payloads hash differently. The hash is the 16-digit lowercase hex digest of ``xxhash.xxh3_64``
+(https://github.com/Cyan4973/xxHash) fed, in order, with the header ``"{dtype}|{shape}|"`` and
+the tensor's bytes in C (row-major) order.
+
+Bytes are read through a same-size integer view, so bfloat16, float8 and complex tensors hash
+without conversion and without ``tolist``. :class:`StreamHasher` hashes chunk by chunk and gives
+the same digest as :func:`content_hash` over the whole tensor (xxh3 streaming is exact).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import xxhash
+
+
+@functools.cache
+def dtype_name(dtype: torch.dtype) -> str:
+    """The dtype's short name as used in records and hashes: ``torch.bfloat16`` → ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def byte_view(tensor: torch.Tensor) -> np.ndarray:
+    """The raw bytes of a contiguous CPU tensor as a 1-D ``uint8`` numpy array (no copy).
+
+    Args:
+        tensor: a dense, contiguous CPU tensor of any non-quantized dtype, any shape (0-d too).
+
+    Returns:
+        ``numpy.ndarray`` of dtype ``uint8`` and length ``tensor.numel() * tensor.element_size()``
+        sharing memory with ``tensor``.
+
+    Raises:
+        ValueError: if the tensor is not contiguous or not on the CPU.
+    """
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("byte_view needs a contiguous CPU tensor; call .contiguous().cpu() first")
+    if tensor.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    flat = tensor.reshape(-1)
+    if flat.is_conj():
+        flat = flat.resolve_conj()
+    if flat.is_neg():
+        flat = flat.resolve_neg()
+    return flat.view(torch.uint8).numpy()
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
+    """The raw bytes of a contiguous CPU tensor as a buffer-protocol object (no copy).
+
+    The cheap form of :func:`byte_view` for hashing: a tensor whose dtype numpy knows is
+    returned as ``tensor.numpy()`` (its buffer holds the same bytes in the same order, 0-d
+    included); other dtypes (bfloat16, float8, unsigned 16–64-bit) go through the ``uint8``
+    view. Same preconditions as :func:`byte_view` except that they are not re-checked: no
+    conjugate/negative bit, no ``requires_grad`` (the comparison's converted tensors).
+    """
+    if tensor.dtype in _NUMPY_DTYPES:
+        return tensor.numpy()
+    return byte_view(tensor)
+
+
+class StreamHasher:
+    """Incremental content hash of one tensor fed in consecutive flat chunks.
+
+    Args:
+        dtype: the tensor's dtype or dtype name (the short name goes into the header; the
+            comparison passes the ORIGINAL name, e.g. ``"quint8"`` for a dequantized tensor).
+        shape: the full tensor's shape (goes into the header).
+    """
+
+    def __init__(self, dtype: torch.dtype | str, shape: tuple[int, ...]) -> None:
+        name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
+        self._h = xxhash.xxh3_64()
+        self._h.update(f"{name}|{tuple(shape)}|".encode())
+
+    def update(self, chunk: torch.Tensor) -> None:
+        """Feed the next chunk (a contiguous CPU tensor, C order continuing the previous one)."""
+        self._h.update(byte_view(chunk))
+
+    def intdigest(self) -> int:
+        """The digest of everything fed so far as an int (cheap; feeding may continue)."""
+        return self._h.intdigest()
+
+    def hexdigest(self) -> str:
+        """The 16-hex-digit xxh3-64 digest of everything fed so far."""
+        return self._h.hexdigest()
+
+
+def content_hash(tensor: torch.Tensor) -> str:
+    """xxh3-64 content hash of a tensor (see the module docstring for the exact byte stream).
+
+    Args:
+        tensor: a dense CPU tensor of any non-quantized dtype; non-contiguous views are made
+            contiguous first (the hash covers the logical C-order contents, not the storage).
+
+    Returns:
+        16 lowercase hex digits; equal strings ⇔ same dtype, shape and bitwise contents.
+    """
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    hasher = StreamHasher(tensor.dtype, tuple(tensor.shape))
+    hasher.update(tensor.contiguous())
+    return hasher.hexdigest()
