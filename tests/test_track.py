@@ -407,3 +407,26 @@ def test_log_run_refuses_an_artifact_path_outside_the_root(tiny_pair, sqlite_tra
     with pytest.raises(InputError, match="leaves the artifact root"):
         log_run(result, tracking_uri=sqlite_tracking_uri, experiment=_experiment(),
                 artifacts={"../x.txt": extra}, render=None)  # fmt: skip
+
+
+def test_run_store_baseline_runs_and_record_diff(tiny_pair, sqlite_tracking_uri, in_tmp_cwd):
+    from parity_tracker.errors import InputError
+    from parity_tracker.track import RunStore, record_diff
+
+    reference, candidate, inputs = tiny_pair
+    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
+    exp = _experiment()
+    parent = start_parent_run(tracking_uri=sqlite_tracking_uri, experiment=exp, commit="c1")
+    child = log_run(result, tracking_uri=sqlite_tracking_uri, experiment=exp,
+                    parent_run_id=parent, render=None)  # fmt: skip
+    store = RunStore(sqlite_tracking_uri, exp)
+    fp = config_fingerprint(result.settings)
+    assert store.baseline_runs(child) == {fp: child}
+    assert store.baseline_runs(parent) == {fp: child}
+    with pytest.raises(InputError, match="no such run"):
+        store.baseline_runs("0" * 32)
+    record_diff(child, regressions=3, baseline_run_id=None, tracking_uri=sqlite_tracking_uri)
+    run = get_client(sqlite_tracking_uri).get_run(child)
+    assert run.data.metrics["regressions"] == 3.0
+    assert run.data.tags["parity.baseline_run_id"] == "none"
+    assert store.load(child).record == result.record

@@ -18,10 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parity_tracker.errors import InputError
-from parity_tracker.statuses import PASSING, is_passing
+from parity_tracker.statuses import PASSING, is_passing  # noqa: F401  (PASSING: old name)
 from parity_tracker.track.query import RunStore
-
-__all__ = ["PASSING"]  # re-exported for old readers; the owner is parity_tracker.statuses
 
 
 def _is_failing(run: Any) -> bool:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import xxhash
 
+from parity_tracker.compare.convert import dense_cpu, quant_info
 from parity_tracker.errors import InputError
 from parity_tracker.files.atomic import atomic_write_json
 
@@ -96,18 +97,10 @@ def to_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, dict[str, Any], dict[str
         "shape": list(tensor.shape),
         "device": str(tensor.device),
     }
-    if tensor.device.type == "meta":
-        raise InputError("a meta tensor has no data to dump")
-    t = tensor.detach()
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
-    if t.layout != torch.strided:  # sparse COO/CSR/...
-        t = t.to_dense()
-    t = t.cpu()
+    t = dense_cpu(tensor)  # the one normaliser: detached, gathered, dense, CPU
     extra: dict[str, np.ndarray] = {}
     if t.is_quantized:
         t, extra = _quantized(t, info)
-    t = t.resolve_conj().resolve_neg()
     if t.dtype in _FLOAT8:
         t = t.to(torch.float32)
     elif t.dtype in _WIDEN:
@@ -121,17 +114,17 @@ def to_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, dict[str, Any], dict[str
 
 
 def _quantized(t: torch.Tensor, info: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
-    scheme = t.qscheme()
-    info["qscheme"] = str(scheme).removeprefix("torch.")
+    """The integer representation, its parameters put in ``info`` / ``extra`` (``quant_info``)."""
+    q = quant_info(t)
+    info["qscheme"] = q.qscheme
     extra: dict[str, np.ndarray] = {}
-    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
-        info["scale"] = float(t.q_scale())
-        info["zero_point"] = int(t.q_zero_point())
+    if q.axis is None:
+        info["scale"], info["zero_point"] = q.scale, q.zero_point
     else:
-        info["axis"] = int(t.q_per_channel_axis())
-        extra["scales"] = t.q_per_channel_scales().numpy()
-        extra["zero_points"] = t.q_per_channel_zero_points().numpy()
-    return t.int_repr(), extra
+        info["axis"] = q.axis
+        extra["scales"] = q.scale.numpy()
+        extra["zero_points"] = q.zero_point.numpy()
+    return q.int_repr, extra
 
 
 def new_check_dir(dump_path: str | os.PathLike[str]) -> Path:

@@ -263,7 +263,7 @@ def _histogram(checker: Any, check: Any, rows: list[dict[str, Any]], mode: str, 
 
 def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any, seed: int):
     """Re-run the failing modules of the candidate on the reference's inputs (localize)."""
-    from parity_tracker.localize import isolate
+    from parity_tracker.localize.isolate import isolate
 
     failing = {
         r["module"]
@@ -399,7 +399,7 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
-    from parity_tracker.capture import root_name
+    from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
     from parity_tracker.tensor_checker import DumpMode, TensorChecker
 

@@ -22,7 +22,12 @@ from parity_tracker.track.log import (
     stage_run,
     sync_spool,
 )
-from parity_tracker.track.parents import end_run, log_artifact_files, start_parent_run
+from parity_tracker.track.parents import (
+    end_run,
+    log_artifact_files,
+    record_diff,
+    start_parent_run,
+)
 from parity_tracker.track.query import (
     RunHead,
     RunInfo,
@@ -49,6 +54,7 @@ __all__ = [
     "load_run",
     "log_artifact_files",
     "log_run",
+    "record_diff",
     "run_metrics",
     "run_params",
     "run_tags",

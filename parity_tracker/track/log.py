@@ -3,7 +3,7 @@
 One parity run becomes one MLflow run, written through ``MlflowClient`` with its explicit run id
 and batched calls:
 
-- params: every setting (``str(value)``), the environment (``env.ENV_KEYS``), ``mode``,
+- params: every setting (``str(value)``), the environment (``run.environment.ENV_KEYS``), ``mode``,
   ``mode_reason`` and ``config_fingerprint``;
 - tags: ``mlflow.source.git.commit`` and ``mlflow.source.git.branch`` (set explicitly),
   ``mlflow.parentRunId`` when nested, ``parity.run_id``, ``parity.status``, ``parity.passed``,
@@ -14,11 +14,12 @@ and batched calls:
   not logged: ``first_divergence_order`` when nothing diverged, ``output_*`` when no root
   output was compared, and ``output_sqnr_db`` when the outputs are identical (infinite SQNR;
   MLflow's SQL store cannot keep inf — the summary says ``output_equal: true``);
-- artifacts: ``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``,
-  ``report.html`` and the dumped tensors with their index under ``tensors/`` (one
-  ``log_artifacts`` call per folder).
+- artifacts: ``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``
+  (``RunSummary.to_json()``), the files the caller passes (``artifacts=``, ``render=``: e.g.
+  ``report.html``; this package never renders) and the dumped tensors with their index under
+  ``tensors/`` (one ``log_artifacts`` call per folder).
 
-The run ends FINISHED, FAILED when a forward raised (``summary["status"] == "failed"``), or
+The run ends FINISHED, FAILED when a forward raised (``RunSummary.status == "failed"``), or
 KILLED when the run was interrupted.
 
 Nothing lost: everything to be logged is first written to a local staging folder. When the store
@@ -104,40 +105,40 @@ def _param_value(value: Any) -> str:
 
 def run_params(result: RunResult) -> dict[str, str]:
     """The params of a run: settings, environment, mode, mode_reason, config_fingerprint."""
-    s = result.summary
+    r = result.record
     params = {param_key(k): _param_value(v) for k, v in result.settings.items()}
-    params.update({k: _param_value(result.environment.get(k)) for k in ENV_KEYS})
-    params["mode"] = s["mode"]
-    params["mode_reason"] = _param_value(s["mode_reason"])
-    params["config_fingerprint"] = s["config_fingerprint"]
+    params.update({k: _param_value(r.environment.get(k)) for k in ENV_KEYS})
+    params["mode"] = r.mode
+    params["mode_reason"] = _param_value(r.mode_reason)
+    params["config_fingerprint"] = r.config_fingerprint
     return params
 
 
 def run_metrics(result: RunResult) -> dict[str, float]:
     """The metrics of a run; a metric whose value is None is left out (see module docstring)."""
-    s = result.summary
-    fd = s.get("first_divergence") or {}
+    r = result.record
     values = {
-        "tensors_compared": s["tensors_compared"],
-        "tensors_passing": s["tensors_passing"],
-        "tensors_failing": s["tensors_failing"],
-        "first_divergence_order": fd.get("exec_order"),
-        "output_max_abs_diff": s.get("output_max_abs_diff"),
-        "output_sqnr_db": s.get("output_sqnr_db"),
-        **{k: s.get(k) for k in EXTRA_METRICS},
+        "tensors_compared": r.tensors_compared,
+        "tensors_passing": r.tensors_passing,
+        "tensors_failing": r.tensors_failing,
+        "first_divergence_order": r.first_divergence and r.first_divergence.exec_order,
+        "output_max_abs_diff": r.output_max_abs_diff,
+        "output_sqnr_db": r.output_sqnr_db,
+        **{k: getattr(r, k) for k in EXTRA_METRICS},
     }
     return {k: float(v) for k, v in values.items() if v is not None}
 
 
 def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
     """The tags of a run (without ``parity.complete``, which is set once all is stored)."""
-    env, s = result.environment, result.summary
+    r = result.record
+    env = r.environment
     tags = {
         TAG_RUN_ID: result.run_id,
-        "parity.status": s["status"],
-        "parity.passed": str(bool(s.get("passed"))).lower(),
-        "parity.config_fingerprint": s["config_fingerprint"],
-        "parity.mode": s["mode"],
+        "parity.status": r.status,
+        "parity.passed": str(bool(r.passed)).lower(),
+        "parity.config_fingerprint": r.config_fingerprint,
+        "parity.mode": r.mode,
     }
     if env.get("git_commit"):
         tags["mlflow.source.git.commit"] = str(env["git_commit"])
@@ -145,8 +146,8 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
         tags["mlflow.source.git.branch"] = str(env["git_branch"])
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    if s.get("error"):
-        tags["parity.error"] = f"{s['error']['type']}: {s['error']['message']}"[:5000]
+    if r.error is not None:
+        tags["parity.error"] = f"{r.error.type}: {r.error.message}"[:5000]
     return tags
 
 

@@ -116,3 +116,30 @@ def log_artifact_files(
                     retry(client.log_artifact, run_id, str(renamed), folder)
     except Exception as exc:
         raise InfrastructureError(f"cannot log artifacts to run {run_id}: {exc}") from exc
+
+
+#: Tag naming the baseline a stored run was diffed against (``none`` when it had none).
+TAG_BASELINE = "parity.baseline_run_id"
+
+
+def record_diff(
+    run_id: str,
+    *,
+    regressions: int,
+    baseline_run_id: str | None,
+    tracking_uri: str | None = None,
+) -> None:
+    """Store the outcome of diffing a logged run against its baseline, on that run.
+
+    Logs the metric ``regressions`` and the tag ``parity.baseline_run_id`` (``none`` when there
+    was no baseline); the nightly's history page marks regressions from them.
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    try:
+        client = get_client(tracking_uri)
+        retry(client.log_metric, run_id, "regressions", float(regressions))
+        retry(client.set_tag, run_id, TAG_BASELINE, baseline_run_id or "none")
+    except Exception as exc:
+        raise InfrastructureError(f"cannot record the diff on run {run_id}: {exc}") from exc

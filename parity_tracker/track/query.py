@@ -435,3 +435,39 @@ class RunStore:
                 f"{self.experiment!r} of {self.uri}"
             )
         return runs[0]
+
+    def baseline_runs(self, run_id: str) -> dict[str, str]:
+        """The runs a baseline run id stands for, as ``{config fingerprint: run id}``.
+
+        A parity run stands for itself; a nightly parent run for its children (every child
+        with a ``config_fingerprint`` param).
+
+        Raises:
+            InputError: no run ``run_id`` in the store (names it).
+            InfrastructureError: the store could not be reached.
+        """
+        from mlflow.exceptions import MlflowException
+
+        try:
+            client = get_client(self.uri)
+            run = retry(client.get_run, run_id)
+        except MlflowException as exc:
+            if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+                raise InputError(f"baseline {run_id}: no such run in {self.uri}") from exc
+            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+        except Exception as exc:
+            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+        fp = run.data.params.get("config_fingerprint")
+        if fp:
+            return {fp: run_id}
+        children = retry(
+            client.search_runs,
+            [run.info.experiment_id],
+            f"tags.`mlflow.parentRunId` = '{run_id}'",
+            max_results=5000,
+        )
+        return {
+            c.data.params["config_fingerprint"]: c.info.run_id
+            for c in children
+            if "config_fingerprint" in c.data.params
+        }
