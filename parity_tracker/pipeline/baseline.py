@@ -1,9 +1,7 @@
 """Which stored run a nightly cell is diffed against (``--baseline auto`` or a run id).
 
 The policy is :func:`choose_baseline`, a pure function over stored runs. Runs are read through
-``track.RunStore``; this module imports no mlflow. (The two reads of an explicit
-``--baseline RUN_ID`` — the run's params and its children — still use the tracking client
-through ``track.store.get_client``: ``RunStore`` has no call for them yet.)
+``track.RunStore`` only.
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-
-from parity_tracker.errors import InfrastructureError, InputError
 
 
 def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit: str | None) -> Any:
@@ -58,38 +54,14 @@ def baseline_modules(
     return baseline, store.modules_tables([baseline])[0]
 
 
-def resolve_baseline_runs(baseline: str, *, tracking_uri: str | None) -> dict[str, str] | None:
+def resolve_baseline_runs(baseline: str, store: Any) -> dict[str, str] | None:
     """The runs an explicit ``--baseline RUN_ID`` means, as ``{fingerprint: run id}``.
 
-    A nightly parent run gives its children; a parity run gives itself. ``auto`` gives None.
+    A nightly parent run gives its children; a parity run gives itself
+    (``track.RunStore.baseline_runs``). ``auto`` gives None.
 
     Raises:
         InputError: no run ``RUN_ID`` in the store (names it).
         InfrastructureError: the store could not be reached.
     """
-    if baseline == "auto":
-        return None
-    from parity_tracker.track.store import get_client, resolve_tracking_uri, retry
-
-    uri = resolve_tracking_uri(tracking_uri)
-    try:
-        client = get_client(uri)
-        run = retry(client.get_run, baseline)
-    except Exception as exc:
-        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
-            raise InputError(f"--baseline {baseline}: no such run in {uri}") from exc
-        raise InfrastructureError(f"cannot read run {baseline} from {uri}: {exc}") from exc
-    fp = run.data.params.get("config_fingerprint")
-    if fp:
-        return {fp: baseline}
-    children = retry(
-        client.search_runs,
-        [run.info.experiment_id],
-        f"tags.`mlflow.parentRunId` = '{baseline}'",
-        max_results=5000,
-    )
-    return {
-        c.data.params["config_fingerprint"]: c.info.run_id
-        for c in children
-        if "config_fingerprint" in c.data.params
-    }
+    return None if baseline == "auto" else store.baseline_runs(baseline)

@@ -117,21 +117,20 @@ def _diff_cell(out: CellResult, result: Any, plan: _Plan, store: RunStore) -> No
     out.changes = diff.counts
     out.expected_used = [e.describe() for e in diff.expected_used]
     out.unexpected_failing = diff.unexpected_failing
-    _record_on_run(out, store.uri)
+    _record_on_run(out, store)
 
 
-def _record_on_run(out: CellResult, tracking_uri: str | None) -> None:
-    """Log metric ``regressions`` and tag ``parity.baseline_run_id`` on the cell's run.
+def _record_on_run(out: CellResult, store: RunStore) -> None:
+    """Store the cell's diff outcome on its run (``track.record_diff``); a fault only warns.
 
-    The history page marks regressions from them; a store fault here only warns. (Through
-    track's client; moves behind track's ``RunStore.record_diff`` when it exists.)
+    The history page marks regressions from it (metric ``regressions``, tag
+    ``parity.baseline_run_id``).
     """
-    from parity_tracker.track.store import get_client, retry
+    from parity_tracker.track import record_diff
 
     try:
-        client = get_client(tracking_uri)
-        retry(client.log_metric, out.run_id, "regressions", float(out.changes.get("regression", 0)))
-        retry(client.set_tag, out.run_id, "parity.baseline_run_id", out.baseline_run_id or "none")
+        record_diff(out.run_id, regressions=out.changes.get("regression", 0),
+                    baseline_run_id=out.baseline_run_id, tracking_uri=store.uri)  # fmt: skip
     except Exception as exc:
         warnings.warn(f"could not record the diff on run {out.run_id}: {exc!r}", stacklevel=2)
 
@@ -212,7 +211,7 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     git = git_info()
     return _Plan(
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
-        explicit=resolve_baseline_runs(baseline, tracking_uri=store.uri), fail_on=fail_on,
+        explicit=resolve_baseline_runs(baseline, store), fail_on=fail_on,
         entries=entries, today=today or dt.datetime.now(dt.timezone.utc).date(),
         commit=commit or git["git_commit"], branch=branch or git["git_branch"],
     )  # fmt: skip
