@@ -90,10 +90,14 @@ def op_call_base(module: str, call: int, op: str, k: int) -> str:
     return f"{module}@{call}::{op}#{k}"
 
 
+def op_output_tag(base: str, output: int) -> str:
+    """Output ``output`` of the op at ``base`` (:func:`op_call_base`); ``:{i}`` for ``i >= 1``."""
+    return base if output == 0 else f"{base}:{output}"
+
+
 def op_tag(module: str, call: int, op: str, k: int, output: int = 0) -> str:
     """An op output's tag: :func:`op_call_base`, with ``:{output}`` for outputs ``>= 1``."""
-    base = op_call_base(module, call, op, k)
-    return base if output == 0 else f"{base}:{output}"
+    return op_output_tag(op_call_base(module, call, op, k), output)
 
 
 @dataclass(frozen=True)

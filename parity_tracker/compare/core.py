@@ -37,6 +37,7 @@ import xxhash
 from parity_tracker.compare.convert import Converted, _plain, to_tensor
 from parity_tracker.compare.hashing import _NUMPY_DTYPES, StreamHasher, dtype_name, raw_buffer
 from parity_tracker.compare.metrics import (
+    SMALL,
     DiffStats,
     diff_stats,
     flat,
@@ -50,10 +51,9 @@ from parity_tracker.statuses import MODES, PASSING
 
 EQUAL_CHUNK = 1 << 18
 """Elements per chunk of the equal fast path (1 MiB of float32: hashed, then compared in cache)."""
-SMALL = 1 << 20
-"""Pairs of at most this many elements take the small path: each side hashed in one call, no
-chunking, no worker threads and no change to torch's thread count (a process-wide setting that
-costs more than the whole comparison of a small pair)."""
+# SMALL (metrics.SMALL): pairs of at most this many elements take the small path: each side
+# hashed in one call, no chunking, no worker threads and no change to torch's thread count (a
+# process-wide setting that costs more than the whole comparison of a small pair).
 
 
 @dataclass(frozen=True)

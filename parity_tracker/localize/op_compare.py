@@ -21,17 +21,12 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.ops import OpEvent, OpFrame, OpStore, suspended
-from parity_tracker.capture.tags import op_call_base, op_tag
+from parity_tracker.capture.tags import op_call_base, op_output_tag, op_tag
 from parity_tracker.compare import Comparison, compare_tensors
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
 from parity_tracker.localize.root_cause import explain, op_root_cause
-
-
-def op_tag_of(base: str, output: int) -> str:
-    """The tag of output ``output`` of the op whose :func:`op_call_base` is ``base``."""
-    return base if output == 0 else f"{base}:{output}"
 
 
 class OpComparer:
@@ -207,7 +202,7 @@ class OpComparer:
                     self._ref_status[(ev.seq, i)] = status
             return results
         for (ri, rh, _), (ci, ch, _) in zip(r.outs, c.outs, strict=False):
-            tag = op_tag_of(base, ri)
+            tag = op_output_tag(base, ri)
             ref_t, cand_t = rh.get(), ch.get()
             if ref_t.device != cand_t.device:
                 ref_t = ref_t.to(cand_t.device)
