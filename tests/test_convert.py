@@ -155,3 +155,26 @@ def test_zero_d_numpy_keeps_shape_and_matches_torch() -> None:
     assert conv.shape == () and tuple(conv.tensor.shape) == ()
     got = compare_tensors(np.array(2.5, dtype=np.float32), torch.tensor(2.5))
     assert got.status == "equal" and got.ref_shape == ()
+
+
+def test_dense_cpu_is_lossless_and_shared_by_dump():
+    """``dense_cpu``: sparse to dense, conjugate bit resolved, quantized kept; meta refused."""
+    import pytest
+
+    from parity_tracker.compare.convert import dense_cpu, is_dtensor
+    from parity_tracker.errors import InputError
+
+    dense = np.array([[0.0, 2.5], [-1.0, 0.0]], dtype=np.float32)
+    sparse = torch.from_numpy(dense).to_sparse()
+    out = dense_cpu(sparse)
+    assert out.layout == torch.strided and np.array_equal(out.numpy(), dense)
+    z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    conj = dense_cpu(z.conj())
+    assert not conj.is_conj()
+    assert np.array_equal(conj.numpy(), np.array([1 - 2j, 3 + 1j], dtype=np.complex64))
+    q = torch.quantize_per_tensor(torch.tensor([0.5, 1.0]), 0.5, 0, torch.quint8)
+    kept = dense_cpu(q)
+    assert kept.is_quantized and kept.int_repr().tolist() == [1, 2]
+    assert not is_dtensor(torch.zeros(1))
+    with pytest.raises(InputError):
+        dense_cpu(torch.empty(2, device="meta"))

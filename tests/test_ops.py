@@ -6,6 +6,7 @@ run, in which module call); the numeric expectations are recomputed with plain t
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -581,3 +582,34 @@ def test_candidate_that_raises_keeps_what_was_compared():
     # The global module hooks are gone after the failed recording.
     assert len(module_mod._global_forward_pre_hooks) == pre_hooks
     assert len(module_mod._global_forward_hooks) == post_hooks
+
+
+class _Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+class _ForCausalLM(nn.Module):  # the backbone is a child named "model" (Hugging Face shape)
+    def __init__(self):
+        super().__init__()
+        self.model = _Backbone()
+
+    def forward(self, x):
+        return self.model(x) * 2
+
+
+def test_op_tags_name_the_root_root_when_a_child_is_named_model():
+    """Op tags use capture.tags.root_name: the root's ``mul`` is ``root@0``, the child's ops
+    stay under ``model`` (before, both were attributed to ``model``)."""
+    torch.manual_seed(0)
+    ref = _ForCausalLM()
+    cand = copy.deepcopy(ref)
+    session = _run(ref, cand, torch.randn(2, 4))
+    modules = {r["tag"]: r["module"] for r in session.rows()}
+    assert modules["root@0::mul#0"] == "root"
+    assert {m for t, m in modules.items() if "::addmm#" in t} == {"model.fc"}
+    assert {m for t, m in modules.items() if "::relu#" in t} == {"model"}

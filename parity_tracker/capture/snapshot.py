@@ -12,13 +12,7 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.store import BoundedStore
-
-
-def tensor_version(t: torch.Tensor) -> int | None:
-    """The tensor's version counter, or ``None`` for inference tensors (which have none)."""
-    if t.is_inference():
-        return None
-    return t._version
+from parity_tracker.compare.convert import tensor_version
 
 
 class Snapshotter:

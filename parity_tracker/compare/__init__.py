@@ -12,8 +12,8 @@ from parity_tracker.compare.core import (
     Comparison,
     compare_tensors,
     missing,
-    passes,
 )
+from parity_tracker.compare.verdict import passes
 from parity_tracker.statuses import MODES, PASSING, STATUSES, Status
 
 __all__ = [

@@ -286,3 +286,10 @@ def to_tensor(x: Any, side: str = "reference") -> Converted:
         f"{side} has unsupported type {type(x).__module__}.{type(x).__qualname__}; "
         "register a torch.Tensor, a numpy array or a Python number",
     )
+
+
+def tensor_version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter, or ``None`` for inference tensors (which have none)."""
+    if t.is_inference():
+        return None
+    return t._version

@@ -5,7 +5,8 @@ One public function, :func:`compare_tensors`, read top to bottom (the layout of
 check shapes, run the ``equal`` fast path (content hashes and a bitwise check chunk by chunk,
 one read of each input), and only for pairs that are not bitwise identical compute every metric
 in one chunked pass (:mod:`parity_tracker.compare.metrics`). Tolerances come from
-:mod:`parity_tracker.compare.tolerances`. :func:`passes` is the same verdict without metrics.
+:mod:`parity_tracker.compare.tolerances`. ``compare.verdict.passes`` is the same verdict
+without the metrics.
 
 Semantics:
 
@@ -492,63 +493,6 @@ def compare_tensors(
     except Exception as exc:  # never abort a whole check for one pair
         msg = f"comparison failed: {type(exc).__name__}: {exc}"
         return Comparison(status="error", message=msg, **base)
-
-
-def passes(
-    reference: torch.Tensor,
-    candidate: torch.Tensor,
-    *,
-    mode: str,
-    tolerances: Tolerances | None = None,
-    tag: str | None = None,
-    ignore_dtype: bool = False,
-) -> bool:
-    """The verdict of :func:`compare_tensors` without its metrics: does the pair pass?
-
-    Same rules as :func:`compare_tensors` (this module's docstring): shapes must match (no
-    broadcasting); ``equal`` wants equal values (``-0.0 == 0.0``, NaN matching NaN at the same
-    position) and the same dtype; ``allclose`` wants ``|c - r| <= atol + rtol * |r|`` with
-    ``tolerances.resolve(tag, dtypes)`` (integers and bools exact), NaN/inf matched by
-    position (``torch.isclose(..., equal_nan=True)`` in float64/complex128, which also covers
-    float8). Both sides are first cast to their promoted dtype (``torch.promote_types``).
-    Used where only pass/fail is needed, e.g. the op recorder's input statuses.
-
-    Args:
-        reference: reference tensor (any device; moved to the candidate's device).
-        candidate: candidate tensor.
-        mode: ``"equal"`` or ``"allclose"``.
-        tolerances: tolerance table (default: the per-dtype defaults).
-        tag: looked up in ``tolerances``' per-tag overrides.
-        ignore_dtype: a dtype difference alone does not fail ``equal`` (the op recorder counts
-            it as layout evidence, seed case B, not as a value difference).
-
-    Raises:
-        InputError: unknown ``mode``.
-    """
-    if mode not in MODES:
-        raise InputError(f"unknown comparison mode {mode!r}; use one of {', '.join(MODES)}")
-    ref_t, cand_t = reference, candidate
-    if ref_t.shape != cand_t.shape:
-        return False
-    if ref_t.device != cand_t.device:
-        ref_t = ref_t.to(cand_t.device)
-    if ref_t.dtype != cand_t.dtype:
-        if mode == "equal" and not ignore_dtype:
-            return False
-        common = torch.promote_types(ref_t.dtype, cand_t.dtype)
-        ref_t, cand_t = ref_t.to(common), cand_t.to(common)
-    if torch.equal(ref_t, cand_t):
-        return True
-    if not (ref_t.is_floating_point() or ref_t.is_complex()):
-        return False
-    if mode == "allclose":
-        rtol, atol = (tolerances or Tolerances()).resolve(tag, reference.dtype, candidate.dtype)
-        wide = torch.complex128 if ref_t.is_complex() else torch.float64  # as the metrics do
-        ref_t, cand_t = ref_t.to(wide), cand_t.to(wide)
-        ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        ok = (ref_t == cand_t) | (ref_t.isnan() & cand_t.isnan())
-    return bool(ok.all())
 
 
 def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> Comparison | None:

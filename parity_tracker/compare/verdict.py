@@ -1,7 +1,8 @@
-"""Verdicts derived from many comparison rows: the first divergence and the worst tensor.
+"""Verdicts: one pair's pass/fail without metrics; the first divergence and the worst tensor.
 
-Each rule is defined here once; the checker's printout, the run summary, the CLI and the HTML
-report call these functions instead of writing their own filter or ordering.
+:func:`passes` is ``compare_tensors``' verdict without its metrics (the op recorder's input
+statuses). Each rule is defined here once; the checker's printout, the run summary, the CLI
+and the HTML report call these functions instead of writing their own filter or ordering.
 
 Rows are mappings with the ``modules``/``ops`` table columns (``tables.MODULES_SCHEMA``):
 ``status``, ``kind``, ``step``, ``exec_order``, ``cache_hit``, ``sqnr_db``, ``max_abs_diff``
@@ -14,7 +15,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from parity_tracker.statuses import WEIGHT_KINDS, is_failing
+import torch
+
+from parity_tracker.compare.tolerances import Tolerances
+from parity_tracker.errors import InputError
+from parity_tracker.statuses import MODES, WEIGHT_KINDS, is_failing
 
 Row = Mapping[str, Any]
 
@@ -112,3 +117,60 @@ def worst_tensor(rows: Iterable[Row] | Any) -> Row | None:
     """
     worst = worst_tensors(rows, 1)
     return worst[0] if worst else None
+
+
+def passes(
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    *,
+    mode: str,
+    tolerances: Tolerances | None = None,
+    tag: str | None = None,
+    ignore_dtype: bool = False,
+) -> bool:
+    """The verdict of :func:`compare_tensors` without its metrics: does the pair pass?
+
+    Same rules as :func:`compare_tensors` (this module's docstring): shapes must match (no
+    broadcasting); ``equal`` wants equal values (``-0.0 == 0.0``, NaN matching NaN at the same
+    position) and the same dtype; ``allclose`` wants ``|c - r| <= atol + rtol * |r|`` with
+    ``tolerances.resolve(tag, dtypes)`` (integers and bools exact), NaN/inf matched by
+    position (``torch.isclose(..., equal_nan=True)`` in float64/complex128, which also covers
+    float8). Both sides are first cast to their promoted dtype (``torch.promote_types``).
+    Used where only pass/fail is needed, e.g. the op recorder's input statuses.
+
+    Args:
+        reference: reference tensor (any device; moved to the candidate's device).
+        candidate: candidate tensor.
+        mode: ``"equal"`` or ``"allclose"``.
+        tolerances: tolerance table (default: the per-dtype defaults).
+        tag: looked up in ``tolerances``' per-tag overrides.
+        ignore_dtype: a dtype difference alone does not fail ``equal`` (the op recorder counts
+            it as layout evidence, seed case B, not as a value difference).
+
+    Raises:
+        InputError: unknown ``mode``.
+    """
+    if mode not in MODES:
+        raise InputError(f"unknown comparison mode {mode!r}; use one of {', '.join(MODES)}")
+    ref_t, cand_t = reference, candidate
+    if ref_t.shape != cand_t.shape:
+        return False
+    if ref_t.device != cand_t.device:
+        ref_t = ref_t.to(cand_t.device)
+    if ref_t.dtype != cand_t.dtype:
+        if mode == "equal" and not ignore_dtype:
+            return False
+        common = torch.promote_types(ref_t.dtype, cand_t.dtype)
+        ref_t, cand_t = ref_t.to(common), cand_t.to(common)
+    if torch.equal(ref_t, cand_t):
+        return True
+    if not (ref_t.is_floating_point() or ref_t.is_complex()):
+        return False
+    if mode == "allclose":
+        rtol, atol = (tolerances or Tolerances()).resolve(tag, reference.dtype, candidate.dtype)
+        wide = torch.complex128 if ref_t.is_complex() else torch.float64  # as the metrics do
+        ref_t, cand_t = ref_t.to(wide), cand_t.to(wide)
+        ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = (ref_t == cand_t) | (ref_t.isnan() & cand_t.isnan())
+    return bool(ok.all())

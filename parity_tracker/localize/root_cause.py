@@ -8,9 +8,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from parity_tracker.compare import Comparison
 from parity_tracker.errors import InputError
+from parity_tracker.statuses import is_failing
 
 CASE_A, CASE_B, CASE_C = "A", "B", "C"
+
+#: Ops that only copy or allocate; present on one side only they are a layout difference,
+#: not a missing computation, so they are never reported as a case-C root cause.
+LAYOUT_OPS = frozenset(
+    {
+        "clone",
+        "contiguous",
+        "copy",
+        "copy_",
+        "_to_copy",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "_unsafe_view",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "detach_",
+    }
+)
 
 
 def classify(
@@ -51,3 +74,56 @@ def classify(
     if layout_diffs or output_diffs:
         return CASE_B
     return CASE_A
+
+
+def op_root_cause(
+    op: str,
+    present: str,
+    cmp: Comparison,
+    inputs_status: str,
+    layout: list[str],
+    out_diffs: list[str],
+) -> tuple[bool, str | None]:
+    """Whether an op's failing output is a root cause, and its case (seed §4 step 3).
+
+    A root cause is a failing op whose tensor inputs all pass (case A, or B when layouts or
+    output dtypes differ), or an op present on one side only (case C) that is not a pure copy
+    or allocation (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input.
+
+    Args:
+        op: the op name (``"manual"`` for a manual registration).
+        present: ``"both"``, ``"reference"`` or ``"candidate"``.
+        cmp: the output's comparison.
+        inputs_status: ``"passing"``, ``"failing"`` or ``"unknown"``.
+        layout: the inputs' layout differences (``localize.align.layout_differences``).
+        out_diffs: output dtype differences, e.g. ``"output 0 dtype float32 vs bfloat16"``.
+
+    Returns:
+        ``(is_root_cause, case)`` with case ``"A"``, ``"B"``, ``"C"`` or None.
+    """
+    if not is_failing(cmp.status):
+        return False, None
+    if present != "both":
+        if op in LAYOUT_OPS or op == "manual" or inputs_status == "failing":
+            return False, None
+        return True, classify(present=present, inputs_status=inputs_status)
+    cause = classify(
+        present=present,
+        inputs_status=inputs_status,
+        layout_diffs=layout,
+        output_diffs=out_diffs,
+    )
+    return cause is not None, cause
+
+
+def explain(cause: str | None, layout: list[str], out_diffs: list[str]) -> str:
+    """The message prefix naming a root cause's case (empty when ``cause`` is None)."""
+    if cause == "A":
+        return (
+            "root cause (case A): inputs equal with the same layout, the op computes another result"
+        )
+    if cause == "B":
+        return "root cause (case B): inputs equal in value but " + ", ".join(layout + out_diffs)
+    if cause == "C":
+        return "root cause (case C): op present on one side only (not implemented or substituted)"
+    return ""

@@ -1,0 +1,368 @@
+"""Module hooks: what each module call sees, recorded as tagged captures (never compared here).
+
+:class:`CaptureLog` is the bookkeeping of one TensorChecker: the groups of captures by
+``(tag, step)`` (:class:`Group`, :class:`Capture`), execution order per side, module calls per
+step, the call stack of the forwards in progress, cache-hit marks and the live hook handles.
+:func:`install` adds the forward hooks of one model (:class:`HookHandle`); each call records its
+inputs, outputs and (first call) the module's own weights under the tags of
+:mod:`parity_tracker.capture.tags`. Every tensor captured is handed to ``on_tensor`` (the
+checker keeps a snapshot, or compares it at once on the eager path).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from parity_tracker.capture.leaves import NonTensor, input_leaves, output_leaves, own_tensors
+from parity_tracker.capture.ops import suspended
+from parity_tracker.capture.tags import (
+    ROOT_NAME,
+    call_base,
+    module_display_name,
+    output_tag,
+    param_tag,
+    root_name,
+)
+from parity_tracker.compare.convert import as_tensor
+
+
+@dataclass
+class Capture:
+    """One leaf captured on one side (``value``: tensor, None, NonTensor, Spilled, RELEASED)."""
+
+    side: int
+    value: Any
+    exec_order: int
+    is_tensor: bool
+    meta: tuple[tuple[int, ...], str, str] | None = None  # shape, dtype, device
+
+
+@dataclass
+class Group:
+    """Every capture of one tag at one step, and how it is placed in the results."""
+
+    tag: str
+    step: int
+    kind: str
+    module: str | None
+    slot: str
+    call_index: int
+    created: int
+    order: int | None = None
+    captures: list[Capture] = field(default_factory=list)
+    ref_index: int | None = None  # set by the eager path
+    pairs: dict[int, Any] = field(default_factory=dict)  # eager: cand index -> Comparison
+
+
+def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
+    """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
+    return tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device)
+
+
+class CaptureLog:
+    """The capture bookkeeping of one checker (see the module docstring).
+
+    Args:
+        on_tensor: ``on_tensor(group, capture, tensor, alias)`` for every tensor captured;
+            ``alias`` is True for parameters (held by reference, never copied).
+    """
+
+    def __init__(self, on_tensor: Callable[[Group, Capture, torch.Tensor, bool], None]):
+        self.on_tensor = on_tensor
+        self.handles: list[HookHandle] = []
+        self.hooked: dict[int, set[str]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every capture (hooks and hooked names stay)."""
+        self.step = 0
+        self.groups: dict[tuple[str, int], Group] = {}
+        self.created = 0
+        self.ordered = 0
+        self.exec: dict[int, int] = {}
+        self.calls: dict[tuple[int, int, str], int] = {}
+        self.called: dict[int, set[str]] = {}
+        self.ran: set[int] = set()
+        self.sides: set[int] = set()
+        self.explicit_manual = False
+        self.weights_done: set[tuple[int, str]] = set()
+        self.frames: dict[tuple[int, int], list[tuple[int, list[Group]]]] = {}
+        self.stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
+        self.cache_hits: set[tuple[str, int, int | None]] = set()
+
+    @property
+    def roots(self) -> set[str]:
+        """The hooked models' root names (``{"model"}`` when none is hooked)."""
+        return {h.root_name for h in self.handles} or {ROOT_NAME}
+
+    @staticmethod
+    def output_tag(module: str) -> str:
+        """The tag of a module's single output (:func:`parity_tracker.capture.tags.output_tag`)."""
+        return output_tag(module)
+
+    def active_side(self) -> int | None:
+        """The side whose forward is running, or None outside any hooked forward."""
+        return self.stack[-1][0] if self.stack else None
+
+    def active_module(self, side: int) -> str | None:
+        """The innermost module of ``side`` whose call is in progress, or None."""
+        return next((m for s, m in reversed(self.stack) if s == side), None)
+
+    def capture(
+        self,
+        tag: str,
+        value: Any,
+        *,
+        side: int,
+        kind: str,
+        module: str | None,
+        slot: str,
+        call_index: int,
+        step: int | None = None,
+    ) -> Group:
+        """Record one leaf under ``tag`` (at ``step``, default the current one) for ``side``."""
+        step = self.step if step is None else step
+        group = self.groups.get((tag, step))
+        if group is None:
+            group = Group(tag, step, kind, module, slot, call_index, self.created)
+            self.created += 1
+            self.groups[(tag, step)] = group
+        order = self.exec.get(side, 0)
+        self.exec[side] = order + 1
+        self.sides.add(side)
+        if value is not None and not isinstance(value, NonTensor):
+            value = as_tensor(value, tag)
+        self._add(group, side, value, order, alias=kind == "param")
+        return group
+
+    def commit(self, groups: Iterable[Group]) -> None:
+        """Give groups their results order (first registration order)."""
+        for g in groups:
+            if g.order is None:
+                g.order = self.ordered
+                self.ordered += 1
+
+    def _add(self, g: Group, side: int, value: Any, order: int, alias: bool) -> None:
+        is_tensor = isinstance(value, torch.Tensor)
+        cap = Capture(side, None, order, is_tensor, meta(value) if is_tensor else None)
+        g.captures.append(cap)
+        if not is_tensor:
+            cap.value = value
+            return
+        self.on_tensor(g, cap, value, alias)
+
+    def reference_side(self) -> int:
+        """Side 0, unless every side was numbered automatically and side 0 never captured.
+
+        Automatic numbering on the shared instance can hand out sides 2 and 3 while an earlier
+        pair's handles are still alive; then the lowest side that captured is the reference.
+        Sides given explicitly (``side=``) are absolute: 0 is the reference.
+        """
+        explicit = self.explicit_manual or any(h.explicit for h in self.handles)
+        if explicit or not self.sides:
+            return 0
+        return min(self.sides)
+
+    def claim_side(self, side: int | None) -> int:
+        """``side``, or the lowest side no live handle holds."""
+        if side is not None:
+            return int(side)
+        used = {h.side for h in self.handles}
+        return next(i for i in range(len(used) + 1) if i not in used)
+
+    def pre_call(self, side, name, mod, args, kwargs, own, root_handle) -> None:
+        """Forward pre-hook: open the call, capture its inputs and (first call) weights."""
+        if root_handle is not None:
+            self.stack.append((side, name))
+            self.ran.add(side)
+            self.called.setdefault(side, set())
+            root_handle.warn_training(mod)
+        else:
+            self.stack.append((side, name))
+        key = (side, self.step, name)
+        k = self.calls.get(key, 0)
+        self.calls[key] = k + 1
+        self.called.setdefault(side, set()).add(name)
+        base = call_base(name, k)
+        groups = [
+            self.capture(tag, leaf, side=side, kind="input", module=name, slot=slot, call_index=k)
+            for tag, slot, leaf in input_leaves(base, args, kwargs)
+        ]
+        groups += self._capture_own(side, mod, own)
+        self.frames.setdefault((side, id(mod)), []).append((k, groups))
+
+    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> list[Group]:
+        groups = []
+        for qname, owner, local, kind in own:
+            if (side, qname) in self.weights_done:
+                continue
+            store = mod._parameters if kind == "param" else mod._buffers
+            # TorchScript's parameter store has no .get
+            value = store[local] if local in store else None  # noqa: SIM401
+            if value is None:
+                continue
+            self.weights_done.add((side, qname))
+            groups.append(
+                self.capture(
+                    param_tag(qname),
+                    value,
+                    side=side,
+                    kind=kind,
+                    module=owner,
+                    slot=local,
+                    call_index=0,
+                    step=0,
+                )
+            )
+        return groups
+
+    def post_call(self, side, name, mod, output, all_own) -> None:
+        """Forward hook: capture the outputs; the root also captures never-called weights."""
+        frames = self.frames.get((side, id(mod)))
+        if not frames:
+            return  # hooked in the middle of this call
+        k, groups = frames.pop()
+        if all_own is None and self.stack and self.stack[-1] == (side, name):
+            self.stack.pop()
+        base = call_base(name, k)
+        outs = [
+            self.capture(tag, leaf, side=side, kind="output", module=name, slot=slot, call_index=k)
+            for tag, slot, leaf in output_leaves(base, output)
+        ]
+        self.commit(outs + groups)
+        if all_own is not None:  # root: weights of modules the forward never called
+            for sub, own in all_own:
+                self.commit(self._capture_own(side, sub, own))
+
+    def root_done(self, side: int, name: str) -> None:
+        """Always-called root hook: unwind the call stack, even after an exception."""
+        # Always called, even when the forward raised: drop the root's entry and any stale
+        # entries of calls that raised above it.
+        if (side, name) in self.stack:
+            i = len(self.stack) - 1 - self.stack[::-1].index((side, name))
+            del self.stack[i:]
+
+
+class HookHandle:
+    """The hooks one ``module_register_tensor_checker`` call added.
+
+    ``remove()`` (or leaving a ``with`` block) removes every one of them; the captures already
+    made stay in the checker until its ``clear()``.
+
+    Attributes:
+        side: the side this model's captures carry (0 reference, 1 candidate, ...).
+        module_names: the hooked modules' display names.
+        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
+            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
+    """
+
+    def __init__(self, log: CaptureLog, side: int, model: torch.nn.Module) -> None:
+        self.log = log
+        self.side = side
+        self.module_names: list[str] = []
+        self.root_name = ROOT_NAME
+        self.explicit = False
+        self._handles: list[Any] = []
+        self._warned = False
+        self._model_name = type(model).__name__
+
+    def warn_training(self, model: torch.nn.Module) -> None:
+        """Warn once when the hooked model is in training mode."""
+        if self._warned or not any(m.training for m in model.modules()):
+            return
+        self._warned = True
+        role = "reference" if self.side == 0 else f"candidate (side {self.side})"
+        warnings.warn(
+            f"TensorChecker: the {role} model {self._model_name} is in training mode; dropout "
+            "and batch-norm statistics make the comparison meaningless. Call model.eval() "
+            "before the forward.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+    @property
+    def removed(self) -> bool:
+        """True once ``remove()`` ran."""
+        return self not in self.log.handles
+
+    def remove(self) -> None:
+        """Remove every hook this handle added (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self in self.log.handles:
+            self.log.handles.remove(self)
+
+    def __enter__(self) -> HookHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _has_forward(mod: torch.nn.Module) -> bool:
+    """False for pure containers (ModuleList, ModuleDict, ...) that are never called."""
+    if isinstance(mod, torch.jit.ScriptModule):
+        return True
+    return type(mod).forward is not torch.nn.Module.forward
+
+
+def _has_forward(mod: torch.nn.Module) -> bool:
+    """False for pure containers (ModuleList, ModuleDict, ...) that are never called."""
+    if isinstance(mod, torch.jit.ScriptModule):
+        return True
+    return type(mod).forward is not torch.nn.Module.forward
+
+
+def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
+    """Add the pre/post hooks of every module with a forward to ``handle``."""
+    s = handle.side
+    root = root_name(model)
+    handle.root_name = root
+    own = own_tensors(model, root)
+    all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in model.modules()}.values()]
+    names: list[str] = []
+    scripted: list[str] = []
+    for raw_name, mod in model.named_modules():
+        is_root = mod is model
+        if not is_root and not _has_forward(mod):
+            continue
+        name = module_display_name(raw_name, root)
+        if isinstance(mod, torch.jit.ScriptModule):
+            scripted.append(name)
+            continue
+        names.append(name)
+        entries = own.get(id(mod), [])
+
+        def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
+            with suspended():
+                log.pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
+
+        def post(m, args, kwargs, output, _n=name, _r=is_root):
+            with suspended():
+                log.post_call(s, _n, m, output, all_own if _r else None)
+
+        handle._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handle._handles.append(mod.register_forward_hook(post, with_kwargs=True))
+        if is_root:
+
+            def done(m, args, kwargs, output, _n=name):
+                log.root_done(s, _n)
+
+            handle._handles.append(
+                mod.register_forward_hook(done, with_kwargs=True, always_call=True)
+            )
+    handle.module_names = names
+    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
+    if top:
+        warnings.warn(
+            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
+            f"{', '.join(top)} (their weights are still compared)",
+            UserWarning,
+            stacklevel=3,
+        )

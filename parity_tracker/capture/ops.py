@@ -1,0 +1,488 @@
+"""The op recorder: a ``TorchDispatchMode`` that records the aten ops of one forward.
+
+It only records (the shape of torch's ``torch.utils._debug_mode.DebugMode``): each op output
+that owns new storage is held in an :class:`OpStore` (bounded, spilling, copy-on-write), as an
+:class:`OpEvent` of the innermost module call running, an :class:`OpFrame`. Closed frames are
+handed to a consumer (``on_close``); comparing two recordings is
+:class:`parity_tracker.localize.op_compare.OpComparer`'s job. The session that wires both is
+:class:`parity_tracker.ops.OpSession`; its module docstring states the capture rules, the tag
+grammar (:func:`parity_tracker.capture.tags.op_tag`) and the memory bound.
+
+Module names come from ``named_modules()`` with the root named by
+:func:`parity_tracker.capture.tags.root_name`; ops run outside any module call belong to
+:data:`parity_tracker.capture.tags.TOP_MODULE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
+
+from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
+from parity_tracker.capture.tags import TOP_MODULE, root_name
+
+_SUSPEND = threading.local()
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Do not record ops run inside this block (re-entrant, per thread).
+
+    Capture code that runs inside a recorded forward (the TensorChecker's hooks cloning inputs
+    and outputs, manual ``register_tensor``) must wrap its own tensor work in this, or its copies
+    appear as ops of the module being recorded.
+    """
+    _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
+    try:
+        if isinstance(_get_current_dispatch_mode(), DispatchRecorder):
+            # Step out of the recorder entirely: the suspended work then costs nothing extra.
+            with _pop_mode_temporarily():
+                yield
+        else:
+            yield
+    finally:
+        _SUSPEND.depth -= 1
+
+
+def _is_suspended() -> bool:
+    return getattr(_SUSPEND, "depth", 0) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Op schema facts (cached per overload)
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    name: str
+    view_returns: tuple[bool, ...]  # return i aliases an input without writing (a view)
+    written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
+
+
+_OP_INFO: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        schema = func._schema
+        ns, _, name = schema.name.partition("::")
+        views = tuple(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        written = tuple(
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
+        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", views, written)
+        _OP_INFO[func] = info
+    return info
+
+
+def _tensors_in(args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    """Tensor arguments in schema order (one level of lists, e.g. ``cat``)."""
+    out: list[torch.Tensor] = []
+    for value in itertools.chain(args, kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out
+
+
+def _capturable(t: Any) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and not t.is_meta
+        and not t.is_quantized
+    )
+
+
+def _ptr(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor)."""
+    if not _capturable(t):
+        return 0
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else 0
+
+
+def _span(t: torch.Tensor) -> int:
+    """Storage elements spanned by ``t`` from its storage offset (0 for an empty tensor)."""
+    return 0 if t.numel() == 0 else span_elements(tuple(t.shape), t.stride())
+
+
+def _flat_span(t: torch.Tensor) -> torch.Tensor:
+    return torch.as_strided(t, (_span(t),), (1,), t.storage_offset())
+
+
+# ---------------------------------------------------------------------------------------------
+# The capture store: resident budget, spill to disk, copy-on-write
+
+
+class Held:
+    """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
+
+    __slots__ = (
+        "counted", "device", "dtype", "id", "nbytes", "size", "spilled", "stride", "tensor",
+    )  # fmt: skip
+
+    def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
+        self.id = hid
+        self.tensor: torch.Tensor | None = tensor
+        self.counted = counted
+        self.spilled: Spilled | None = None
+        self.size, self.stride = tuple(tensor.shape), tensor.stride()
+        self.dtype, self.device = tensor.dtype, tensor.device
+        self.nbytes = tensor.untyped_storage().nbytes() if counted else 0
+
+    def get(self) -> torch.Tensor:
+        """The tensor, read back memory-mapped if it was spilled."""
+        if self.tensor is not None:
+            return self.tensor
+        assert self.spilled is not None
+        return self.spilled.load()
+
+
+class OpStore(BoundedStore):
+    """Op captures within ``max_resident_bytes`` (the oldest spilled), with copy-on-write.
+
+    Captures are references to the op outputs, indexed by storage pointer so that an in-place
+    write into a held storage first gives each holder a private copy (:meth:`before_write`).
+    Uncounted holdings (parameters, storages a counted capture already holds) never spill.
+    """
+
+    def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
+        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
+        self._by_ptr: dict[int, list[Held]] = {}
+        self._ids = itertools.count()
+
+    def hold(self, tensor: torch.Tensor, *, counted: bool = True) -> Held:
+        """Keep a reference to ``tensor`` (counted captures may later be spilled)."""
+        h = Held(next(self._ids), tensor, counted)
+        self._index(h)
+        if counted:
+            self.admit(h.id, h.nbytes, h)
+        return h
+
+    def counts(self, ptr: int) -> bool:
+        """Whether a counted, resident capture holds the storage at ``ptr``."""
+        return any(h.counted for h in self._by_ptr.get(ptr, ()))
+
+    def _index(self, h: Held) -> None:
+        assert h.tensor is not None
+        if h.tensor.untyped_storage().nbytes():
+            self._by_ptr.setdefault(h.tensor.untyped_storage().data_ptr(), []).append(h)
+
+    def _unindex(self, h: Held) -> None:
+        if h.tensor is None or not h.tensor.untyped_storage().nbytes():
+            return
+        ptr = h.tensor.untyped_storage().data_ptr()
+        lst = self._by_ptr.get(ptr)
+        if lst is not None:
+            with contextlib.suppress(ValueError):
+                lst.remove(h)
+            if not lst:
+                del self._by_ptr[ptr]
+
+    def before_write(self, tensor: torch.Tensor) -> None:
+        """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
+        if not isinstance(tensor, torch.Tensor) or not _capturable(tensor):
+            return
+        holders = self._by_ptr.pop(tensor.untyped_storage().data_ptr(), None)
+        for h in holders or ():
+            assert h.tensor is not None
+            copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
+            h.tensor = copy
+            self._index(h)
+            if h.counted:
+                self.discard(h.id)
+            h.counted, h.nbytes = True, copy.untyped_storage().nbytes()
+            self.admit(h.id, h.nbytes, h)
+
+    def _spill_entry(self, _key: int, h: Held) -> bool:
+        if h.tensor is None:
+            return False
+        self._unindex(h)
+        h.spilled, h.tensor = self.write(h.tensor, f"{h.id}.bin"), None
+        return True
+
+    def release(self, h: Held) -> None:
+        """Forget ``h`` (resident reference dropped, spill file deleted)."""
+        self._unindex(h)
+        self.discard(h.id)
+        h.tensor = None
+        if h.spilled is not None:
+            h.spilled.delete()
+            h.spilled = None
+
+    def close(self) -> None:  # type: ignore[override]
+        """Drop everything and delete the spill directory."""
+        for h in self.payloads():
+            self.release(h)
+        self._by_ptr.clear()
+        super().close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded events
+
+
+@dataclass
+class OpInput:
+    """One tensor input of a recorded op."""
+
+    src: tuple[int, int] | None  # (producer event seq, output index); None = external
+    rel_off: int  # storage offset relative to the producer output's offset
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    contiguous: bool
+    version: int = 0  # the tensor's version counter when the op ran (in-place updates)
+    held: Held | None = None  # the live input (candidate) / external tensor (reference)
+
+    def layout(self) -> dict[str, Any]:
+        """dtype, stride and contiguity (for ``localize.align.layout_differences``)."""
+        return {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "stride": self.stride,
+            "contiguous": self.contiguous,
+        }
+
+
+@dataclass
+class OpEvent:
+    """One recorded op call (with at least one captured output) or a manual registration."""
+
+    seq: int
+    op: str
+    k: int
+    outs: list[tuple[int, Held, int]]  # (output index, capture, storage offset at capture)
+    inputs: list[OpInput]
+    tag: str | None = None  # manual registrations only
+
+
+@dataclass
+class OpFrame:
+    """One module call of one step (or the top frame) and the events recorded in it."""
+
+    step: int
+    module: str
+    call: int
+    events: list[OpEvent] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        """``(step, module, call)``: the same call on both sides."""
+        return (self.step, self.module, self.call)
+
+
+class DispatchRecorder(TorchDispatchMode):
+    """The dispatch mode: runs each op, then hands it to the side being recorded."""
+
+    def __init__(self, side: SideRecorder):
+        super().__init__()
+        self.side = side
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_suspended():
+            return func(*args, **kwargs)
+        info = _op_info(func)
+        before = None
+        if info.written_args:
+            # Describe (and pin) the inputs before the write, then copy-on-write every held
+            # tensor the op is about to overwrite, so inputs keep their pre-write values.
+            before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
+            for pos, name in info.written_args:
+                target = args[pos] if pos < len(args) else kwargs.get(name)
+                self.side.store.before_write(target)
+        out = func(*args, **kwargs)
+        self.side.on_op(info, args, kwargs, out, before)
+        return out
+
+
+class SideRecorder:
+    """Recording state of one side: module-call stack, producers, frames.
+
+    Args:
+        index: 0 reference, 1 candidate.
+        model: the model run (module names); ``None``: the first module called is the root.
+        store: where captures are held.
+        params: filled with the storage pointers of ``model``'s parameters and buffers
+            (memory the model holds anyway: not counted against the budget).
+        step_getter: the current step; module call indices restart at each step.
+        on_close: receives each closed frame (a finished module call, or the top frame).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        model: torch.nn.Module | None,
+        *,
+        store: OpStore,
+        params: set[int],
+        step_getter: Callable[[], int],
+        on_close: Callable[[SideRecorder, OpFrame], None],
+    ):
+        self.index, self.store, self.params = index, store, params
+        self.step_getter, self.on_close = step_getter, on_close
+        self.names: dict[int, str] = {}
+        if model is not None:
+            self._learn(model, root_name(model), top=True)
+        self.stack: list[OpFrame] = []
+        self.top: OpFrame | None = None
+        self.calls: dict[str, int] = {}
+        self.step: int | None = None
+        self.producers: dict[int, tuple[int, int, int]] = {}  # ptr -> (seq, out, offset)
+        self.seq = itertools.count()
+        self.manual_counts: dict[str, int] = {}
+
+    # -- module tracking ---------------------------------------------------------------------
+
+    def _learn(self, model: torch.nn.Module, root: str, *, top: bool) -> None:
+        if top:  # parameters/buffers: long-lived, their comparisons are cached
+            for t in itertools.chain(model.parameters(), model.buffers()):
+                self.params.add(_ptr(t.detach()))
+        for name, mod in model.named_modules():
+            full = root if not name else name if top else f"{root}.{name}"
+            self.names.setdefault(id(mod), full)
+
+    def _name_of(self, mod: torch.nn.Module) -> str:
+        name = self.names.get(id(mod))
+        if name is None:
+            if not self.stack:
+                self._learn(mod, root_name(mod), top=True)
+            else:
+                parent = self.stack[-1].module
+                self._learn(mod, f"{parent}.{type(mod).__name__}", top=False)
+            name = self.names[id(mod)]
+        return name
+
+    def _sync_step(self) -> int:
+        step = int(self.step_getter())
+        if step != self.step:
+            if self.top is not None:
+                self.on_close(self, self.top)
+                self.top = None
+            self.step, self.calls = step, {}
+        return step
+
+    def pre_hook(self, mod: torch.nn.Module, _args: Any) -> None:
+        """Global forward pre-hook: open a frame for the module call."""
+        if _is_suspended():
+            return
+        step = self._sync_step()
+        name = self._name_of(mod)
+        call = self.calls.get(name, 0)
+        self.calls[name] = call + 1
+        self.stack.append(OpFrame(step, name, call))
+
+    def post_hook(self, mod: torch.nn.Module, _args: Any, _out: Any) -> None:
+        """Global forward hook: close the innermost frame (hand it to ``on_close``)."""
+        if _is_suspended() or not self.stack:
+            return
+        if self.stack[-1].module != self._name_of(mod):  # a call left by an exception
+            return
+        self.on_close(self, self.stack.pop())
+
+    def frame(self) -> OpFrame:
+        """The innermost open frame (the step's top frame outside any module call)."""
+        if self.stack:
+            return self.stack[-1]
+        step = self._sync_step()
+        if self.top is None:
+            self.top = OpFrame(step, TOP_MODULE, 0)
+        return self.top
+
+    def finish(self) -> None:
+        """Close every open frame (end of the recording)."""
+        while self.stack:
+            self.on_close(self, self.stack.pop())
+        if self.top is not None:
+            self.on_close(self, self.top)
+            self.top = None
+        self.producers.clear()
+
+    # -- ops -----------------------------------------------------------------------------------
+
+    def on_op(
+        self,
+        info: _OpInfo,
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        out: Any,
+        before: list[OpInput] | None,
+    ) -> None:
+        """Dispatch callback: capture the op's new-storage outputs as an event."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        new = [
+            (i, t)
+            for i, t in enumerate(outs)
+            if _capturable(t) and not (i < len(info.view_returns) and info.view_returns[i])
+        ]
+        tensors = _tensors_in(args, kwargs)
+        if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
+            shared = {_ptr(t) for t in tensors}
+            new = [(i, t) for i, t in new if _ptr(t) not in shared or _ptr(t) == 0]
+        if not new:
+            for d in before or ():
+                if d.held is not None:
+                    self.store.release(d.held)
+            return
+        frame = self.frame()
+        inputs = before if before is not None else [self.describe(t) for t in tensors]
+        seq = next(self.seq)
+        held = []
+        for i, t in new:
+            t = t.detach()
+            held.append((i, self.store.hold(t), t.storage_offset()))
+            if t.untyped_storage().nbytes():
+                ptr = t.untyped_storage().data_ptr()
+                self.producers[ptr] = (seq, i, t.storage_offset())
+        k = frame.counts.get(info.name, 0)
+        frame.counts[info.name] = k + 1
+        frame.events.append(OpEvent(seq, info.name, k, held, inputs))
+
+    def describe(self, t: torch.Tensor) -> OpInput:
+        """Where an op input comes from (producer or external) and its layout; pins it."""
+        src, rel = None, 0
+        if _capturable(t) and t.untyped_storage().nbytes():
+            prod = self.producers.get(t.untyped_storage().data_ptr())
+            if prod is not None:
+                src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
+        d = OpInput(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
+        # The reference keeps external inputs (parameters, model inputs) to compare them with
+        # the candidate's; the candidate keeps every input until its module call is compared.
+        if _capturable(t) and (self.index == 1 or src is None):
+            # Counted (and spillable) unless it only references memory held anyway: a
+            # parameter/buffer of the model or a storage a counted capture already holds.
+            ptr = _ptr(t)
+            counted = ptr not in self.params and not self.store.counts(ptr)
+            d.held = self.store.hold(t.detach(), counted=counted)
+        return d
+
+    def manual(self, tag: str, tensor: torch.Tensor) -> OpEvent:
+        """Record a manual registration (a copy of ``tensor``) in the innermost frame."""
+        frame = self.frame()
+        with suspended():
+            held = self.store.hold(tensor.detach().clone())
+        k = self.manual_counts.get(tag, 0)
+        self.manual_counts[tag] = k + 1
+        ev = OpEvent(next(self.seq), "manual", k, [(0, held, 0)], [], tag=tag)
+        frame.events.append(ev)
+        return ev

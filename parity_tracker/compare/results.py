@@ -1,0 +1,185 @@
+"""What a TensorChecker check returns, and the seed's text printout of it.
+
+:class:`TagResult` (one tag at one step) and :class:`CheckResult` (a whole check) are the
+records; :func:`format_line` and :func:`print_result` write the seed document's lines
+(``TensorChecker: 2 tensors equal in checker_conv_in``) byte for byte.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tracker.compare.core import Comparison
+from parity_tracker.statuses import is_failing, is_passing
+
+__all__ = ["CheckResult", "DumpMode", "TagResult", "format_line", "print_result"]
+
+
+class DumpMode(enum.Enum):
+    """Which tensors ``check_*`` writes as ``.npy`` files (seed document, section 3.3).
+
+    Attributes:
+        NOT: write nothing (the default).
+        ALL: every tensor of every tag.
+        NOT_EQUAL: the tensors of every tag that does not pass (not equal / not close,
+            missing, shape mismatch, error).
+        FIRST_NOT_EQUAL: the tensors of the first failing tag in execution order (the first
+            divergence; the first failing weight when only weights fail).
+    """
+
+    NOT = "not"
+    ALL = "all"
+    NOT_EQUAL = "not_equal"
+    FIRST_NOT_EQUAL = "first_not_equal"
+
+
+@dataclass(frozen=True)
+class TagResult:
+    """The verdict for one compared tag at one step.
+
+    Attributes:
+        tag: e.g. ``checker_conv_in`` (design.md, "Public names").
+        module: the module's display name (``model`` for the root; no ``@k``), or ``None`` for
+            a manual registration made outside any hooked forward.
+        kind: ``param`` | ``buffer`` | ``input`` | ``output`` | ``manual`` (``op`` from the
+            op recorder).
+        slot: where in the module the tensor sits: ``output``, ``output.{path}``,
+            ``input.{i}`` / ``input.{name}``, the local parameter/buffer name, or ``manual``.
+        call_index: k for the k-th call of the module in the step (0 for the first).
+        exec_order: position of the reference's capture in its side's execution order (a
+            counter over the whole run, so it also orders steps); -1 when nothing was captured.
+        step: the step of a multi-step run (0 for one forward; weights are always step 0).
+        cache_hit: whether a cache skipped the module at this step; ``None`` when no cache is
+            in play (``mark_cache_hit`` never called).
+        comparison: the comparison record (for groups of more than two tensors, the first
+            non-passing candidate's, else the first candidate's).
+        dump_paths: dumped ``.npy`` files, relative to the check's ``dump_path``.
+        n_tensors: how many tensors were registered under the tag (the printout's count).
+    """
+
+    tag: str
+    module: str | None
+    kind: str
+    slot: str
+    call_index: int
+    exec_order: int
+    step: int
+    cache_hit: bool | None
+    comparison: Comparison
+    dump_paths: tuple[str, ...] = ()
+    n_tensors: int = 2
+
+    @property
+    def status(self) -> str:
+        """The comparison's status."""
+        return self.comparison.status
+
+    @property
+    def passed(self) -> bool:
+        """True for ``equal`` / ``close``."""
+        return is_passing(self.comparison.status)
+
+    @property
+    def failed(self) -> bool:
+        """True for a divergence: not passing and not ``skipped``."""
+        return is_failing(self.comparison.status)
+
+    def to_row(self) -> dict[str, Any]:
+        """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
+        from parity_tracker.tables import MODULES_SCHEMA
+
+        merged = self.comparison.to_dict()
+        merged.update(
+            tag=self.tag,
+            module=self.module,
+            kind=self.kind,
+            slot=self.slot,
+            call_index=self.call_index,
+            exec_order=self.exec_order if self.exec_order >= 0 else None,
+            step=self.step,
+            cache_hit=self.cache_hit,
+            dump_path=self.dump_paths[0] if self.dump_paths else None,
+        )
+        return {name: merged.get(name) for name in MODULES_SCHEMA.names}
+
+
+@dataclass
+class CheckResult:
+    """What ``check_*`` returns.
+
+    Attributes:
+        results: every compared tag in first-registration order, weights included.
+        weights: the parameter/buffer pre-flight, reported apart so that a weight-loading
+            error is never blamed on a module.
+        first_divergence: the first failing tag in execution order (``step``, then
+            ``exec_order``), weights and cache hits left out
+            (:func:`parity_tracker.compare.verdict.first_divergence`), or ``None``.
+        passed: no tag failed (``skipped`` tags, e.g. never-called modules, do not fail).
+        mode: ``"equal"`` or ``"allclose"``.
+        dump_dir: the per-check dump folder relative to ``dump_path`` (``None`` if no dump).
+    """
+
+    results: list[TagResult]
+    weights: list[TagResult]
+    first_divergence: TagResult | None
+    passed: bool
+    mode: str = "equal"
+    dump_dir: str | None = None
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """``modules`` table rows, one per result."""
+        return [r.to_row() for r in self.results]
+
+    @property
+    def failing(self) -> list[TagResult]:
+        """The failing results, in first-registration order."""
+        return [r for r in self.results if r.failed]
+
+    def get(self, tag: str, step: int = 0) -> TagResult | None:
+        """The result for ``tag`` at ``step``, or ``None``."""
+        return next((r for r in self.results if r.tag == tag and r.step == step), None)
+
+    def __getitem__(self, tag: str) -> TagResult:
+        found = self.get(tag)
+        if found is None:
+            raise KeyError(tag)
+        return found
+
+
+def _status_word(r: TagResult, mode: str) -> str:
+    status = r.comparison.status
+    if is_passing(status):
+        return "equal" if mode == "equal" else "close"
+    if status == "mismatch":
+        return "not equal" if mode == "equal" else "not close"
+    return status
+
+
+def format_line(r: TagResult, mode: str) -> str:
+    """The seed's line for one result, e.g. ``TensorChecker: 2 tensors equal in checker_x``.
+
+    Non-plain statuses (missing, shape mismatch, skipped, error) append ``: {message}``; a
+    step other than 0 appends `` at step {k}`` after the tag.
+    """
+    n = r.n_tensors
+    noun = "tensor" if n == 1 else "tensors"
+    where = r.tag if r.step == 0 else f"{r.tag} at step {r.step}"
+    line = f"TensorChecker: {n} {noun} {_status_word(r, mode)} in {where}"
+    if not is_passing(r.comparison.status) and r.comparison.status != "mismatch":
+        line += f": {r.comparison.message}"
+    return line
+
+
+def print_result(result: CheckResult) -> None:
+    """Print the seed's lines for a check: one per tag, failing weights, first divergence."""
+    for r in result.results:
+        print(format_line(r, result.mode))
+    bad_weights = [r for r in result.weights if r.failed]
+    if bad_weights:
+        listed = ", ".join(f"{r.tag} ({_status_word(r, result.mode)})" for r in bad_weights)
+        print(f"TensorChecker: weights differ: {listed}")
+    if result.first_divergence is not None:
+        r = result.first_divergence
+        print(f"TensorChecker: first divergence: {r.tag} ({_status_word(r, result.mode)})")

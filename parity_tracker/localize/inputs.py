@@ -1,0 +1,173 @@
+"""Input statuses of recorded ops: whether an op's inputs agree on both sides (issue 5 §3).
+
+Each tensor input was traced by the recorder to the op output that produced its storage. An
+input whose producers on both sides are an aligned pair already compared, seen through the
+same view (shape, stride, offset, dtype), takes that pair's status; inputs made outside the
+recorded ops on both sides (model inputs, parameters, buffers) are compared directly
+(parameter/buffer pairs cached by storage and version counter); any other input is compared
+by value: the reference's input is rebuilt from its producer's capture, the candidate's is the
+live input. Value comparisons use :func:`parity_tracker.compare.passes` (the verdict of
+``compare_tensors`` without its metrics). ``passing`` = all inputs pass, ``failing`` = one
+fails, else ``unknown``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, suspended
+from parity_tracker.compare import passes
+from parity_tracker.compare.tolerances import Tolerances
+from parity_tracker.localize.align import layout_differences
+from parity_tracker.statuses import is_neutral, is_passing
+
+
+class InputJudge:
+    """Statuses of op inputs from what a comparison of the two recordings learned so far.
+
+    Args:
+        mode: ``"equal"`` or ``"allclose"``.
+        tolerances: the session's tolerance table.
+        params: per side, storage pointers of the models' parameters and buffers.
+        ref_events: reference events by sequence number.
+        cand_status: candidate ``(seq, out)`` -> ``(status, reference seq, reference out)``.
+        ref_status: reference ``(seq, out)`` -> status.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        tolerances: Tolerances,
+        params: list[set[int]],
+        ref_events: dict[int, OpEvent],
+        cand_status: dict[tuple[int, int], tuple[str, int | None, int | None]],
+        ref_status: dict[tuple[int, int], str],
+    ):
+        self.mode, self.tolerances, self.params = mode, tolerances, params
+        self.ref_events, self.cand_status, self.ref_status = ref_events, cand_status, ref_status
+        self._ext_cache: dict[tuple, str] = {}
+
+    def inputs_status(self, r: OpEvent | None, c: OpEvent | None) -> tuple[str, list[str]]:
+        """``(inputs status, layout differences)`` of an aligned pair or a one-sided op."""
+        if r is None or c is None:
+            ev = c if c is not None else r
+            assert ev is not None
+            return self._one_sided_inputs(ev, side=1 if c is not None else 0), []
+        layout = layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
+        statuses = []
+        for p in range(max(len(r.inputs), len(c.inputs))):
+            if p >= len(r.inputs) or p >= len(c.inputs):
+                statuses.append("unknown")
+                continue
+            statuses.append(self._input_status(r.inputs[p], c.inputs[p]))
+        return _combine(statuses), layout
+
+    def _one_sided_inputs(self, ev: OpEvent, side: int) -> str:
+        """Inputs of an op that ran on one side only: its producers' statuses where known."""
+        statuses = []
+        for d in ev.inputs:
+            if d.src is None:
+                statuses.append("unknown")
+            elif side == 0:
+                statuses.append(_passfail(self.ref_status.get(d.src, "skipped")))
+            else:
+                known = self.cand_status.get(d.src)
+                statuses.append("unknown" if known is None else _passfail(known[0]))
+        return _combine(statuses)
+
+    def _input_status(self, rd: OpInput, cd: OpInput) -> str:
+        if rd.src is None and cd.src is None:
+            return self._external_status(rd, cd)
+        if rd.src is not None and cd.src is not None:
+            known = self.cand_status.get(cd.src)
+            same_view = (rd.shape, rd.stride, rd.rel_off, rd.dtype) == (
+                cd.shape,
+                cd.stride,
+                cd.rel_off,
+                cd.dtype,
+            )
+            if known is not None and (known[1], known[2]) == rd.src and same_view:
+                return _passfail(known[0])
+        return self._value_status(rd, cd)
+
+    def _external_status(self, rd: OpInput, cd: OpInput) -> str:
+        if rd.held is None or cd.held is None:
+            return "unknown"
+        ref_t, cand_t = rd.held.get(), cd.held.get()
+        ref_p, cand_p = _ptr(ref_t), _ptr(cand_t)
+        if ref_p not in self.params[0] or cand_p not in self.params[1]:
+            return self._value_compare(ref_t, cand_t)
+        # Both are parameters/buffers of the models (alive all session, so their storage
+        # pointers are not reused); the version counters catch in-place updates.
+        key = (
+            (ref_p, ref_t.storage_offset(), rd.shape, rd.stride, rd.version),
+            (cand_p, cand_t.storage_offset(), cd.shape, cd.stride, cd.version),
+        )
+        status = self._ext_cache.get(key)
+        if status is None:
+            status = self._value_compare(ref_t, cand_t)
+            self._ext_cache[key] = status
+        return status
+
+    def _value_status(self, rd: OpInput, cd: OpInput) -> str:
+        ref_t = self._rebuild_reference(rd)
+        cand_t = cd.held.get() if cd.held is not None else None
+        if ref_t is None or cand_t is None:
+            return "unknown"
+        return self._value_compare(ref_t, cand_t)
+
+    def _value_compare(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
+        """Pass/fail of two op inputs by value.
+
+        A dtype difference alone is layout (case B) evidence, not a value difference, so both
+        are first cast to their promoted dtype.
+        """
+        if ref_t.device != cand_t.device:
+            ref_t = ref_t.to(cand_t.device)
+        with suspended():
+            return self._verdict(ref_t, cand_t)
+
+    def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
+        """``passing`` / ``failing`` by the session's mode: :func:`compare.passes`, no metrics.
+
+        A dtype difference alone is not a value difference here (``ignore_dtype``).
+        """
+        ok = passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances, ignore_dtype=True)
+        return "passing" if ok else "failing"
+
+    def _rebuild_reference(self, rd: OpInput) -> torch.Tensor | None:
+        """The reference op's input as it saw it, from its producer's capture."""
+        if rd.src is None:
+            return rd.held.get() if rd.held is not None else None
+        ev = self.ref_events.get(rd.src[0])
+        if ev is None:
+            return None
+        for i, h, _off in ev.outs:
+            if i != rd.src[1]:
+                continue
+            base = h.get()
+            offset = base.storage_offset() + rd.rel_off
+            need = span_elements(rd.shape, rd.stride)
+            if offset < 0 or (
+                0 not in rd.shape
+                and offset + need > base.untyped_storage().nbytes() // base.element_size()
+            ):
+                return None
+            return torch.as_strided(base, rd.shape, rd.stride, offset)
+        return None
+
+
+def _passfail(status: str) -> str:
+    if is_passing(status):
+        return "passing"
+    if is_neutral(status):
+        return "unknown"
+    return "failing"
+
+
+def _combine(statuses: list[str]) -> str:
+    if "failing" in statuses:
+        return "failing"
+    if all(s == "passing" for s in statuses):
+        return "passing"
+    return "unknown"
