@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dashboards._page import STATUS_MARKERS, finite, fmt_num
+from ._page import STATUS_MARKERS, finite, fmt_num
 
 _GRID = "#eceff1"
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}

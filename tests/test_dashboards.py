@@ -211,8 +211,9 @@ def test_report_plain_html_verdict_and_first_divergence():
 def test_report_derives_first_divergence_and_chart_marks():
     rows = [
         _row("checker_a", 0),
-        _row("checker_b", 1, "mismatch", diff=1e-3, sqnr_db=40.0, cache_hit=True),
-        _row("checker_c", 2, "shape_mismatch", diff=None),
+        _row("checker_b", 1, "mismatch", diff=1e-3, sqnr_db=40.0),
+        # a cache hit is never the first divergence (compare.verdict): its error is the cache's
+        _row("checker_c", 2, "shape_mismatch", diff=None, cache_hit=True),
     ]
     ops = [
         {
@@ -237,7 +238,7 @@ def test_report_derives_first_divergence_and_chart_marks():
     sm = next(t for t in fig["data"] if t.get("name") == "shape_mismatch" and t["yaxis"] == "y")
     assert sm["y"] == [1e-2] and sm["marker"]["symbol"] == ["x"]
     assert traces["root-cause op"]["x"] == [1]
-    assert traces["cache hit"]["x"] == [1]
+    assert traces["cache hit"]["x"] == [2]
     first_line = [s for s in fig["layout"]["shapes"] if s["line"]["color"] == "#c62828"]
     assert [s["x0"] for s in first_line] == [1]
     assert doc.rows["ops-table"] == 2
