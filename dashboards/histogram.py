@@ -188,8 +188,6 @@ def missing_reason(
     head = f"{len(failing)} tensor(s) failed; the worst is {worst.get('tag')}{step}, but "
     mode = f"dump mode {dump_mode}" if dump_mode else "the run's dump mode"
     dumped = [r for r in rows if r.get("dump_path")]
-    if problem:
-        return head + problem + ".", True
     if not worst.get("dump_path") and not dumped:
         return head + f"this run dumped no tensor ({mode}).", True
     if not worst.get("dump_path"):
@@ -198,6 +196,8 @@ def missing_reason(
             f"(e.g. {dumped[0].get('tag')}).",
             True,
         )
+    if problem:
+        return head + problem + ".", True
     if not dump_dir:
         return (
             head + f"its dump ({worst.get('dump_path')}) is not on this machine: the report was "

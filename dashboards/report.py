@@ -98,7 +98,7 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
     summary.setdefault("tracking_run_id", getattr(result, "tracking_run_id", None))
     first = _first_divergence(summary, modules)
     first_row = _row_of(first, modules)
-    roots = [_complete(r, _OP_KEYS) for r in summary.get("root_causes") or []] or [
+    roots = [_complete(_plain(r), _OP_KEYS) for r in summary.get("root_causes") or []] or [
         r for r in ops if r.get("root_cause")
     ]
     counts = Counter(r.get("status") or "—" for r in modules)
@@ -142,6 +142,11 @@ def _rows(table: Any) -> list[dict[str, Any]]:
 def _complete(row: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     """``row`` with every key of ``keys`` present (None when absent), for the templates."""
     return {**dict.fromkeys(keys), **row}
+
+
+def _plain(value: Any) -> Any:
+    """A run-record field as plain data: a typed record (``to_dict()``) becomes its dict."""
+    return value.to_dict() if hasattr(value, "to_dict") else value
 
 
 def _order_key(row: Mapping[str, Any]) -> tuple[int, int]:
@@ -202,7 +207,7 @@ def _first_divergence(
     summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any] | None:
     """``summary["first_divergence"]``, else ``compare.verdict.first_divergence`` of the rows."""
-    fd = summary.get("first_divergence") or first_divergence(rows)
+    fd = _plain(summary.get("first_divergence")) or first_divergence(rows)
     return _complete({k: fd.get(k) for k in _FIRST_KEYS if k in fd}, _FIRST_KEYS) if fd else None
 
 
@@ -236,6 +241,7 @@ def _where(item: Mapping[str, Any]) -> str:
 
 def error_text(error: Any) -> str:
     """A run error (``{type, message, side}`` dict or a string) as one line of text."""
+    error = _plain(error)
     if not error:
         return ""
     if isinstance(error, Mapping):
