@@ -635,3 +635,37 @@ def test_report_says_why_the_histogram_is_missing_when_tensors_failed(tmp_path):
     assert "1 tensor(s) failed, none with a value mismatch (shape_mismatch)" in text
     ok = _run([_row("checker_a", 0)], passed=True)
     assert "no tensor failed" in _Doc(render_run_report(ok)).text("histogram-unavailable")
+
+
+# ---------------------------------------------------------------------------------------------
+# layering
+
+
+def test_dashboards_import_only_the_library_records():
+    """Presentation reads records: never mlflow, the CLI, tracking or the pipeline."""
+    import ast
+    from pathlib import Path
+
+    import dashboards
+
+    allowed = {
+        "parity_tracker.statuses",
+        "parity_tracker.compare.verdict",
+        "parity_tracker.capture.tags",
+        "parity_tracker.tables",
+    }
+    seen = set()
+    for path in Path(dashboards.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] != "mlflow", f"{path.name} imports {name}"
+                if name.split(".")[0] in ("parity_tracker", "dashboards"):
+                    assert name in allowed, f"{path.name} imports {name}"
+                    seen.add(name)
+    assert "parity_tracker.compare.verdict" in seen  # the scan does see imports
