@@ -62,7 +62,7 @@ def environment() -> jinja2.Environment:
     """The Jinja2 environment of the dashboards (autoescape on, built once per process).
 
     ``trim_blocks``/``lstrip_blocks`` keep tag-only template lines out of the output. Filters:
-    ``num`` (:func:`fmt_num`), ``shape`` (:func:`fmt_shape`). Globals: ``href``, ``figure_json``,
+    ``num`` (:func:`fmt_num`), ``shape`` (:func:`fmt_shape`). Globals: ``figure_json``,
     ``plotly_payload``, ``status_colors``.
     """
     env = jinja2.Environment(
@@ -75,7 +75,6 @@ def environment() -> jinja2.Environment:
     env.filters["num"] = fmt_num
     env.filters["shape"] = fmt_shape
     env.globals.update(
-        href=href,
         figure_json=figure_json,
         plotly_payload=lambda: Markup(plotly_payload()),
         status_colors=STATUS_COLORS,

@@ -339,6 +339,42 @@ def test_escaping_of_hostile_tags():
 # nightly pages
 
 
+def test_nightly_pages_escape_hostile_names():
+    bad = "</script><img src=x onerror=alert(1)>"
+    cells = [
+        {
+            "target": bad,
+            "settings": {"quantization": bad},
+            "run_id": bad,
+            "status": "fail",
+            "tensors_failing": 1,
+            "output_max_abs_diff": 1.0,
+            "url": f"u'{bad}",
+            "first_divergence": bad,
+            "message": bad,
+        }
+    ]
+    runs = [
+        {
+            "fingerprint": bad,
+            "target": bad,
+            "settings": {"x": bad},
+            "commit": bad,
+            "run_id": bad,
+            "start_time": 1,
+            "tensors_failing": 1,
+            "output_max_abs_diff": 1.0,
+            "regression": True,
+            "first_divergence": bad,
+        }
+    ]
+    tags = [{"tag": bad, "commit": bad, "status": "mismatch"}]
+    for html in (render_matrix(cells, title=bad), render_history(runs, tags, title=bad)):
+        assert "<img" not in html and "</script><img" not in html
+        assert "&lt;img src=x onerror=alert(1)&gt;" in html  # shown, escaped, not dropped
+        _Doc(html)  # parses, figure JSON included
+
+
 def test_matrix_cells_placed_coloured_and_linked():
     cells = [
         {
