@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from parity_tracker.dashboards._page import STATUS_MARKERS, finite, fmt_num
+from ._page import STATUS_MARKERS, finite, fmt_num
 
 _GRID = "#eceff1"
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
@@ -109,24 +109,8 @@ def propagation_figure(
     n = len(points)
     diffs = [finite(r.get("max_abs_diff")) for r in points]
     floor, ceil = log_floor(diffs)
-    sqnrs = [finite(r.get("sqnr_db")) for r in points]
-    known = [s for s in sqnrs if s is not None]
-    cap = r4((max(known) if known else 100.0) + 20.0)
-
-    def y_diff(i: int) -> float | None:
-        d = diffs[i]
-        return ceil if d is None else floor if d == 0 else r4(d)
-
-    def y_sqnr(i: int) -> float | None:
-        raw = points[i].get("sqnr_db")
-        if sqnrs[i] is not None:
-            return r4(sqnrs[i])
-        identical = raw == math.inf or (raw is None and diffs[i] == 0)
-        return cap if identical else None
-
-    yd = [y_diff(i) for i in range(n)]
-    ys = [y_sqnr(i) for i in range(n)]
-    text = [_hover(r) for r in points]
+    yd = [ceil if d is None else floor if d == 0 else r4(d) for d in diffs]
+    ys, cap = _sqnr_ys(points, diffs)
     line = {"color": "#b0bec5", "width": 1}
     data: list[dict[str, Any]] = [
         _trace(list(range(n)), yd, mode="lines", line=line, hoverinfo="skip", showlegend=False),
@@ -142,54 +126,12 @@ def propagation_figure(
             connectgaps=True,
         ),
     ]
-    for status in _statuses(points):
-        idx = [i for i in range(n) if (points[i].get("status") or "") == status]
-        color = STATUS_MARKERS.get(status, "#455a64")
-        symbols = [_symbol(diffs[i]) for i in idx]
-        data.append(
-            _trace(
-                idx,
-                [yd[i] for i in idx],
-                mode="markers",
-                name=status or "—",
-                legendgroup=status,
-                text=[text[i] for i in idx],
-                hovertemplate="%{text}<extra></extra>",
-                marker={"color": color, "size": 6, "symbol": symbols},
-            )
-        )
-        sidx = [i for i in idx if ys[i] is not None]
-        data.append(
-            _trace(
-                sidx,
-                [ys[i] for i in sidx],
-                "x2",
-                "y2",
-                mode="markers",
-                name=status or "—",
-                legendgroup=status,
-                showlegend=False,
-                hovertemplate="#%{x}: SQNR %{y:.4g} dB<extra></extra>",
-                marker={"color": color, "size": 5},
-            )
-        )
+    data += _status_traces(points, diffs, yd, ys)
     data += _cache_hits(points, floor) + _roots(roots, yd)
     shapes, notes = _steps(points)
     if first_x is not None:
         shapes.append(vline(first_x, "#c62828", "dash", 2))
-        notes.append(
-            {
-                "x": first_x,
-                "y": 1.0,
-                "xref": "x",
-                "yref": "paper",
-                "yanchor": "bottom",
-                "text": f"first divergence: {txt(first_tag)}",
-                "showarrow": False,
-                "font": {"color": "#c62828", "size": 12},
-                "bgcolor": "rgba(255,255,255,0.85)",
-            }
-        )
+        notes.append(_first_label(first_x, first_tag))
     steps = {r.get("step") for r in points}
     x_title = "module output, execution order" + (" (steps concatenated)" if len(steps) > 1 else "")
     layout = base_layout(
@@ -210,6 +152,83 @@ def propagation_figure(
     if any(r.get("cache_hit") is True for r in points):
         note += " Blue ticks under the floor mark cache hits."
     return {"data": data, "layout": layout}, note
+
+
+def _sqnr_ys(
+    points: Sequence[Mapping[str, Any]], diffs: Sequence[float | None]
+) -> tuple[list[float | None], float]:
+    """SQNR panel y values and the cap (20 dB over the largest finite SQNR) drawn for ∞.
+
+    An identical tensor (SQNR ∞, or no SQNR with a zero difference) is drawn at the cap; a
+    row without any SQNR is a gap (None).
+    """
+    sqnrs = [finite(r.get("sqnr_db")) for r in points]
+    known = [s for s in sqnrs if s is not None]
+    cap = r4((max(known) if known else 100.0) + 20.0)
+    ys: list[float | None] = []
+    for r, s, d in zip(points, sqnrs, diffs, strict=True):
+        raw = r.get("sqnr_db")
+        identical = raw == math.inf or (raw is None and d == 0)
+        ys.append(r4(s) if s is not None else cap if identical else None)
+    return ys, cap
+
+
+def _status_traces(
+    points: Sequence[Mapping[str, Any]],
+    diffs: Sequence[float | None],
+    yd: Sequence[float | None],
+    ys: Sequence[float | None],
+) -> list[dict[str, Any]]:
+    """One marker trace per status in each panel (the legend toggles both)."""
+    n = len(points)
+    text = [_hover(r) for r in points]
+    out = []
+    for status in _statuses(points):
+        idx = [i for i in range(n) if (points[i].get("status") or "") == status]
+        color = STATUS_MARKERS.get(status, "#455a64")
+        out.append(
+            _trace(
+                idx,
+                [yd[i] for i in idx],
+                mode="markers",
+                name=status or "—",
+                legendgroup=status,
+                text=[text[i] for i in idx],
+                hovertemplate="%{text}<extra></extra>",
+                marker={"color": color, "size": 6, "symbol": [_symbol(diffs[i]) for i in idx]},
+            )
+        )
+        sidx = [i for i in idx if ys[i] is not None]
+        out.append(
+            _trace(
+                sidx,
+                [ys[i] for i in sidx],
+                "x2",
+                "y2",
+                mode="markers",
+                name=status or "—",
+                legendgroup=status,
+                showlegend=False,
+                hovertemplate="#%{x}: SQNR %{y:.4g} dB<extra></extra>",
+                marker={"color": color, "size": 5},
+            )
+        )
+    return out
+
+
+def _first_label(first_x: int, first_tag: str | None) -> dict[str, Any]:
+    """The "first divergence: TAG" annotation over the top of the chart."""
+    return {
+        "x": first_x,
+        "y": 1.0,
+        "xref": "x",
+        "yref": "paper",
+        "yanchor": "bottom",
+        "text": f"first divergence: {txt(first_tag)}",
+        "showarrow": False,
+        "font": {"color": "#c62828", "size": 12},
+        "bgcolor": "rgba(255,255,255,0.85)",
+    }
 
 
 def _trace(x: list, y: list, xa: str = "x", ya: str = "y", **kw: Any) -> dict[str, Any]:

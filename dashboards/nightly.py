@@ -2,7 +2,8 @@
 
 Both are logged to the nightly's parent MLflow run. The matrix is plain HTML (no script at all);
 the history page draws one chart per config fingerprint and a status heatmap, with plain-HTML
-tables underneath that hold the same numbers.
+tables underneath that hold the same numbers. The markup is ``templates/matrix.html.j2`` and
+``templates/history.html.j2``; this module prepares their data.
 """
 
 from __future__ import annotations
@@ -13,28 +14,16 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity_tracker.dashboards._page import (
-    FAILING,
-    STATUS_MARKERS,
-    esc,
-    figure_block,
-    finite,
-    fmt_num,
-    page,
-)
-from parity_tracker.dashboards.charts import heatmap_figure, history_figure, txt
+from parity_tracker.statuses import STATUSES, is_failing
+
+from ._page import STATUS_MARKERS, finite, fmt_num, render
+from .charts import heatmap_figure, history_figure, txt
 
 #: Cell statuses of the nightly, most serious first.
 CELL_STATUSES = ("regression", "error", "fail", "expected", "pass")
-_CELL_WORD = {
-    "pass": "pass",
-    "fail": "fail",
-    "regression": "regression",
-    "expected": "expected",
-    "error": "error",
-}
 #: Settings that lay out the matrix's columns; other varying settings join the row label.
 MATRIX_AXES = ("quantization", "cache")
+_AXIS_DEFAULTS = {"quantization": "none", "cache": "off"}
 
 
 def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly parity") -> str:
@@ -59,30 +48,26 @@ def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly p
         ValueError: a cell's status is not one of the five above.
     """
     for cell in cells:
-        if cell.get("status") not in _CELL_WORD:
+        if cell.get("status") not in CELL_STATUSES:
             raise ValueError(
                 f"render_matrix: cell {cell.get('run_id')!r} has status {cell.get('status')!r}; "
-                f"expected one of {sorted(_CELL_WORD)}"
+                f"expected one of {sorted(CELL_STATUSES)}"
             )
     counts = Counter(c["status"] for c in cells)
-    banner = _matrix_banner(counts, len(cells))
-    body = f"<h1>{esc(title)}</h1>"
-    commits = sorted({str(c["commit"]) for c in cells if c.get("commit")})
-    if commits:
-        body += f"<p>commit {', '.join(f'<code>{esc(c)}</code>' for c in commits)}</p>"
-    body += _problems(cells) + "<h2>Settings matrix</h2>" + _matrix_table(cells)
-    body += (
-        "<p class='note'>Colours: <span class='cs c-pass'>&nbsp;pass&nbsp;</span> "
-        "<span class='cs c-fail'>&nbsp;fail&nbsp;</span> "
-        "<span class='cs c-regression'>&nbsp;regression&nbsp;</span> "
-        "<span class='cs c-expected'>&nbsp;expected&nbsp;</span> "
-        "<span class='cs c-error'>&nbsp;error&nbsp;</span>. A cell links to its run on a "
-        "tracking server (on the embedded store, hover for the run id).</p>"
+    return render(
+        "matrix.html.j2",
+        title=title,
+        charts=False,
+        tables=False,
+        v=_matrix_banner(counts, len(cells)),
+        total=len(cells),
+        commits=sorted({str(c["commit"]) for c in cells if c.get("commit")}),
+        problems=_problems(cells),
+        grid=_matrix_grid(cells),
     )
-    return page(title, banner, body, charts=False, tables=False)
 
 
-def _matrix_banner(counts: Mapping[str, int], total: int) -> str:
+def _matrix_banner(counts: Mapping[str, int], total: int) -> dict[str, str]:
     if counts.get("regression"):
         cls, word = "v-regression", "REGRESSION"
     elif counts.get("error"):
@@ -94,34 +79,31 @@ def _matrix_banner(counts: Mapping[str, int], total: int) -> str:
     else:
         cls, word = "v-pass", "PARITY HOLDS"
     line = " · ".join(f"{counts[s]} {s}" for s in CELL_STATUSES if counts.get(s))
-    return (
-        f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
-        f'<div class="line">{total} runs: {line or "none"}</div></header>'
-    )
+    return {"cls": cls, "word": word, "line": line}
 
 
-def _problems(cells: Sequence[Mapping[str, Any]]) -> str:
+def _cell_view(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """What the templates show of one cell (every key present)."""
+    fd = cell.get("first_divergence")
+    return {
+        "status": cell["status"],
+        "name": f"{cell.get('target')} {_settings_label(cell.get('settings') or {})}",
+        "url": cell.get("url"),
+        "run_id": cell.get("run_id"),
+        "message": cell.get("message"),
+        "failing": cell.get("tensors_failing"),
+        "diff": cell.get("output_max_abs_diff"),
+        "first_divergence": fd,
+        "short_divergence": _short(fd) if fd else "",
+        "no_result": _short(str(cell.get("message") or "no result"), 60),
+    }
+
+
+def _problems(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The regressed, erroring and failing cells, most serious first."""
     bad = [c for c in cells if c["status"] in ("regression", "error", "fail")]
-    if not bad:
-        return "<div class='box good'>Every run passes or diverges as expected.</div>"
     bad.sort(key=lambda c: (CELL_STATUSES.index(c["status"]), str(c.get("target"))))
-    items = []
-    for c in bad:
-        where = (
-            f" — first divergence <code>{esc(c['first_divergence'])}</code>"
-            if c.get("first_divergence")
-            else ""
-        )
-        msg = f" — {esc(c['message'])}" if c.get("message") else ""
-        msg = msg.removeprefix(" — ") if c["status"] == "error" else msg
-        name = f"{esc(c.get('target'))} {esc(_settings_label(c.get('settings') or {}))}"
-        name = f"<a href='{esc(c['url'])}'>{name}</a>" if c.get("url") else name
-        numbers = _numbers(c, ", ") if c["status"] != "error" else ""
-        items.append(
-            f"<li><span class='cs c-{c['status']}'>&nbsp;{c['status']}&nbsp;</span> {name}: "
-            f"{numbers}{where}{msg}</li>"
-        )
-    return "<h2>Where parity broke</h2><div class='box bad'><ul>" + "".join(items) + "</ul></div>"
+    return [_cell_view(c) for c in bad]
 
 
 def _settings_label(settings: Mapping[str, Any], skip: Sequence[str] = ()) -> str:
@@ -129,9 +111,8 @@ def _settings_label(settings: Mapping[str, Any], skip: Sequence[str] = ()) -> st
 
 
 def _axis_value(cell: Mapping[str, Any], axis: str) -> str:
-    default = {"quantization": "none", "cache": "off"}[axis]
     value = (cell.get("settings") or {}).get(axis)
-    return default if value in (None, "") else str(value)
+    return _AXIS_DEFAULTS[axis] if value in (None, "") else str(value)
 
 
 def _row_labels(cells: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -158,63 +139,32 @@ def _ordered(values: Sequence[str], first: str) -> list[str]:
     return sorted(set(values), key=lambda v: (v != first, v))
 
 
-def _matrix_table(cells: Sequence[Mapping[str, Any]]) -> str:
+def _matrix_grid(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The matrix layout: column axes and one (label, cells per column) row per target label.
+
+    A column entry is None when no cell falls there, else its cells and ``worst``, the most
+    serious of their statuses (it colours the table cell).
+    """
     if not cells:
-        return "<p class='note'>No runs.</p>"
+        return None
     labels = _row_labels(cells)
     quants = _ordered([_axis_value(c, "quantization") for c in cells], "none")
     caches = _ordered([_axis_value(c, "cache") for c in cells], "off")
     grid: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for label, c in zip(labels, cells, strict=True):
         grid[(label, _axis_value(c, "quantization"), _axis_value(c, "cache"))].append(c)
-    head1 = "<tr><th rowspan='2'>target</th>" + "".join(
-        f"<th colspan='{len(caches)}'>quantization={esc(q)}</th>" for q in quants
-    )
-    head2 = "<tr>" + "".join(f"<th>cache={esc(k)}</th>" for _ in quants for k in caches)
     rows = []
     for label in sorted(set(labels)):
         tds = []
         for q in quants:
             for k in caches:
                 found = grid.get((label, q, k), [])
-                tds.append(_cell_td(found) if found else "<td class='empty'>—</td>")
-        rows.append(f"<tr><th>{esc(label)}</th>{''.join(tds)}</tr>")
-    return (
-        "<div class='scroll'><table class='matrix' id='matrix'><thead>"
-        + head1
-        + "</tr>"
-        + head2
-        + "</tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table></div>"
-    )
-
-
-def _cell_td(found: Sequence[Mapping[str, Any]]) -> str:
-    worst = min(found, key=lambda c: CELL_STATUSES.index(c["status"]))
-    parts = []
-    for c in found:
-        inner = f"<span class='cs'>{esc(c['status'])}</span><br>" + _numbers(c, "<br>")
-        if c.get("first_divergence") and c["status"] != "pass":
-            inner += f"<br><span class='mono'>{esc(_short(c['first_divergence']))}</span>"
-        title = esc(c.get("message") or c.get("run_id") or "")
-        if c.get("url"):
-            parts.append(f"<a href='{esc(c['url'])}' title='{title}'>{inner}</a>")
-        else:
-            parts.append(f"<div class='inner' title='{title}'>{inner}</div>")
-    return (
-        f"<td class='cell c-{worst['status']}' data-status='{esc(worst['status'])}'>"
-        + "".join(parts)
-        + "</td>"
-    )
-
-
-def _numbers(cell: Mapping[str, Any], sep: str) -> str:
-    """``N failing`` and ``max |Δ| x``; for an error cell without numbers, its message."""
-    failing, diff = cell.get("tensors_failing"), cell.get("output_max_abs_diff")
-    if failing is None and diff is None:
-        return esc(_short(str(cell.get("message") or "no result"), 60))
-    return f"{fmt_num(failing)} failing{sep}max |Δ| {fmt_num(diff)}"
+                worst = min((c["status"] for c in found), key=CELL_STATUSES.index, default=None)
+                tds.append(
+                    {"worst": worst, "cells": [_cell_view(c) for c in found]} if found else None
+                )
+        rows.append((label, tds))
+    return {"quants": quants, "caches": caches, "rows": rows}
 
 
 def _short(tag: str, width: int = 40) -> str:
@@ -255,17 +205,38 @@ def render_history(
     for run in sorted(runs, key=_time_key):
         groups[str(run.get("fingerprint"))].append(run)
     regressions = [r for r in runs if r.get("regression")]
-    banner = _history_banner(regressions, groups)
     ordered = sorted(groups.items(), key=lambda kv: _interest(kv[1]))
     charted = [(fp, g) for fp, g in ordered if not _exact(g)]
-    body = f"<h1>{esc(title)}</h1>" + _regression_list(regressions)
-    body += _overview(ordered, {fp: n for n, (fp, _) in enumerate(charted)})
-    if tag_status:
-        body += _heatmaps(tag_status, runs, max_heatmap_tags)
-    for n, (fingerprint, group) in enumerate(charted):
-        body += _fingerprint_section(n, fingerprint, group)
-    charts = bool(charted) or bool(tag_status)
-    return page(title, banner, body, charts=charts, tables=False)
+    return render(
+        "history.html.j2",
+        title=title,
+        charts=bool(charted) or bool(tag_status),
+        tables=False,
+        v=_history_banner(regressions, groups),
+        regressions=[_run_view(r) for r in sorted(regressions, key=_time_key)],
+        overview=_overview(ordered, {fp: n for n, (fp, _) in enumerate(charted)}),
+        heatmaps=_heatmaps(tag_status, runs, max_heatmap_tags) if tag_status else None,
+        sections=[_section(n, fp, g) for n, (fp, g) in enumerate(charted)],
+    )
+
+
+def _run_view(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the templates show of one run (every key present)."""
+    return {
+        "name": _name(run),
+        "commit": _short_commit(run.get("commit")),
+        "url": run.get("url"),
+        "run_id": "" if run.get("run_id") is None else run["run_id"],
+        "failing": run.get("tensors_failing"),
+        "diff": run.get("output_max_abs_diff"),
+        "regression": bool(run.get("regression")),
+        "first_divergence": run.get("first_divergence"),
+        "time": _time_label(run),
+    }
+
+
+def _name(run: Mapping[str, Any]) -> str:
+    return f"{run.get('target')} {_settings_label(run.get('settings') or {})}"
 
 
 def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
@@ -285,42 +256,28 @@ def _interest(group: Sequence[Mapping[str, Any]]) -> tuple[int, int, int, str]:
         0 if any(r.get("regression") for r in group) else 1,
         0 if (latest.get("tensors_failing") or 0) > 0 else 1,
         1 if _exact(group) else 0,
-        f"{latest.get('target')} {_settings_label(latest.get('settings') or {})}",
+        _name(latest),
     )
 
 
 def _overview(
     ordered: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], charted: Mapping[str, int]
-) -> str:
-    """One plain-HTML row per configuration: its latest run and its trend."""
-    rows = []
-    for fp, group in ordered:
-        first, latest = group[0], group[-1]
-        name = f"{latest.get('target')} {_settings_label(latest.get('settings') or {})}"
-        name = esc(name)
-        if fp in charted:
-            name = f"<a href='#fp-{charted[fp]}'>{name}</a>"
-        regs = sum(bool(r.get("regression")) for r in group)
-        trend = (
-            "bitwise equal at every commit"
-            if _exact(group)
-            else f"{fmt_num(first.get('output_max_abs_diff'))} → "
-            f"{fmt_num(latest.get('output_max_abs_diff'))}"
-        )
-        cls = " class='reg'" if regs else ""
-        rows.append(
-            f"<tr{cls}><td>{name}</td><td class='num'>{len(group)}</td>"
-            f"<td class='mono'>{esc(_short_commit(latest.get('commit')))}</td>"
-            f"<td class='num'>{fmt_num(latest.get('tensors_failing'))}</td>"
-            f"<td>{trend}</td><td class='num'>{regs or ''}</td></tr>"
-        )
-    return (
-        "<h2>Configurations</h2><div class='scroll'><table class='data' id='overview'><thead>"
-        "<tr><th>configuration</th><th>runs</th><th>latest commit</th><th>failing now</th>"
-        "<th>output max |Δ|, first → latest</th><th>regressions</th></tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table></div>"
-    )
+) -> list[dict[str, Any]]:
+    """One row per configuration: its latest run and its trend."""
+    return [
+        {
+            "name": _name(group[-1]),
+            "anchor": charted.get(fp),
+            "runs": len(group),
+            "commit": _short_commit(group[-1].get("commit")),
+            "failing": group[-1].get("tensors_failing"),
+            "exact": _exact(group),
+            "first_diff": group[0].get("output_max_abs_diff"),
+            "latest_diff": group[-1].get("output_max_abs_diff"),
+            "regressions": sum(bool(r.get("regression")) for r in group),
+        }
+        for fp, group in ordered
+    ]
 
 
 def _time_key(run: Mapping[str, Any]) -> tuple[float, str]:
@@ -344,7 +301,7 @@ def _time_label(run: Mapping[str, Any]) -> str:
     return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _history_banner(regressions: Sequence[Mapping[str, Any]], groups: Mapping) -> str:
+def _history_banner(regressions: Sequence[Mapping[str, Any]], groups: Mapping) -> dict[str, str]:
     if regressions:
         cls, word = "v-regression", "REGRESSION"
         line = f"{len(regressions)} regressed run(s) across {len(groups)} configurations"
@@ -353,30 +310,7 @@ def _history_banner(regressions: Sequence[Mapping[str, Any]], groups: Mapping) -
     else:
         cls, word = "v-pass", "NO REGRESSION"
         line = f"{len(groups)} configurations tracked"
-    return (
-        f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
-        f'<div class="line">{line}</div></header>'
-    )
-
-
-def _regression_list(regressions: Sequence[Mapping[str, Any]]) -> str:
-    if not regressions:
-        return "<div class='box good'>No run regressed against its baseline.</div>"
-    items = []
-    for r in sorted(regressions, key=_time_key):
-        name = f"{esc(r.get('target'))} {esc(_settings_label(r.get('settings') or {}))}"
-        run = f"<a href='{esc(r['url'])}'>run</a>" if r.get("url") else esc(r.get("run_id"))
-        where = (
-            f", first divergence <code>{esc(r['first_divergence'])}</code>"
-            if r.get("first_divergence")
-            else ""
-        )
-        items.append(
-            f"<li>{name} at commit <code>{esc(_short_commit(r.get('commit')))}</code> ({run}): "
-            f"{fmt_num(r.get('tensors_failing'))} tensors failing, output max |Δ| "
-            f"{fmt_num(r.get('output_max_abs_diff'))}{where}</li>"
-        )
-    return "<h2>Regressions</h2><div class='box bad'><ul>" + "".join(items) + "</ul></div>"
+    return {"cls": cls, "word": word, "line": line}
 
 
 def _short_commit(commit: Any) -> str:
@@ -394,44 +328,19 @@ def _x_labels(group: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _fingerprint_section(n: int, fingerprint: str, group: Sequence[Mapping[str, Any]]) -> str:
-    first = group[-1]
-    name = f"{first.get('target')} {_settings_label(first.get('settings') or {})}"
-    html = (
-        f"<h2 id='fp-{n}'>{esc(name)}</h2><p class='note'>fingerprint <code>{esc(fingerprint)}"
-        f"</code> · {len(group)} runs</p>"
-    )
-    html += figure_block(
-        f"history-chart-{n}",
-        _history_figure(group),
-        height=380,
-        placeholder="Chart not drawn (scripts blocked or still loading); the table below "
-        "holds the same numbers.",
-    )
-    if any(finite(r.get("output_max_abs_diff")) == 0.0 for r in group):
-        html += (
-            "<p class='note'>Hollow markers: output bitwise equal (0), drawn a decade under the "
-            "smallest non-zero error.</p>"
-        )
-    rows = []
-    for label, r in zip(_x_labels(group), group, strict=True):
-        run = (
-            f"<a href='{esc(r['url'])}'>{esc(r.get('run_id'))}</a>"
-            if r.get("url")
-            else esc(r.get("run_id"))
-        )
-        reg = "<b style='color:#b71c1c'>regression</b>" if r.get("regression") else ""
-        rows.append(
-            f"<tr><td class='mono'>{esc(label)}</td><td>{esc(_time_label(r))}</td>"
-            f"<td class='num'>{fmt_num(r.get('tensors_failing'))}</td>"
-            f"<td class='num'>{fmt_num(r.get('output_max_abs_diff'))}</td><td>{reg}</td>"
-            f"<td class='mono'>{run}</td></tr>"
-        )
-    return html + (
-        "<details><summary>runs table</summary><table class='data'><thead><tr><th>commit</th>"
-        "<th>start (UTC)</th><th>failing</th><th>output max |Δ|</th><th></th><th>run</th>"
-        "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></details>"
-    )
+def _section(n: int, fingerprint: str, group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One charted configuration: its chart and the runs table under it."""
+    runs = [
+        {**_run_view(r), "label": label} for label, r in zip(_x_labels(group), group, strict=True)
+    ]
+    return {
+        "n": n,
+        "name": _name(group[-1]),
+        "fingerprint": fingerprint,
+        "figure": _history_figure(group),
+        "has_zero": any(finite(r.get("output_max_abs_diff")) == 0.0 for r in group),
+        "runs": runs,
+    }
 
 
 def _history_figure(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -451,21 +360,14 @@ def _history_figure(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     )
 
 
-_HEAT_STATUSES = (
-    "equal",
-    "close",
-    "skipped",
-    "mismatch",
-    "shape_mismatch",
-    "missing_reference",
-    "missing_candidate",
-    "error",
-)
+#: Heatmap colour order: passing, neutral, then failing statuses (design.md, "Statuses").
+_HEAT_STATUSES = ("equal", "close", "skipped", *(s for s in STATUSES if is_failing(s)))
 
 
 def _heatmaps(
     tag_status: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], cap: int
-) -> str:
+) -> list[dict[str, Any]]:
+    """One status heatmap per fingerprint of ``tag_status``, commits in run order."""
     order: list[str] = []
     for r in sorted(runs, key=_time_key):
         c = str(r.get("commit"))
@@ -474,14 +376,11 @@ def _heatmaps(
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in tag_status:
         groups[str(row.get("fingerprint") or "")].append(row)
-    names = {
-        str(r.get("fingerprint")): f"{r.get('target')} {_settings_label(r.get('settings') or {})}"
-        for r in runs
-    }
-    html = "<h2 id='heatmap'>Failing tags across commits</h2>"
-    for n, (fingerprint, rows) in enumerate(groups.items()):
-        html += _heatmap(n, fingerprint, names.get(fingerprint, ""), rows, order, cap)
-    return html
+    names = {str(r.get("fingerprint")): _name(r) for r in runs}
+    return [
+        _heatmap(n, fingerprint, names.get(fingerprint, ""), rows, order, cap)
+        for n, (fingerprint, rows) in enumerate(groups.items())
+    ]
 
 
 def _heatmap(
@@ -491,7 +390,7 @@ def _heatmap(
     rows: Sequence[Mapping[str, Any]],
     order: list[str],
     cap: int,
-) -> str:
+) -> dict[str, Any]:
     commits = list(order)
     for r in rows:
         if str(r.get("commit")) not in commits:
@@ -499,35 +398,24 @@ def _heatmap(
     status: dict[tuple[str, str], str] = {}
     for r in rows:
         status[(str(r.get("tag")), str(r.get("commit")))] = str(r.get("status"))
-    fails = Counter(t for (t, _), s in status.items() if s in FAILING)
-    head = f"<h3>{esc(name)}</h3>" if name else ""
-    if fingerprint:
-        head += f"<p class='note'>fingerprint <code>{esc(fingerprint)}</code></p>"
+    fails = Counter(t for (t, _), s in status.items() if is_failing(s))
+    view: dict[str, Any] = {"n": n, "name": name, "fingerprint": fingerprint, "figure": None}
     if not fails:
-        return head + "<p class='note'>No tag failed at any commit.</p>"
+        return view
     tags = [t for t, _ in sorted(fails.items(), key=lambda kv: (-kv[1], kv[0]))][:cap]
     commits = [c for c in commits if any((t, c) in status for t in tags)]
     full = {_short_commit(c): c for c in commits}
-    fig = heatmap_figure(
+    view["figure"] = heatmap_figure(
         tags,
         [_short_commit(c) for c in commits],
         lambda t, c: status.get((t, full[c])),
         _HEAT_STATUSES,
     )
-    legend = " ".join(
-        f"<span class='chip' style='background:{STATUS_MARKERS[s]};color:#fff'>{s}</span>"
-        for s in _HEAT_STATUSES
-        if any(s == v for v in status.values())
+    present = set(status.values())
+    view.update(
+        legend=[(s, STATUS_MARKERS[s]) for s in _HEAT_STATUSES if s in present],
+        height=min(1400, 120 + 22 * len(tags)),
+        shown=len(tags),
+        failing=len(fails),
     )
-    note = f"<p class='note'>{len(tags)} of {len(fails)} failing tags shown.</p>"
-    return (
-        head
-        + f"<div class='chips'>{legend}</div>"
-        + figure_block(
-            f"heatmap-{n}",
-            fig,
-            height=min(1400, 120 + 22 * len(tags)),
-            placeholder="Heatmap not drawn (scripts blocked or still loading).",
-        )
-        + (note if len(fails) > len(tags) else "")
-    )
+    return view

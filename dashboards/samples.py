@@ -246,8 +246,8 @@ def synthetic_nightly(
 
 def main(argv: list[str] | None = None) -> int:
     """Write the three sample pages into the folder given as the first argument."""
-    from parity_tracker.dashboards.nightly import render_history, render_matrix
-    from parity_tracker.dashboards.report import render_run_report
+    from .nightly import render_history, render_matrix
+    from .report import render_run_report
 
     out = Path((argv or sys.argv[1:] or ["dashboards-preview"])[0])
     out.mkdir(parents=True, exist_ok=True)
