@@ -130,6 +130,9 @@ class TensorChecker(SpillCounters):
             ``DEFAULT_EAGER_RESIDENT_BYTES`` (256 MiB) with ``eager_mode``, unbounded without.
         spill_dir: folder for spilled snapshots (a fresh temporary folder is made inside it
             and deleted by ``clear``); default: the system temporary folder.
+        on_compared: ``on_compared(tag, step, reference, candidate, comparison)`` after every
+            comparison of two tensors, eager or in ``check`` (``compare.pairing.PairComparer``);
+            the tensors are the checker's and must not be written.
 
     Raises:
         InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``;
@@ -148,6 +151,7 @@ class TensorChecker(SpillCounters):
         dump_mode: DumpMode = DumpMode.NOT,
         max_resident_bytes: float | None = None,
         spill_dir: Any = None,
+        on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
     ) -> None:
         if eager_mode is not None and eager_mode not in MODES:
             raise InputError(f"eager_mode must be 'equal', 'allclose' or None, got {eager_mode!r}")
@@ -168,11 +172,11 @@ class TensorChecker(SpillCounters):
         self.dump_mode = DumpMode(dump_mode)
         self._hold = _Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
-        self._pairs = PairComparer(align)
+        self._snap = Snapshotter()
+        self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
-        self._snap = Snapshotter()
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -435,7 +439,7 @@ class _Holder:
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
         held_value = load(held.value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
+        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):

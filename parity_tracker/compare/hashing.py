@@ -83,6 +83,27 @@ def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
     return byte_view(tensor)
 
 
+def raw_digest(tensor: torch.Tensor) -> int:
+    """xxh3-64 of a contiguous CPU tensor's raw bytes alone (no dtype/shape header), as an int.
+
+    The cheap "same bytes as before?" check of ``capture.snapshot.Snapshotter``: two reads of
+    tensors of one dtype and shape give equal digests exactly when their bytes are equal (up to
+    the 2**-64 chance of a collision). Not a :func:`content_hash` (no header).
+
+    Args:
+        tensor: a dense, contiguous CPU tensor without ``requires_grad`` (``detach()`` first),
+            any non-quantized dtype; a conjugate/negative view is resolved (a copy).
+
+    Raises:
+        ValueError: the tensor is not contiguous or not on the CPU (:func:`byte_view`).
+    """
+    if tensor.is_conj() or tensor.is_neg():
+        return xxhash.xxh3_64_intdigest(byte_view(tensor))
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("raw_digest needs a contiguous CPU tensor; call .contiguous().cpu() first")
+    return xxhash.xxh3_64_intdigest(raw_buffer(tensor) if tensor.numel() else b"")
+
+
 class StreamHasher:
     """Incremental content hash of one tensor fed in consecutive flat chunks.
 

@@ -19,6 +19,7 @@ import torch
 
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison, compare_tensors
+from parity_tracker.compare.hashing import content_hash
 from parity_tracker.compare.results import DumpMode, TagResult
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
@@ -34,6 +35,8 @@ class _Released:
 
 #: The value of a capture whose tensor the eager path compared and released.
 RELEASED = _Released()
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def leaf_desc(value: Any) -> str:
@@ -69,20 +72,39 @@ def reference_index(g: Any) -> int:
 class PairComparer:
     """Compares pairs of captured values, reusing the verdict of a pair already compared.
 
+    A verdict is reused for the same two objects with unchanged version counters only when
+    each side is also proven unchanged: an immutable snapshot (``owned``), or a tensor whose
+    content hash still equals the one the comparison recorded (writes through ``.data``, numpy
+    or DLPack views bump no version counter; issue 13, item 1).
+
     Args:
         align: ``align(tag, reference, candidate) -> (reference, candidate) | None`` applied
             before each comparison (``None``: no alignment).
+        owned: ``owned(value) -> bool``, True for a snapshot nobody writes (no re-check).
+        on_compared: ``on_compared(tag, step, reference, candidate, comparison)``, called after
+            every comparison of two tensors (reused verdicts included) with the pair as
+            compared (after ``align``); the run stage keeps the worst pair's histogram this way.
     """
 
-    def __init__(self, align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None):
+    def __init__(
+        self,
+        align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None,
+        *,
+        owned: Callable[[Any], bool] | None = None,
+        on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
+    ):
         self.align = align
+        self.owned = owned
+        self.on_compared = on_compared
         self._cache: dict[tuple, tuple] = {}
 
     def clear(self) -> None:
         """Forget the pairs compared so far."""
         self._cache = {}
 
-    def compare(self, tag: str, ref: Any, cand: Any, mode: str, tol: Tolerances) -> Comparison:
+    def compare(
+        self, tag: str, ref: Any, cand: Any, mode: str, tol: Tolerances, step: int = 0
+    ) -> Comparison:
         """Compare one pair (any leaf values); never raises (a failure is status ``error``)."""
         if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
             return Comparison(
@@ -95,7 +117,8 @@ class PairComparer:
             )
         key = self._key(tag, ref, cand, mode, tol)
         hit = self._cache.get(key) if key is not None else None
-        if hit is not None and hit[0]() is ref and hit[1]() is cand and hit[2] == key[-1]:
+        if hit is not None and self._reusable(hit, key, ref, cand):
+            self._tell(tag, step, ref, cand, hit[3])
             return hit[3]
         try:
             if self.align is not None:
@@ -109,7 +132,29 @@ class PairComparer:
             )
         if key is not None:
             self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp)
+        self._tell(tag, step, ref, cand, comp)
         return comp
+
+    def _tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+        if self.on_compared is not None:
+            self.on_compared(tag, step, ref, cand, comp)
+
+    def _reusable(self, hit: tuple, key: tuple, ref: torch.Tensor, cand: torch.Tensor) -> bool:
+        """Same objects, same versions, and each side owned or hashing as it did."""
+        if hit[0]() is not ref or hit[1]() is not cand or hit[2] != key[-1]:
+            return False
+        comp = hit[3]
+        return self._unchanged(ref, comp.ref_hash) and self._unchanged(cand, comp.cand_hash)
+
+    def _unchanged(self, t: torch.Tensor, recorded: str | None) -> bool:
+        if self.owned is not None and self.owned(t):
+            return True
+        if recorded is None or t.device.type != "cpu" or type(t) not in _PLAIN:
+            return False
+        try:
+            return content_hash(t) == recorded
+        except (RuntimeError, TypeError, ValueError):  # bytes not readable: compare again
+            return False
 
     def _key(self, tag: str, ref: torch.Tensor, cand: torch.Tensor, mode: str, tol: Tolerances):
         """Cache key of a pair already compared (a module's input is the last one's output).
@@ -163,7 +208,7 @@ def deferred_pair(pairs: Any, g: Any, ref: Any, cap: Any, mode: str, tol: Tolera
                 "candidate; groups of more than two tensors need eager_mode=None"
             ),
         )
-    return pairs.compare(g.tag, load(ref.value), load(cap.value), mode, tol)
+    return pairs.compare(g.tag, load(ref.value), load(cap.value), mode, tol, g.step)
 
 
 def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Comparison:
