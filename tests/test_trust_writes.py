@@ -130,10 +130,20 @@ def test_snapshot_not_reused_after_data_swap():
     assert b is not a and b.tolist() == [1.0] * 5
 
 
-def test_snapshot_of_non_contiguous_tensor_is_always_a_new_copy():
+def test_snapshot_of_a_tensor_with_gaps_is_always_a_new_copy():
     snap = Snapshotter()
-    t = torch.zeros(3, 3).t()
-    assert snap.take(t) is not snap.take(t)  # its bytes are not re-read cheaply: copied
+    t = torch.zeros(3, 4)[:, :2]  # its bytes are not one dense span: never re-read, copied
+    assert snap.take(t) is not snap.take(t)
+
+
+def test_channels_last_snapshot_is_shared_and_rechecked():
+    snap = Snapshotter()
+    t = torch.zeros(1, 2, 3, 3).to(memory_format=torch.channels_last)
+    a = snap.take(t)
+    assert snap.take(t) is a
+    t.numpy()[0, 1, 2, 2] = 7.0  # numpy follows the strides: element (0, 1, 2, 2)
+    b = snap.take(t)
+    assert b is not a and b[0, 1, 2, 2].item() == 7.0 and a.abs().sum().item() == 0.0
 
 
 def test_pair_verdict_not_reused_after_unversioned_write():

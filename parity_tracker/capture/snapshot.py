@@ -13,7 +13,7 @@ import torch
 
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
-from parity_tracker.compare.hashing import raw_digest
+from parity_tracker.compare.hashing import digestible, storage_digest
 
 
 class _Entry:
@@ -41,17 +41,6 @@ def _layout(t: torch.Tensor) -> tuple:
     )
 
 
-def _verifiable(t: torch.Tensor) -> bool:
-    """Whether ``t``'s contents can be re-read cheaply: a plain, dense, contiguous CPU tensor."""
-    return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.layout == torch.strided
-        and t.device.type == "cpu"
-        and not t.is_quantized
-        and t.is_contiguous()
-    )
-
-
 class Snapshotter:
     """Detach-and-clone snapshots; one copy is shared only while its source provably is unchanged.
 
@@ -62,9 +51,10 @@ class Snapshotter:
     that mutate their inputs do not bump it (issue 13, item 1). So a copy is reused only when
     the same object (weak reference: a freed object never aliases a new one), with the same
     version counter, data pointer, offset, shape, strides, dtype and device, also has the same
-    bytes as the copy: the xxh3-64 digest (``compare.hashing.raw_digest``) of the source, read
-    now, equals the copy's (computed once, the copy is never written). Anything whose bytes
-    cannot be read cheaply (GPU, non-contiguous, subclasses, quantized) is copied again. Cost:
+    bytes as the copy: the xxh3-64 digest (``compare.hashing.storage_digest``) of the source,
+    read now, equals the copy's (computed once, the copy is never written). Anything whose
+    bytes cannot be read cheaply (GPU, gaps or broadcasts, subclasses, quantized) is copied
+    again. Cost:
     one hash of the source and, once per copy, of the copy (``benchmarks/README.md``, "Shared
     snapshots"). The cache holds the copies weakly: a copy lives exactly as long as some
     capture holds it, so releasing captures (the eager path) frees memory.
@@ -88,7 +78,7 @@ class Snapshotter:
             return copy
         copy = t.detach().clone()  # a detached clone records no autograd graph
         self._own(copy)
-        if version is not None and _verifiable(t):
+        if version is not None and copy.stride() == t.stride() and digestible(t):
             # an object that refuses weak references gets no reuse
             with contextlib.suppress(TypeError):
                 ref = weakref.ref(t, self._forget(key))
@@ -104,8 +94,8 @@ class Snapshotter:
         if copy is None or entry.version != version or entry.layout != _layout(t):
             return None
         if entry.copy_digest is None:
-            entry.copy_digest = raw_digest(copy)
-        return copy if raw_digest(t.detach()) == entry.copy_digest else None
+            entry.copy_digest = storage_digest(copy)
+        return copy if storage_digest(t) == entry.copy_digest else None
 
     def _own(self, copy: torch.Tensor) -> None:
         key = id(copy)

@@ -83,25 +83,64 @@ def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
     return byte_view(tensor)
 
 
-def raw_digest(tensor: torch.Tensor) -> int:
-    """xxh3-64 of a contiguous CPU tensor's raw bytes alone (no dtype/shape header), as an int.
+def dense_span(tensor: torch.Tensor) -> bool:
+    """True when the tensor's elements fill exactly ``numel`` consecutive storage slots.
 
-    The cheap "same bytes as before?" check of ``capture.snapshot.Snapshotter``: two reads of
-    tensors of one dtype and shape give equal digests exactly when their bytes are equal (up to
-    the 2**-64 chance of a collision). Not a :func:`content_hash` (no header).
+    Contiguous, channels-last and any other permuted dense layout qualify; slices with gaps
+    and broadcast (stride-0) views do not. Size-1 dimensions are ignored (their stride is
+    arbitrary).
+    """
+    expected = 1
+    dims = sorted((st, n) for n, st in zip(tensor.shape, tensor.stride(), strict=True) if n != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def digestible(t: torch.Tensor) -> bool:
+    """Whether :func:`storage_digest` reads ``t`` (cheap check, nothing is hashed)."""
+    return (
+        type(t) in _PLAIN_TYPES
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and dense_span(t)
+    )
+
+
+def storage_digest(tensor: torch.Tensor) -> int | None:
+    """xxh3-64 of the raw bytes a dense CPU tensor occupies, as an int; None when not cheap.
+
+    The "same bytes as before?" check of ``capture.snapshot.Snapshotter`` and
+    ``compare.pairing.PairComparer`` (writes through ``.data``, numpy or DLPack views bump no
+    version counter). The bytes are the ``numel`` storage slots from the storage offset on, in
+    storage order, read without a copy; two reads of tensors with one dtype, shape and strides
+    give equal digests exactly when their bytes are equal (up to a 2**-64 collision). No
+    dtype/shape header: not a :func:`content_hash`.
 
     Args:
-        tensor: a dense, contiguous CPU tensor without ``requires_grad`` (``detach()`` first),
-            any non-quantized dtype; a conjugate/negative view is resolved (a copy).
+        tensor: any tensor.
 
-    Raises:
-        ValueError: the tensor is not contiguous or not on the CPU (:func:`byte_view`).
+    Returns:
+        The digest, or None when not :func:`digestible`: anything that is not a plain (not a
+        subclass), non-quantized, strided CPU tensor whose elements fill a dense span
+        (:func:`dense_span`), or that has a conjugate/negative bit. Those are never re-checked
+        (the caller copies or compares again).
     """
-    if tensor.is_conj() or tensor.is_neg():
-        return xxhash.xxh3_64_intdigest(byte_view(tensor))
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        raise ValueError("raw_digest needs a contiguous CPU tensor; call .contiguous().cpu() first")
-    return xxhash.xxh3_64_intdigest(raw_buffer(tensor) if tensor.numel() else b"")
+    if not digestible(tensor):
+        return None
+    t = tensor
+    if t.numel() == 0:
+        return xxhash.xxh3_64_intdigest(b"")
+    flat = t.detach().as_strided((t.numel(),), (1,), t.storage_offset())
+    return xxhash.xxh3_64_intdigest(raw_buffer(flat))
 
 
 class StreamHasher:

@@ -19,7 +19,7 @@ import torch
 
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison, compare_tensors
-from parity_tracker.compare.hashing import content_hash
+from parity_tracker.compare.hashing import content_hash, storage_digest
 from parity_tracker.compare.results import DumpMode, TagResult
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
@@ -131,9 +131,20 @@ class PairComparer:
                 status="error", mode=mode, message=f"{tag}: {type(exc).__name__}: {exc}"
             )
         if key is not None:
-            self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp)
+            digests = (self._digest(ref, comp), self._digest(cand, comp))
+            self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp, digests)
         self._tell(tag, step, ref, cand, comp)
         return comp
+
+    def _digest(self, t: torch.Tensor, comp: Comparison) -> int | None:
+        """The bytes' digest of a side the comparison's own hash cannot re-check, else None.
+
+        The comparison hashes the converted tensors: when the two dtypes differ, a side may
+        have been converted first, so its recorded hash is not the hash of its bytes.
+        """
+        if comp.ref_dtype == comp.cand_dtype or (self.owned is not None and self.owned(t)):
+            return None
+        return storage_digest(t)
 
     def _tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
         if self.on_compared is not None:
@@ -143,12 +154,17 @@ class PairComparer:
         """Same objects, same versions, and each side owned or hashing as it did."""
         if hit[0]() is not ref or hit[1]() is not cand or hit[2] != key[-1]:
             return False
-        comp = hit[3]
-        return self._unchanged(ref, comp.ref_hash) and self._unchanged(cand, comp.cand_hash)
+        comp, (ref_digest, cand_digest) = hit[3], hit[4]
+        return self._unchanged(ref, comp.ref_hash, ref_digest) and self._unchanged(
+            cand, comp.cand_hash, cand_digest
+        )
 
-    def _unchanged(self, t: torch.Tensor, recorded: str | None) -> bool:
+    def _unchanged(self, t: torch.Tensor, recorded: str | None, digest: int | None) -> bool:
+        """Owned, or its bytes hash as when it was compared (unreadable bytes: False)."""
         if self.owned is not None and self.owned(t):
             return True
+        if digest is not None:
+            return storage_digest(t) == digest
         if recorded is None or t.device.type != "cpu" or type(t) not in _PLAIN:
             return False
         try:
