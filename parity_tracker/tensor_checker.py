@@ -385,8 +385,8 @@ class TensorChecker(SpillCounters):
         ref_side = self._log.reference_side()
         out = []
         for g in self._log.groups.values():
-            if not any(c.is_tensor for c in g.captures):
-                continue  # None / non-tensor leaves on every side: nothing to compare
+            if all(c.value is None for c in g.captures):
+                continue  # None on every side: no value, nothing to compare or to report
             out.append(
                 (g, resolve(self._log, g, mode, tol, ref_side, self._pairs), len(g.captures))
             )

@@ -105,7 +105,23 @@ class PairComparer:
     def compare(
         self, tag: str, ref: Any, cand: Any, mode: str, tol: Tolerances, step: int = 0
     ) -> Comparison:
-        """Compare one pair (any leaf values); never raises (a failure is status ``error``)."""
+        """Compare one pair (any leaf values); never raises (a failure is status ``error``).
+
+        Two tensors are compared; a tensor against anything else is a structure difference
+        (``shape_mismatch``); two leaves that are not tensors (``None``, a string, a custom
+        object: ``capture.leaves.NonTensor``) are ``skipped``, not compared, with both types
+        named (issue 13, item 2).
+        """
+        if not isinstance(ref, torch.Tensor) and not isinstance(cand, torch.Tensor):
+            return Comparison(
+                status="skipped",
+                mode=mode,
+                message=(
+                    f"not compared: the reference has {leaf_desc(ref)}, the candidate has "
+                    f"{leaf_desc(cand)} at {tag} (only tensors, numbers, bools and numpy "
+                    "scalars/arrays are compared)"
+                ),
+            )
         if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
             return Comparison(
                 status="shape_mismatch",
@@ -230,8 +246,8 @@ def deferred_pair(pairs: Any, g: Any, ref: Any, cap: Any, mode: str, tol: Tolera
 def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Comparison:
     """The comparison of a tag captured on one side only: missing, structure or cache hit."""
     absent = "candidate" if present == ref_side else "reference"
-    cap = next(c for c in g.captures if c.is_tensor)
-    shape, dtype, device = cap.meta or (None, None, None)
+    cap = next((c for c in g.captures if c.is_tensor), None)
+    shape, dtype, device = (cap.meta if cap is not None else None) or (None, None, None)
     side_fields = (
         dict(ref_shape=shape, ref_dtype=dtype, ref_device=device)
         if absent == "candidate"
@@ -245,11 +261,38 @@ def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Compari
             f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
             f"the {absent} has no tensor for {g.tag}"
         )
+    elif _defaulted_keyword(g, shape, cap):
+        status = "skipped"
+        message = (
+            f"keyword input {g.slot.split('.', 2)[1]!r} of module {g.module!r} was given on "
+            f"the {'reference' if absent == 'candidate' else 'candidate'} only (the {absent} "
+            "left it to its default): not compared; the module's outputs are"
+        )
+    elif cap is None:  # a non-tensor leaf on one side only: a structure difference
+        leaf = next(c.value for c in g.captures if c.value is not None)
+        status = f"missing_{absent}"
+        message = (
+            f"structure differs at {g.tag}: the {absent} has no such leaf, the other side "
+            f"has {leaf_desc(leaf)} (not compared)"
+        )
     else:
         structure = structure_gap(log, g, present)
         status = "shape_mismatch" if structure else f"missing_{absent}"
         message = structure or missing_message(log, g, absent, present)
     return Comparison(status=status, mode=mode, numel=numel, message=message, **side_fields)
+
+
+def _defaulted_keyword(g: Any, shape: tuple[int, ...] | None, cap: Any) -> bool:
+    """A one-sided keyword input that is a flag or number (0-d) or a non-tensor leaf.
+
+    ``f(x, use_cache=False)`` against ``f(x)`` is the same call when False is the default;
+    such a leaf is reported (``skipped``, named), not failed. One-sided tensor keywords and
+    positional inputs stay structure differences.
+    """
+    if g.kind != "input" or not g.slot.startswith("input."):
+        return False
+    name = g.slot.split(".", 2)[1]
+    return not name.isdigit() and (cap is None or shape == ())
 
 
 def structure_gap(log: Any, g: Any, present: int) -> str | None:
