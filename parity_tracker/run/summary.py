@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parity_tracker.compare import verdict
+from parity_tracker.files import jsonio
 from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
 from parity_tracker.run.mode import config_fingerprint
 from parity_tracker.statuses import (
@@ -192,7 +193,7 @@ class RunSummary(Mapping[str, Any]):
         Raises:
             ValueError: a NaN or infinity somewhere in the record (strict JSON has neither).
         """
-        return json.dumps(json.loads(self._json), indent=indent, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(json.loads(self._json), indent=indent, sort_keys=True)
 
     @cached_property
     def _json(self) -> str:
@@ -204,7 +205,7 @@ class RunSummary(Mapping[str, Any]):
                 data[key] = value.to_dict()
         data["root_causes"] = [dict(r) for r in self.root_causes]
         data = {**self.extra, **data}
-        return json.dumps(data, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(data, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
