@@ -164,3 +164,14 @@ def test_pair_verdict_reused_for_owned_snapshots():
     first = pairs.compare("a", ref, cand, "equal", Tolerances())
     assert pairs.compare("b", ref, cand, "equal", Tolerances()) is first  # no second compare
     assert calls == ["a", "b"]  # the callback still hears of both tags
+
+
+def test_storage_digest_sees_every_byte_of_dense_layouts():
+    from parity_tracker.compare.hashing import storage_digest
+
+    for t in (torch.zeros(4, 6), torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last)):
+        before = storage_digest(t)
+        t.numpy()[(0,) * t.dim()] = 1.0  # the first element: a write the version never sees
+        assert storage_digest(t) != before
+    assert storage_digest(torch.zeros(4, 6)[:, :3]) is None  # gaps: not read, never trusted
+    assert storage_digest(torch.zeros(3, 1).expand(3, 4)) is None  # broadcast view

@@ -139,7 +139,8 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
     t = tensor
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
-    flat = t.detach().as_strided((t.numel(),), (1,), t.storage_offset())
+    t = t.detach()
+    flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
     return xxhash.xxh3_64_intdigest(raw_buffer(flat))
 
 
