@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from parity_tracker.adapters.compiled import MEASURED_PARAMS, CompileStats, is_compiled
 from parity_tracker.compare import PASSING, STATUSES
 from parity_tracker.env import ENV_KEYS
 from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
@@ -39,7 +40,9 @@ WEIGHT_KINDS = ("buffer", "param")
 #: Execution statuses of a run (``summary["status"]``) and the MLflow run status each maps to.
 RUN_STATUSES = {"completed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 #: Settings keys that are not part of the configuration fingerprint.
-NOT_FINGERPRINTED = frozenset({*ENV_KEYS, "mode", "mode_reason", "config_fingerprint"})
+NOT_FINGERPRINTED = frozenset(
+    {*ENV_KEYS, "mode", "mode_reason", "config_fingerprint", *MEASURED_PARAMS}
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,6 +684,10 @@ def run_parity(
     from parity_tracker.tensor_checker import DumpMode, TensorChecker
 
     settings = dict(settings or {})
+    compiled = CompileStats(candidate) if is_compiled(candidate) else None
+    if compiled is not None:  # before any side runs: a missing C++ compiler stops here
+        compiled.start()
+        settings.setdefault("implementation", compiled.implementation())
     requested = settings.get("mode", mode) if mode == "auto" else mode
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
@@ -714,6 +721,8 @@ def run_parity(
         status, error, durations = _run_both(
             plans, checker, ops, seed, hook_candidate=cand_is_module
         )
+        if compiled is not None:  # torch.compile: backend, graph breaks, graphs (run params)
+            settings.update(compiled.params())
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]

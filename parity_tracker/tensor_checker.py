@@ -1250,6 +1250,11 @@ def module_register_tensor_checker(
 
 def _install(model: torch.nn.Module, checker: TensorChecker, handle: HookHandle) -> None:
     """Add the pre/post hooks of every module with a forward to ``handle``."""
+    from parity_tracker.adapters.compiled import install_compiled, is_compiled
+
+    if is_compiled(model):  # torch.compile: hooks traced into the graph, tags without _orig_mod
+        install_compiled(model, checker, handle)
+        return
     s = handle.side
     root = root_name(model)
     handle.root_name = root

@@ -1,0 +1,299 @@
+"""``torch.compile`` candidates, module by module: hooks traced into the compiled graph.
+
+**The choice.** ``torch.compile(model)`` returns an ``OptimizedModule`` that wraps the model as
+``_orig_mod``. Dynamo (torch >= 2.1; checked on 2.13) traces the forward hooks of submodules
+*that exist when it compiles* into the graph, so this adapter hooks every submodule of
+``_orig_mod`` with a *tap*: a tiny hook that only clones the call's inputs / output
+(``Tensor.clone`` inside the graph) and appends them to a Python list. Dynamo turns the appends
+into graph outputs plus a list mutation replayed after the graph, so
+
+- every module value is computed **by the compiled code** (the backend's kernels, fusions and
+  reorderings), never by an eager re-run, and is materialised as an extra graph output (the
+  intermediates a compiled graph would otherwise keep in registers are written out; this is
+  what observing costs, and it can block a fusion across a module boundary, see
+  docs/compiled-and-onnx.md);
+- after the forward, an eager hook on the ``OptimizedModule`` replays the taps, in execution
+  order, into the ordinary ``TensorChecker`` capture path: tags are the ``_orig_mod``'s own
+  ``named_modules()`` names, so they pair with the reference (``checker_0``, not
+  ``checker__orig_mod.0``).
+
+Regional compilation (compiling each block separately so block boundaries are graph edges) was
+the alternative; it changes what is compiled (no fusion across blocks), so the tool would check
+another program than the user's. Tapping keeps the user's compile call and only adds outputs.
+
+**Stale compiled code.** ``torch._dynamo.config.skip_nnmodule_hook_guards`` is ``True`` by
+default: compiled code does not guard on hooks, so a model compiled *and run* before the hooks
+were attached keeps running the hook-less code and no tap fires (the reported symptom: every
+module missing). Hooking such a model discards dynamo's compiled code (``torch._dynamo.reset``,
+with a warning saying so) so that the next call recompiles with the taps traced in; should a
+forward still run without the taps, the forward raises :class:`~parity_tracker.errors.InputError`
+saying what to do. Nothing uncaptured is ever reported as equal.
+
+**Graph breaks** are counted from ``torch._dynamo.utils.counters`` around the candidate's run
+(:class:`CompileStats`) and recorded as the run param ``compile_graph_breaks`` (with
+``compile_graphs``, the graphs compiled); a graph break inside a tap is harmless (the tap then
+runs eagerly on the values the compiled code produced).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from parity_tracker.capture import module_display_name, own_tensors, root_name
+from parity_tracker.errors import InputError
+
+#: Values of the ``implementation`` setting that compile the candidate: the ``torch.compile``
+#: backend of each (``eager``: Dynamo's capture only, the backend sanity check).
+IMPLEMENTATIONS = {"inductor": "inductor", "eager": "eager", "aot_eager": "aot_eager"}
+#: Run params measured per run (not configuration): kept out of the config fingerprint.
+MEASURED_PARAMS = ("compile_graph_breaks", "compile_graphs", "compile_recompiled")
+
+
+def is_compiled(model: Any) -> bool:
+    """True for a ``torch.compile``-d module (``OptimizedModule``), without importing dynamo."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
+
+
+def unwrap(model: Any) -> Any:
+    """The module ``torch.compile`` wrapped (``_orig_mod``), or ``model`` itself."""
+    return model._orig_mod if is_compiled(model) else model
+
+
+def backend_name(model: Any) -> str | None:
+    """The ``torch.compile`` backend of an ``OptimizedModule`` (``"inductor"``, ``"eager"``...)."""
+    if not is_compiled(model):
+        return None
+    from torch._dynamo.eval_frame import innermost_backend
+
+    backend = innermost_backend(model.dynamo_ctx.callback)
+    return getattr(backend, "compiler_name", None) or getattr(backend, "__name__", None)
+
+
+def require_cxx_compiler() -> str:
+    """The C++ compiler Inductor's CPU backend will call, or an error naming what to install.
+
+    Inductor searches ``torch._inductor.config.cpp.cxx`` (``$CXX``, else ``g++``; ``clang++``
+    on macOS) and runs ``<cxx> --version`` (``torch._inductor.cpp_builder.cpp_compiler_search``).
+
+    Returns:
+        The compiler's path.
+
+    Raises:
+        InputError: none of the names is on ``PATH`` (exit code 2).
+    """
+    from torch._inductor import config
+
+    names = [c for c in config.cpp.cxx if c]
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise InputError(
+        f"implementation=inductor on the CPU needs a C++ compiler and none of {names} is on PATH: "
+        "install one (Debian/Ubuntu: apt-get install g++; macOS: xcode-select --install) or set "
+        "CXX to its path; implementation=eager checks the compile path without one"
+    )
+
+
+def compile_model(model: torch.nn.Module, implementation: str, **options: Any) -> Any:
+    """``torch.compile(model, backend=...)`` for an ``implementation`` setting value.
+
+    Args:
+        model: the module to compile (a copy of the reference).
+        implementation: a key of :data:`IMPLEMENTATIONS`.
+        **options: passed to ``torch.compile`` (``mode``, ``dynamic``, ``fullgraph``).
+
+    Returns:
+        The ``OptimizedModule`` (not run yet: hook it before its first call).
+
+    Raises:
+        InputError: an unknown implementation, or Inductor without a C++ compiler.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise InputError(
+            f"implementation={implementation!r} is not a torch.compile backend here; allowed: "
+            + ", ".join(IMPLEMENTATIONS)
+        )
+    if implementation == "inductor":
+        require_cxx_compiler()
+    return torch.compile(model, backend=IMPLEMENTATIONS[implementation], **options)
+
+
+class CompileStats:
+    """Graph breaks and graphs compiled between ``start()`` and ``params()`` (Dynamo counters).
+
+    ``torch._dynamo.utils.counters["graph_break"]`` counts each break by reason,
+    ``counters["stats"]["unique_graphs"]`` each graph compiled; the differences over the
+    candidate's run are its own (the reference runs eagerly and adds none).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.recompiled = False
+        self._before = (0, 0)
+
+    @staticmethod
+    def _now() -> tuple[int, int]:
+        from torch._dynamo.utils import counters
+
+        return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+    def start(self) -> None:
+        """Take the counters' values now (before the hooks are attached).
+
+        Raises:
+            InputError: an Inductor candidate on the CPU and no C++ compiler
+                (:func:`require_cxx_compiler`).
+        """
+        if backend_name(self.model) == "inductor" and _on_cpu(self.model):
+            require_cxx_compiler()
+        self.recompiled = _compiled_before(self.model)
+        self._before = self._now()
+
+    def implementation(self) -> str:
+        """The ``implementation`` setting the run records when none is given.
+
+        ``same`` for the ``eager`` backend (Dynamo's capture replays the same eager kernels, so
+        the auto mode stays ``equal``: the backend sanity check), else the backend's name (the
+        auto mode becomes ``allclose``: another implementation, seed §2).
+        """
+        name = backend_name(self.model) or "compiled"
+        return "same" if name == "eager" else name
+
+    def params(self) -> dict[str, Any]:
+        """Run params: ``compile_backend``, ``compile_graph_breaks``, ``compile_graphs``, ..."""
+        breaks, graphs = self._now()
+        return {
+            "compile_backend": backend_name(self.model),
+            "compile_graph_breaks": breaks - self._before[0],
+            "compile_graphs": graphs - self._before[1],
+            "compile_recompiled": self.recompiled,
+        }
+
+
+def _on_cpu(model: Any) -> bool:
+    """True when the model's first parameter or buffer is on the CPU (or it has none)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device.type == "cpu"
+    return True
+
+
+def _clone(obj: Any) -> Any:
+    """Clone every tensor of a tuple/list/dict structure (traceable by Dynamo).
+
+    Dict subclasses (Hugging Face ``ModelOutput``) come back as plain dicts with the same keys
+    in the same order: their tags are the same as the reference's dataclass flattening gives
+    for every field that holds a value.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_clone(v) for v in obj) if type(obj) in (tuple, list) else obj
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    return obj
+
+
+def _compiled_before(model: Any) -> bool:
+    """Whether Dynamo already holds compiled code for this module's forward (it was run)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    fns = [type(model._orig_mod).forward, getattr(model.forward, "__wrapped__", None)]
+    for fn in fns:
+        code = getattr(fn, "__code__", None)
+        if code is not None and _debug_get_cache_entry_list(code):
+            return True
+    return False
+
+
+def _discard_stale_code(model: Any) -> bool:
+    """Drop compiled code built without the taps (warns); True when something was dropped."""
+    if not _compiled_before(model):
+        return False
+    torch._dynamo.reset()
+    name = type(model._orig_mod).__name__
+    warnings.warn(
+        f"TensorChecker: Dynamo already holds compiled code for {name}.forward (this model, or "
+        f"another {name}, was compiled and run before the checker's hooks were attached); such "
+        "code has no hooks in it (torch._dynamo.config.skip_nnmodule_hook_guards), so Dynamo's "
+        "compiled code was discarded (torch._dynamo.reset()) and the next call recompiles with "
+        "the hooks traced in. To avoid the recompile, hook the model after torch.compile and "
+        "before its first call.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return True
+
+
+def install_compiled(model: Any, checker: Any, handle: Any) -> None:
+    """Hook a compiled module: taps traced into its graph, replayed into ``checker`` after it.
+
+    Called by ``module_register_tensor_checker`` for an ``OptimizedModule`` (the seed API and
+    ``run_parity`` both go through it). Tags are those of ``model._orig_mod``.
+
+    Args:
+        model: the ``OptimizedModule``.
+        checker: the ``TensorChecker``.
+        handle: the ``HookHandle`` that owns the hooks (its ``side``, ``root_name``,
+            ``module_names`` are filled in).
+    """
+    from parity_tracker.tensor_checker import _has_forward, suspended
+
+    orig = model._orig_mod
+    handle.recompiled = _discard_stale_code(model)
+    root = root_name(orig)
+    handle.root_name = root
+    own = own_tensors(orig, root)
+    all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in orig.modules()}.values()]
+    table: list[tuple[str, torch.nn.Module, list, bool]] = []
+    sink: list[tuple[Any, ...]] = []
+    for raw, mod in orig.named_modules():
+        if mod is not orig and not _has_forward(mod):
+            continue
+        i = len(table)
+        table.append((module_display_name(raw, root), mod, own.get(id(mod), []), mod is orig))
+
+        def tap_in(m, args, kwargs, _i=i):
+            sink.append((_i, 0, _clone(args), _clone(kwargs)))
+
+        def tap_out(m, args, kwargs, output, _i=i):
+            sink.append((_i, 1, _clone(output)))
+
+        handle._handles.append(mod.register_forward_pre_hook(tap_in, with_kwargs=True))
+        handle._handles.append(mod.register_forward_hook(tap_out, with_kwargs=True))
+
+    def begin(m, args, kwargs):
+        sink.clear()
+
+    def replay(m, args, kwargs, output):
+        events, fired = list(sink), {e[0] for e in sink}
+        sink.clear()
+        with suspended():
+            for ev in events:
+                name, mod, entries, is_root = table[ev[0]]
+                if ev[1] == 0:
+                    checker._pre_call(
+                        handle.side, name, mod, ev[2], ev[3], entries, handle if is_root else None
+                    )
+                else:
+                    checker._post_call(handle.side, name, mod, ev[2], all_own if is_root else None)
+        checker._root_done(handle.side, root)
+        if len(table) > 1 and fired <= {0} and output is not None:
+            raise InputError(
+                f"the compiled {type(orig).__name__} ran without the checker's hooks (its "
+                "compiled code was built before they were attached), so no module inside it "
+                "was captured: call torch._dynamo.reset() before hooking it, or hook the model "
+                "after torch.compile and before its first call"
+            )
+
+    handle._handles.append(model.register_forward_pre_hook(begin, with_kwargs=True))
+    handle._handles.append(
+        model.register_forward_hook(replay, with_kwargs=True, always_call=True)
+    )
+    handle.module_names = [t[0] for t in table]
