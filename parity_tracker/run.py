@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from parity_tracker.adapters import foreign
 from parity_tracker.adapters.compiled import MEASURED_PARAMS, CompileStats, is_compiled
 from parity_tracker.compare import PASSING, STATUSES
 from parity_tracker.env import ENV_KEYS
@@ -41,7 +42,12 @@ WEIGHT_KINDS = ("buffer", "param")
 RUN_STATUSES = {"completed": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 #: Settings keys that are not part of the configuration fingerprint.
 NOT_FINGERPRINTED = frozenset(
-    {*ENV_KEYS, "mode", "mode_reason", "config_fingerprint", *MEASURED_PARAMS}
+    {
+        *ENV_KEYS,
+        *("mode", "mode_reason", "config_fingerprint"),
+        *MEASURED_PARAMS,
+        *foreign.MEASURED_PARAMS,
+    }
 )
 
 
@@ -415,6 +421,14 @@ class StepRecorder:
         """A cache skipped ``module`` (display name, ``model`` for the root) at this step."""
         self.checker.mark_cache_hit(module, side=self.side)
 
+    def mark_not_observable(self, tag: str, reason: str) -> None:
+        """This side's engine cannot expose ``tag`` at this step: ``skipped`` with ``reason``."""
+        self.checker.mark_not_observable(tag, reason)
+
+    def note(self, key: str, value: Any) -> None:
+        """Record a run param measured while driving (``summary["settings"]``, MLflow params)."""
+        self.checker.run_notes[key] = value
+
 
 def _clone_inputs(inputs: Any) -> Any:
     """A deep copy of every tensor leaf (detached), structure and other leaves kept."""
@@ -723,6 +737,7 @@ def run_parity(
         )
         if compiled is not None:  # torch.compile: backend, graph breaks, graphs (run params)
             settings.update(compiled.params())
+        settings.update(checker.run_notes)  # rec.note(...) of the drives
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]

@@ -404,6 +404,8 @@ class TensorChecker(SpillCounters):
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
+        #: Run params a drive recorded (``StepRecorder.note``), merged into the run's settings.
+        self.run_notes: dict[str, Any] = {}
         self._snap = Snapshotter()
         self._reset()
 
@@ -423,6 +425,7 @@ class TensorChecker(SpillCounters):
         self._frames: dict[tuple[int, int], list[tuple[int, list[_Group]]]] = {}
         self._stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self._cache_hits: set[tuple[str, int, int | None]] = set()
+        self._not_observable: dict[tuple[str, int], str] = {}
         self._eager_first: dict[bool, _Group] = {}
         self._pair_cache: dict[tuple, tuple] = {}
         self._snap.clear()
@@ -463,6 +466,20 @@ class TensorChecker(SpillCounters):
         if side is None and self._stack:
             side = self._stack[-1][0]
         self._cache_hits.add((module, self._step, side))
+
+    def mark_not_observable(self, tag: str, reason: str, step: int | None = None) -> None:
+        """Record that the candidate cannot expose ``tag``'s value (a compiled or foreign engine).
+
+        If no candidate tensor arrives for ``tag`` at that step, the tag is ``skipped`` with
+        ``reason`` as its message (not ``missing_candidate``): nothing was compared, and
+        nothing passes (``parity_tracker.adapters``).
+
+        Args:
+            tag: the reference's tag, e.g. ``checker_encoder.mid_block.attentions.0``.
+            reason: why the candidate cannot show it (shown in the row's message).
+            step: the step (default: the current step).
+        """
+        self._not_observable[(tag, self._step if step is None else int(step))] = reason
 
     # --------------------------------------------------------------- capture
     def register_tensor(
@@ -814,7 +831,9 @@ class TensorChecker(SpillCounters):
         )
         numel = None if shape is None else math.prod(shape)
         absent_sides = {ref_side} if absent == "reference" else (self._sides - {present}) or {1}
-        if self._cache_hit(g, absent_sides):
+        if absent == "candidate" and (g.tag, g.step) in self._not_observable:
+            status, message = "skipped", f"not observable: {self._not_observable[(g.tag, g.step)]}"
+        elif self._cache_hit(g, absent_sides):
             status = "skipped"
             message = (
                 f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "

@@ -293,7 +293,5 @@ def install_compiled(model: Any, checker: Any, handle: Any) -> None:
             )
 
     handle._handles.append(model.register_forward_pre_hook(begin, with_kwargs=True))
-    handle._handles.append(
-        model.register_forward_hook(replay, with_kwargs=True, always_call=True)
-    )
+    handle._handles.append(model.register_forward_hook(replay, with_kwargs=True, always_call=True))
     handle.module_names = [t[0] for t in table]
