@@ -258,6 +258,8 @@ def install_compiled(model: Any, checker: Any, handle: Any) -> None:
             continue
         i = len(table)
         table.append((module_display_name(raw, root), mod, own.get(id(mod), []), mod is orig))
+        if mod is orig:
+            continue  # the root's call is seen by the eager hooks of the OptimizedModule
 
         def tap_in(m, args, kwargs, _i=i):
             sink.append((_i, 0, _clone(args), _clone(kwargs)))
@@ -270,9 +272,10 @@ def install_compiled(model: Any, checker: Any, handle: Any) -> None:
 
     def begin(m, args, kwargs):
         sink.clear()
+        sink.append((0, 0, _clone(args), _clone(kwargs)))
 
     def replay(m, args, kwargs, output):
-        events, fired = list(sink), {e[0] for e in sink}
+        events, fired = [*sink, (0, 1, output)], {e[0] for e in sink}
         sink.clear()
         with suspended():
             for ev in events:
