@@ -12,10 +12,10 @@ from torch import nn
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from parity_tracker.adapters.foreign import NameMap, ProbedTag, register_values  # noqa: E402
-from parity_tracker.adapters.onnx import export, node_scopes, onnx_candidate  # noqa: E402
-from parity_tracker.compare import PASSING  # noqa: E402
-from parity_tracker.run import run_parity  # noqa: E402
+from parity_tracker.adapters.foreign import NameMap, ProbedTag, register_values
+from parity_tracker.adapters.onnx import export, node_scopes, onnx_candidate
+from parity_tracker.compare import PASSING
+from parity_tracker.run import run_parity
 
 pytestmark = pytest.mark.slow  # every test exports with torch.onnx (dynamo)
 
