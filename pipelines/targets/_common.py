@@ -255,7 +255,7 @@ ENGINES = ["torch", "onnxruntime"]
 ORT_OPTIMIZATIONS = ["disable_all", "enable_all"]
 
 
-def compile_candidate(candidate: torch.nn.Module, implementation: str) -> Any:
+def compile_candidate(candidate: torch.nn.Module, implementation: str, **options: Any) -> Any:
     """``torch.compile`` the candidate for ``implementation`` (``same``: returned unchanged).
 
     Raises:
@@ -265,7 +265,7 @@ def compile_candidate(candidate: torch.nn.Module, implementation: str) -> Any:
         return candidate
     from parity_tracker.adapters.compiled import compile_model
 
-    return compile_model(candidate, implementation)
+    return compile_model(candidate, implementation, **options)
 
 
 def engine_settings(

@@ -148,7 +148,9 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
     if cast is not None:
         candidate = candidate.to(cast)
     impl = chosen["implementation"]
-    candidate = _common.compile_candidate(candidate, impl)
+    # dynamic=True: one graph for the 8 prefix lengths (static shapes compile twice: the first
+    # length, then a dynamic graph when the second length arrives)
+    candidate = _common.compile_candidate(candidate, impl, dynamic=True)
     ids = token_ids()
     kv = chosen["cache"] == "kv"
     parts = (
