@@ -28,8 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parity_tracker.adapters import foreign
-from parity_tracker.adapters.compiled import MEASURED_PARAMS, CompileStats, is_compiled
+from parity_tracker.adapters import MEASURED_PARAMS
 from parity_tracker.compare import PASSING, STATUSES
 from parity_tracker.env import ENV_KEYS
 from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
@@ -46,7 +45,6 @@ NOT_FINGERPRINTED = frozenset(
         *ENV_KEYS,
         *("mode", "mode_reason", "config_fingerprint"),
         *MEASURED_PARAMS,
-        *foreign.MEASURED_PARAMS,
     }
 )
 
@@ -692,6 +690,7 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
+    from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture import root_name
     from parity_tracker.env import collect_environment
     from parity_tracker.store import parity_home

@@ -197,3 +197,30 @@ def test_register_values_marks_what_the_engine_did_not_return():
     assert list(rec.got) == ["checker_a"]
     assert rec.skipped == {"checker_b": "the engine returned no value named 'vb'", "checker_c": "x"}
     assert ProbedTag("t", "m", "output", "output", 0, 0, (1,), "torch.float32").shape == (1,)
+
+
+def test_vae_tiny_export_compares_every_leaf_module_the_exporter_keeps():
+    pytest.importorskip("diffusers")
+    pytest.importorskip("skimage")
+    from pipelines.targets import vae_tiny
+
+    reference = vae_tiny.make_model()
+    images = vae_tiny.photographs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = export(reference, (images,))
+        result = _run(reference, onnx_candidate(reference, [(images,)], proto))
+    rows = _rows(result)
+    kept = _kept_leaves(reference, proto)
+    leaves = {n for n, m in reference.named_modules() if n and not list(m.children())}
+    dropped = leaves - kept
+    # only identities lose their nodes: the dropouts (eval) and the attention's output dropout
+    assert {type(dict(reference.named_modules())[n]).__name__ for n in dropped} == {"Dropout"}
+    compared = {
+        r["module"] for r in rows.values() if r["kind"] == "output" and r["status"] in PASSING
+    } | {r["module"] for r in rows.values() if r["kind"] == "output" and r["status"] == "mismatch"}
+    assert kept <= compared
+    assert len(compared & leaves) >= len(kept)
+    assert not [r for r in rows.values() if r["status"].startswith("missing")]
+    # the decoded images agree within float32 rounding of the reference (|x| <= ~1)
+    assert rows["checker_model_output_sample"]["max_abs_diff"] < 1e-4

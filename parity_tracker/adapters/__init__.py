@@ -10,3 +10,18 @@
 
 Importing this package imports neither ``torch._dynamo`` nor onnx/onnxruntime.
 """
+
+#: Run params measured per run, not configuration: kept out of the config fingerprint
+#: (``parity_tracker.run.NOT_FINGERPRINTED``). Compiled: graph breaks, graphs compiled, whether
+#: stale compiled code was discarded; foreign: tags mapped / not observable, the label of the
+#: module values, and whether observing (marking outputs) changed the model outputs.
+MEASURED_PARAMS = (
+    "compile_graph_breaks",
+    "compile_graphs",
+    "compile_recompiled",
+    "foreign_tags_mapped",
+    "foreign_tags_not_observable",
+    "foreign_module_values",
+    "observing_changed_result",
+    "observing_max_abs_diff",
+)

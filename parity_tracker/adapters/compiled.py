@@ -50,8 +50,6 @@ from parity_tracker.errors import InputError
 #: Values of the ``implementation`` setting that compile the candidate: the ``torch.compile``
 #: backend of each (``eager``: Dynamo's capture only, the backend sanity check).
 IMPLEMENTATIONS = {"inductor": "inductor", "eager": "eager", "aot_eager": "aot_eager"}
-#: Run params measured per run (not configuration): kept out of the config fingerprint.
-MEASURED_PARAMS = ("compile_graph_breaks", "compile_graphs", "compile_recompiled")
 
 
 def is_compiled(model: Any) -> bool:

@@ -28,15 +28,6 @@ from typing import Any, Protocol
 
 import torch
 
-#: Run params a foreign candidate measures (kept out of the configuration fingerprint).
-MEASURED_PARAMS = (
-    "foreign_tags_mapped",
-    "foreign_tags_not_observable",
-    "foreign_module_values",
-    "observing_changed_result",
-    "observing_max_abs_diff",
-)
-
 
 @dataclass(frozen=True)
 class ProbedTag:

@@ -217,7 +217,10 @@ def build_name_map(model: Any, probed: Sequence[ProbedTag], root: str = "model")
                 nmap.values[p.tag] = qname
                 nmap.weights.add(p.tag)
             else:
-                nmap.not_observable[p.tag] = "the exporter kept no initializer of this name"
+                nmap.not_observable[p.tag] = (
+                    f"the exporter kept no initializer named {qname!r} (folded, transposed or "
+                    "cast into another constant)"
+                )
             continue
         groups.setdefault((p.module, p.kind, p.call_index), []).append(p)
     graph_in = [i.name for i in g.input if i.name not in inits]
