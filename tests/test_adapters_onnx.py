@@ -224,3 +224,33 @@ def test_vae_tiny_export_compares_every_leaf_module_the_exporter_keeps():
     assert not [r for r in rows.values() if r["status"].startswith("missing")]
     # the decoded images agree within float32 rounding of the reference (|x| <= ~1)
     assert rows["checker_model_output_sample"]["max_abs_diff"] < 1e-4
+
+
+def test_exported_program_of_a_users_model(net):
+    model, x, _ = net
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, (x,))
+        result = _run(model, onnx_candidate(model, [(x,)], program))
+    assert result.passed
+    assert _rows(result)["checker_gelu"]["status"] in PASSING
+
+
+def test_observing_that_changes_the_outputs_is_reported(net):
+    model, x, proto = net
+    cand = onnx_candidate(model, [(x,)], proto)
+    marked = cand.engine.marked
+
+    class Shifted:  # a marked graph whose outputs moved by 1e-3 (what a blocked fusion can do)
+        def run(self, names, feeds):
+            values = marked.run(names, feeds)
+            out = set(cand.engine.outputs)
+            return [v + np.float32(1e-3) if n in out else v for n, v in zip(names, values)]
+
+    cand.engine.marked = Shifted()
+    with pytest.warns(UserWarning, match="observing changed the result"):
+        result = _run(model, cand)
+    assert result.settings["observing_changed_result"] is True
+    assert result.settings["observing_max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    # the verdict on the model output is the deployed graph's, which did not move
+    assert _rows(result)["checker_model"]["status"] in PASSING
