@@ -245,7 +245,8 @@ def test_observing_that_changes_the_outputs_is_reported(net):
         def run(self, names, feeds):
             values = marked.run(names, feeds)
             out = set(cand.engine.outputs)
-            return [v + np.float32(1e-3) if n in out else v for n, v in zip(names, values)]
+            pairs = zip(names, values, strict=True)
+            return [v + np.float32(1e-3) if n in out else v for n, v in pairs]
 
     cand.engine.marked = Shifted()
     with pytest.warns(UserWarning, match="observing changed the result"):
