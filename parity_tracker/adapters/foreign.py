@@ -54,30 +54,66 @@ class ProbedTag:
     dtype: str | None
 
 
+class _ProbeRecorder:
+    """The ``rec`` a drive gets during :func:`probe_reference`: steps and manual tags, side 0."""
+
+    def __init__(self, checker: Any) -> None:
+        self.checker = checker
+
+    @property
+    def step(self) -> int:
+        return self.checker.step
+
+    def __call__(self, step: int) -> _ProbeRecorder:
+        self.checker.step = int(step)
+        return self
+
+    def __enter__(self) -> _ProbeRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def register(self, tag: str, tensor: Any) -> None:
+        self.checker.register_tensor(tag, tensor, side=0)
+
+    def mark_cache_hit(self, module: str) -> None:
+        self.checker.mark_cache_hit(module, side=0)
+
+    def mark_not_observable(self, tag: str, reason: str) -> None:
+        return None
+
+    def note(self, key: str, value: Any) -> None:
+        return None
+
+
 def probe_reference(reference: torch.nn.Module, drive: Callable[..., Any]) -> list[ProbedTag]:
     """Run ``reference`` once under ``drive`` with the checker's hooks; list its tags in order.
 
     Args:
-        reference: the reference module (run in eval mode, under ``torch.no_grad()``).
+        reference: the reference module (run in eval mode, restored after, under
+            ``torch.no_grad()``).
         drive: ``drive(model, rec)`` as in ``run_parity`` (``rec(k)`` sets the step).
 
     Returns:
         One :class:`ProbedTag` per tag and step, in registration order.
     """
-    from parity_tracker.run import StepRecorder, _eval_mode
     from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
     checker = TensorChecker(verbose=False)
-    with _eval_mode(reference), torch.no_grad():
-        with module_register_tensor_checker(reference, checker, side=0):
-            drive(reference, StepRecorder(checker, 0))
-        probed = []
-        for g in checker._groups.values():
-            cap = g.captures[0]
-            shape, dtype, _ = cap.meta or (None, None, None)
-            probed.append(
-                ProbedTag(g.tag, g.module, g.kind, g.slot, g.call_index, g.step, shape, dtype)
-            )
+    flags = [(m, m.training) for m in reference.modules()]
+    reference.eval()
+    try:
+        with torch.no_grad(), module_register_tensor_checker(reference, checker, side=0):
+            drive(reference, _ProbeRecorder(checker))
+    finally:
+        for m, flag in flags:
+            m.training = flag
+    probed = []
+    for g in checker._groups.values():
+        shape, dtype, _ = g.captures[0].meta or (None, None, None)
+        where = (g.module, g.kind, g.slot, g.call_index, g.step)
+        probed.append(ProbedTag(g.tag, *where, shape, dtype))
     checker.clear()
     return probed
 
