@@ -193,3 +193,19 @@ def test_inductor_copy_is_close_module_by_module():
         want = ref(x).numpy()
     diff = rows["checker_model"]["max_abs_diff"]
     assert diff <= 1e-5 * (1 + np.abs(want).max())
+
+
+def test_a_raising_compiled_forward_keeps_what_ran_before():
+    ref, cand, x = _pair()
+
+    def boom(module, args, output):
+        raise RuntimeError("engine failure in head")
+
+    cand.head.register_forward_hook(boom)  # present at compile time: traced, raises at run
+    result = run_parity(ref, torch.compile(cand, backend="eager"), (x,), dump_mode="not")
+    assert result.status == "failed"
+    assert "engine failure in head" in result.error["message"]
+    rows = _rows(result)
+    assert rows["checker_block.norm"]["status"] == "equal"  # captured before the failure
+    assert rows["checker_model"]["status"] == "missing_candidate"
+    assert not result.passed

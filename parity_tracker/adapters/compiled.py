@@ -185,14 +185,17 @@ def _on_cpu(model: Any) -> bool:
 def _clone(obj: Any) -> Any:
     """Clone every tensor of a tuple/list/dict structure (traceable by Dynamo).
 
-    Dict subclasses (Hugging Face ``ModelOutput``) come back as plain dicts with the same keys
-    in the same order: their tags are the same as the reference's dataclass flattening gives
-    for every field that holds a value.
+    Named tuples come back as plain tuples (the capture keys both by index). Dict subclasses
+    (Hugging Face ``ModelOutput``) come back as plain dicts with the same keys in the same
+    order: their tags are the same as the reference's dataclass flattening gives for every
+    field that holds a value.
     """
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_clone(v) for v in obj) if type(obj) in (tuple, list) else obj
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    if isinstance(obj, tuple):  # named tuples too: captured by index, as plain tuples are
+        return tuple(_clone(v) for v in obj)
     if isinstance(obj, dict):
         return {k: _clone(v) for k, v in obj.items()}
     return obj
@@ -272,8 +275,11 @@ def install_compiled(model: Any, checker: Any, handle: Any) -> None:
         sink.clear()
         sink.append((0, 0, _clone(args), _clone(kwargs)))
 
+    def end(m, args, kwargs, output):  # not called when the forward raised
+        sink.append((0, 1, output))
+
     def replay(m, args, kwargs, output):
-        events, fired = [*sink, (0, 1, output)], {e[0] for e in sink}
+        events, fired = list(sink), {e[0] for e in sink}
         sink.clear()
         with suspended():
             for ev in events:
@@ -294,5 +300,6 @@ def install_compiled(model: Any, checker: Any, handle: Any) -> None:
             )
 
     handle._handles.append(model.register_forward_pre_hook(begin, with_kwargs=True))
+    handle._handles.append(model.register_forward_hook(end, with_kwargs=True))
     handle._handles.append(model.register_forward_hook(replay, with_kwargs=True, always_call=True))
     handle.module_names = [t[0] for t in table]
