@@ -41,6 +41,9 @@ SETTINGS: dict[str, list[str]] = {
     "cache": ["off", "kv"],
     "attention": ["eager", "sdpa"],
     "quantization": ["none", "bf16"],
+    "implementation": _common.IMPLEMENTATIONS,
+    "candidate": _common.ENGINES,
+    "ort_optimization": _common.ORT_OPTIMIZATIONS,
 }
 
 #: The opening of Lewis Carroll's *Alice's Adventures in Wonderland* (1865, public domain).
@@ -133,26 +136,37 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         InputError: an unknown setting or value.
     """
     chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    onnx, record = _common.engine_settings(
+        NAME, chosen, cache="off", attention="eager", quantization="none", implementation="same"
+    )
     reference = make_model()
+    if onnx:
+        return _onnx_case(reference, chosen, record)
     candidate = _common.frozen_copy(reference)
     if chosen["attention"] != "eager":
         candidate.set_attn_implementation(chosen["attention"])
     cast = _common.CAST_DTYPES.get(chosen["quantization"])
     if cast is not None:
         candidate = candidate.to(cast)
+    impl = chosen["implementation"]
+    # dynamic=True: one graph for the 8 prefix lengths (static shapes compile twice: the first
+    # length, then a dynamic graph when the second length arrives)
+    candidate = _common.compile_candidate(candidate, impl, dynamic=True)
     ids = token_ids()
     kv = chosen["cache"] == "kv"
     parts = (
         [chosen["attention"]]
         + (["kv-cache"] if kv else [])
         + ([chosen["quantization"]] * bool(cast))
+        + ([f"compile-{impl}"] if impl != "same" else [])
     )
+    kernels = [chosen["attention"]] * (chosen["attention"] != "eager") + [impl] * (impl != "same")
     recorded = _common.recorded_settings(
         NAME,
-        chosen,
+        record,
         candidate="+".join(parts) if parts != ["eager"] else "copy",
         dtype=str(cast or torch.float32).removeprefix("torch."),
-        implementation="same" if chosen["attention"] == "eager" else chosen["attention"],
+        implementation="+".join(kernels) or "same",
     )
     return ParityCase(
         reference=reference,
@@ -166,4 +180,40 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
             + ("; kv steps aligned to the recompute's last position" if kv else "")
         ),
         align=_common.sequence_align if kv else None,
+    )
+
+
+def _onnx_case(reference: torch.nn.Module, chosen: dict, record: dict) -> ParityCase:
+    """``candidate=onnxruntime``: the full recompute exported with a dynamic sequence length.
+
+    Both sides run ``model(input_ids)`` on the growing prefix with ``use_cache=False`` (no
+    cache object crosses the export; the KV-cache path is not exported), one step per length.
+    """
+    from torch.export import Dim
+
+    from parity_tracker.adapters.foreign import ForeignCandidate
+    from parity_tracker.adapters.onnx import export, onnx_candidate
+
+    reference.config.use_cache = False
+    ids = token_ids()
+    steps = [(ids[:, : PROMPT_LEN + k],) for k in range(STEPS)]
+    seq = Dim("seq", min=2, max=reference.config.max_position_embeddings)
+    proto = export(reference, steps[0], dynamic_shapes=({1: seq},))
+    cand: ForeignCandidate = onnx_candidate(
+        reference, steps, proto, ort_optimization=chosen["ort_optimization"]
+    )
+    return ParityCase(
+        reference=reference,
+        candidate=cand,
+        drive=cand.reference_drive,
+        candidate_drive=cand.drive,
+        settings=_common.recorded_settings(
+            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
+        ),
+        notes=(
+            f"full recompute of {STEPS} growing prefixes (use_cache=False) exported with a "
+            "dynamic sequence length, run in onnxruntime (CPU, 1 thread, "
+            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
+            "graph are diagnostic, the output verdict is the deployed graph's"
+        ),
     )
