@@ -71,6 +71,7 @@ from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode,
     _pop_mode_temporarily,
+    is_traceable_wrapper_subclass,
 )
 
 from parity_tracker.compare import PASSING, Comparison, compare_tensors
@@ -187,11 +188,21 @@ def _capturable(t: Any) -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor)."""
-    if not _capturable(t):
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor).
+
+    A wrapper tensor subclass (``DTensor``, ...) has no storage of its own (touching it raises
+    "invalid python storage"): 0, and its captures are private copies (:func:`_own`).
+    """
+    if not _capturable(t) or is_traceable_wrapper_subclass(t):
         return 0
     storage = t.untyped_storage()
     return storage.data_ptr() if storage.nbytes() else 0
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached; a private copy for a wrapper subclass, which copy-on-write cannot track."""
+    t = t.detach()
+    return t.clone() if is_traceable_wrapper_subclass(t) else t
 
 
 def _span(t: torch.Tensor) -> int:
@@ -209,6 +220,22 @@ def _flat_span(t: torch.Tensor) -> torch.Tensor:
 # The capture store: resident budget, spill to disk, copy-on-write
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor | None:
+    """A plain tensor for ``t`` (``parity_tracker.convert``: DTensor → ``full_tensor()``)."""
+    if not is_traceable_wrapper_subclass(t):
+        return t
+    from parity_tracker.convert import to_tensor
+
+    return to_tensor(t).tensor
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
+    if is_traceable_wrapper_subclass(t):
+        return t.numel() * t.element_size()
+    return t.untyped_storage().nbytes()
+
+
 class _Held:
     """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
 
@@ -223,7 +250,7 @@ class _Held:
         self.spilled: Spilled | None = None
         self.size, self.stride = tuple(tensor.shape), tensor.stride()
         self.dtype, self.device = tensor.dtype, tensor.device
-        self.nbytes = tensor.untyped_storage().nbytes() if counted else 0
+        self.nbytes = _nbytes(tensor) if counted else 0
 
     def get(self) -> torch.Tensor:
         """The tensor, read back memory-mapped if it was spilled."""
@@ -249,7 +276,8 @@ class _Store:
 
     def hold(self, tensor: torch.Tensor, *, counted: bool = True) -> _Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled)."""
-        h = _Held(next(self._ids), tensor, counted)
+        # a wrapper subclass (DTensor) is never spilled: kept resident, outside the budget
+        h = _Held(next(self._ids), tensor, counted and not is_traceable_wrapper_subclass(tensor))
         self._index(h)
         if counted:
             self._admit(h)
@@ -261,13 +289,13 @@ class _Store:
 
     def _index(self, h: _Held) -> None:
         assert h.tensor is not None
-        if h.tensor.untyped_storage().nbytes():
-            self._by_ptr.setdefault(h.tensor.untyped_storage().data_ptr(), []).append(h)
+        if _ptr(h.tensor):
+            self._by_ptr.setdefault(_ptr(h.tensor), []).append(h)
 
     def _unindex(self, h: _Held) -> None:
-        if h.tensor is None or not h.tensor.untyped_storage().nbytes():
+        if h.tensor is None or not _ptr(h.tensor):
             return
-        ptr = h.tensor.untyped_storage().data_ptr()
+        ptr = _ptr(h.tensor)
         lst = self._by_ptr.get(ptr)
         if lst is not None:
             with contextlib.suppress(ValueError):
@@ -284,9 +312,9 @@ class _Store:
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
-        if not isinstance(tensor, torch.Tensor) or not _capturable(tensor):
+        if not isinstance(tensor, torch.Tensor) or not _ptr(tensor):
             return
-        holders = self._by_ptr.pop(tensor.untyped_storage().data_ptr(), None)
+        holders = self._by_ptr.pop(_ptr(tensor), None)
         for h in holders or ():
             assert h.tensor is not None
             copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
@@ -384,20 +412,44 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _is_suspended():
+        session = self.side.session
+        if _is_suspended() or session.capture_error:
             return func(*args, **kwargs)
-        info = _op_info(func)
-        before = None
-        if info.written_args:
-            # Describe (and pin) the inputs before the write, then copy-on-write every held
-            # tensor the op is about to overwrite, so inputs keep their pre-write values.
-            before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
-            for pos, name in info.written_args:
-                target = args[pos] if pos < len(args) else kwargs.get(name)
-                self.side.store.before_write(target)
+        try:
+            info = _op_info(func)
+            before = None
+            if info.written_args:
+                # Describe (and pin) the inputs before the write, then copy-on-write every held
+                # tensor the op is about to overwrite, so inputs keep their pre-write values.
+                before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
+                for pos, name in info.written_args:
+                    target = args[pos] if pos < len(args) else kwargs.get(name)
+                    self.side.store.before_write(target)
+        except Exception as exc:  # the recorder's own failure never fails the forward
+            session._fail(exc)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self.side.on_op(info, args, kwargs, out, before)
+        _guard(session, self.side.on_op)(info, args, kwargs, out, before)
         return out
+
+
+def _guard(session: OpSession, fn: Callable[..., Any]) -> Callable[..., None]:
+    """``fn`` made harmless: skipped once op capture failed, its exception recorded, not raised.
+
+    Op capture must never turn its own failure into "the forward raised": the forward runs on,
+    and the ops rows it could not record become ``error`` (``OpSession.capture_error``).
+    """
+
+    def guarded(*args: Any) -> None:
+        if session.capture_error:
+            return None
+        try:
+            fn(*args)
+        except Exception as exc:
+            session._fail(exc)
+        return None
+
+    return guarded
 
 
 class _Side:
@@ -509,11 +561,10 @@ class _Side:
         seq = next(self.seq)
         held = []
         for i, t in new:
-            t = t.detach()
+            t = _own(t)
             held.append((i, self.store.hold(t), t.storage_offset()))
-            if t.untyped_storage().nbytes():
-                ptr = t.untyped_storage().data_ptr()
-                self.producers[ptr] = (seq, i, t.storage_offset())
+            if _ptr(t):
+                self.producers[_ptr(t)] = (seq, i, t.storage_offset())
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
         frame.events.append(_Event(seq, info.name, k, held, inputs))
@@ -521,8 +572,8 @@ class _Side:
     def describe(self, t: torch.Tensor) -> _In:
         """Where an op input comes from (producer or external) and its layout; pins it."""
         src, rel = None, 0
-        if _capturable(t) and t.untyped_storage().nbytes():
-            prod = self.producers.get(t.untyped_storage().data_ptr())
+        if _ptr(t):
+            prod = self.producers.get(_ptr(t))
             if prod is not None:
                 src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
         d = _In(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
@@ -533,7 +584,7 @@ class _Side:
             # parameter/buffer of the model or a storage a counted capture already holds.
             ptr = _ptr(t)
             counted = ptr not in self.session._params[self.index] and not self.store.counts(ptr)
-            d.held = self.store.hold(t.detach(), counted=counted)
+            d.held = self.store.hold(_own(t), counted=counted)
         return d
 
     def manual(self, tag: str, tensor: torch.Tensor) -> _Event:
@@ -620,6 +671,13 @@ class OpSession(SpillCounters):
         self._recorded: set[int] = set()
         self._finalized = False
         self._side: _Side | None = None
+        #: ``"Type: message"`` of the op recorder's own first failure, else None.
+        self.capture_error: str | None = None
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the op recorder's own failure; recording stops, the forward goes on."""
+        if self.capture_error is None:
+            self.capture_error = f"{type(exc).__name__}: {exc}"[:500]
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -642,17 +700,22 @@ class OpSession(SpillCounters):
                 f"recording(side={side}): record the reference (0) once, then the candidate (1)"
             )
         self._recorded.add(side)
-        state = _Side(self, side, model)
+        try:
+            state = _Side(self, side, model)
+        except Exception as exc:  # the recorder's own failure never fails the forward
+            self._fail(exc)
+            yield self
+            return
         self._side = state
-        pre = register_module_forward_pre_hook(state.pre_hook)
-        post = register_module_forward_hook(state.post_hook, always_call=True)
+        pre = register_module_forward_pre_hook(_guard(self, state.pre_hook))
+        post = register_module_forward_hook(_guard(self, state.post_hook), always_call=True)
         try:
             with _Recorder(state):
                 yield self
         finally:
             pre.remove()
             post.remove()
-            state.finish()
+            _guard(self, state.finish)()
             self._side = None
 
     def record_manual(self, side: int, tag: str, tensor: torch.Tensor) -> None:
@@ -743,6 +806,22 @@ class OpSession(SpillCounters):
         self._rows.sort(key=self._order_key())
         for i, r in enumerate(self._rows):
             r["exec_order"] = i
+        if self.capture_error:
+            self._mark_capture_error()
+
+    def _mark_capture_error(self) -> None:
+        """Rows op capture could not record become ``error`` naming the failure (never a pass)."""
+        note = f"op capture failed ({self.capture_error}), so this op was not recorded"
+        marked = False
+        for r in self._rows:
+            if r["status"] in ("missing_reference", "missing_candidate"):
+                r["status"], marked = "error", True
+                r["message"] = f"{note}; {r.get('message') or ''}".rstrip("; ")
+        if not marked:
+            self._rows.append(
+                {"tag": "op_capture", "kind": "op", "status": "error", "mode": self.mode,
+                 "message": note, "exec_order": len(self._rows), "root_cause": False}
+            )  # fmt: skip
 
     def _order_key(self) -> Callable[[dict[str, Any]], tuple[int, int, int, int]]:
         """Sort key: execution order in candidate time.
@@ -953,9 +1032,13 @@ class OpSession(SpillCounters):
         A dtype difference alone is layout (case B) evidence, not a value difference, so both
         are first cast to their promoted dtype.
         """
-        if ref_t.device != cand_t.device:
-            ref_t = ref_t.to(cand_t.device)
         with suspended():
+            if is_traceable_wrapper_subclass(ref_t) or is_traceable_wrapper_subclass(cand_t):
+                ref_t, cand_t = _dense(ref_t), _dense(cand_t)  # DTensor: its full tensor
+                if ref_t is None or cand_t is None:
+                    return "unknown"
+            if ref_t.device != cand_t.device:
+                ref_t = ref_t.to(cand_t.device)
             return self._verdict(ref_t, cand_t)
 
     def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
@@ -995,6 +1078,9 @@ class OpSession(SpillCounters):
             if i != rd.src[1]:
                 continue
             base = h.get()
+            if is_traceable_wrapper_subclass(base):  # no storage to view: the whole output only
+                same = rd.rel_off == 0 and tuple(base.shape) == tuple(rd.shape)
+                return base if same and base.stride() == tuple(rd.stride) else None
             offset = base.storage_offset() + rd.rel_off
             need = 1 + sum((s - 1) * st for s, st in zip(rd.shape, rd.stride, strict=True))
             if offset < 0 or (
