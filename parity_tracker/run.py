@@ -764,4 +764,11 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
         "align": case.align,
     }
     kw.update(kwargs)
+    from parity_tracker.distributed.launch import ShardedCandidate
+
+    if isinstance(case.candidate, ShardedCandidate):  # ranks spawned, merged here
+        from parity_tracker.distributed.launch import launch
+
+        kw.pop("candidate_drive", None)
+        return launch(case.reference, case.candidate, case.inputs, **kw)
     return run_parity(case.reference, case.candidate, case.inputs, **kw)

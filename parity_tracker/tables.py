@@ -64,7 +64,14 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("local_max_abs_diff", _F64),
 )
 
-MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
+MODULES_SCHEMA = pa.schema(
+    [
+        *COMMON_FIELDS,
+        # sharded runs (parity_tracker.distributed): the ranks whose part differs, [] when all
+        # agree, null when not sharded or no rank can be named (a partial sum)
+        pa.field("ranks", pa.list_(_I32)),
+    ]
+)
 
 OPS_SCHEMA = pa.schema(
     [

@@ -1,0 +1,148 @@
+"""A small tensor-parallel example: a two-block MLP model, sharded three ways.
+
+- :func:`build_dtensor`: ``parallelize_module`` with ``ColwiseParallel`` (``up``) and
+  ``RowwiseParallel`` (``down``) on a one-dimensional ``DeviceMesh``: DTensor weights.
+- :func:`build_megatron`: the same arithmetic with plain per-rank tensors (Megatron-style):
+  rank ``r`` holds rows ``r`` of ``up`` and columns ``r`` of ``down``, the row-parallel partial
+  sums all-reduced by hand. Nothing is a DTensor: placements are inferred or declared.
+- ``nudge_rank``: rank ``nudge_rank``'s shard of ``blocks.0.up.weight`` gets ``+nudge``
+  (a bug on one rank only).
+
+Run ``python -m parity_tracker.examples.tp_mlp`` for a tp2 check (gloo, 2 processes).
+The builders are module-level functions, so ``functools.partial`` of them pickles into the
+spawned ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from torch import nn
+
+HIDDEN, INNER, SEED = 16, 32, 0
+
+
+class Block(nn.Module):
+    """``x + down(gelu(up(norm(x))))``."""
+
+    def __init__(self, hidden: int = HIDDEN, inner: int = INNER) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, inner)
+        self.down = nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TinyMLP(nn.Module):
+    """Two :class:`Block` s and a head; input ``(batch, seq, HIDDEN)`` float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(HIDDEN, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make_reference(seed: int = SEED) -> TinyMLP:
+    """The reference, seeded so that every process builds the same weights."""
+    torch.manual_seed(seed)
+    return TinyMLP().eval()
+
+
+def make_inputs(seed: int = 1) -> tuple[torch.Tensor]:
+    """``(x,)`` with x ``(2, 5, HIDDEN)`` float32, seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 5, HIDDEN, generator=g),)
+
+
+def _nudge(model: nn.Module, rank: int, nudge_rank: int | None, nudge: float) -> None:
+    if nudge_rank is not None and rank == nudge_rank:
+        w = model.blocks[0].up.weight
+        local = w.to_local() if hasattr(w, "to_local") else w
+        with torch.no_grad():
+            local[0, 0] += nudge
+
+
+def build_dtensor(
+    rank: int, world_size: int, nudge_rank: int | None = None, nudge: float = 1e-3
+) -> nn.Module:
+    """This rank's candidate: the reference parallelised with Colwise/RowwiseParallel."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = make_reference()
+    mesh = init_device_mesh("cpu", (world_size,))
+    plan = {}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.up"] = ColwiseParallel()
+        plan[f"blocks.{i}.down"] = RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+    _nudge(model, rank, nudge_rank, nudge)
+    return model
+
+
+class _AllReduce(nn.Module):
+    """Sums the row-parallel partial outputs across ranks (Megatron's ``g`` operator)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(x)
+        return x
+
+
+class MegatronBlock(nn.Module):
+    """A :class:`Block` holding plain per-rank shards: ``up`` column-, ``down`` row-parallel."""
+
+    def __init__(self, full: Block, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.norm = copy.deepcopy(full.norm)
+        cols = full.up.out_features // world_size
+        sl = slice(rank * cols, (rank + 1) * cols)
+        self.up = nn.Linear(full.up.in_features, cols)
+        self.down = nn.Linear(cols, full.down.out_features, bias=False)
+        with torch.no_grad():
+            self.up.weight.copy_(full.up.weight[sl])
+            self.up.bias.copy_(full.up.bias[sl])
+            self.down.weight.copy_(full.down.weight[:, sl])
+        self.down_bias = nn.Parameter(full.down.bias.detach().clone())
+        self.reduce = _AllReduce()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        return x + self.reduce(h) + self.down_bias
+
+
+def build_megatron(rank: int, world_size: int, nudge_rank: int | None = None) -> nn.Module:
+    """This rank's Megatron-style candidate (plain tensors; ``down``'s output is partial)."""
+    ref = make_reference()
+    model = make_reference()
+    model.blocks = nn.ModuleList([MegatronBlock(b, rank, world_size) for b in ref.blocks])
+    _nudge(model, rank, nudge_rank, 1e-3)
+    return model
+
+
+def main() -> int:
+    """tp2 on gloo: print the verdict; exit 0 when parity holds."""
+    from parity_tracker.distributed import ShardedCandidate, launch
+
+    cand = ShardedCandidate(functools.partial(build_dtensor), world_size=2, timeout_s=60)
+    result = launch(make_reference(), cand, make_inputs(), environment={}, dump_mode="not")
+    print(result.summary["counts"], result.summary["distributed"]["placements"])
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
