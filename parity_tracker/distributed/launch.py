@@ -22,6 +22,7 @@ writes what it captured and its error, and the merge turns a rank error into a F
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -139,10 +140,8 @@ def _rank_main(
     finally:
         write_rank(out_dir, rank, recorder, error)
         if dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):  # a broken group after a timeout
                 dist.destroy_process_group()
-            except Exception:  # noqa: S110 - a broken group after a timeout; the rank is done
-                pass
 
 
 def _wait(processes: list[Any], deadline: float) -> None:
@@ -179,8 +178,9 @@ def launch(
     settings: Mapping[str, Any] | None = None,
     **run_kwargs: Any,
 ) -> Any:
-    """Run a sharded candidate across ``candidate.world_size`` spawned ranks against
-    ``reference`` (run once, unsharded, in this process); one ``RunResult``.
+    """Run a sharded candidate on spawned ranks against one unsharded reference run.
+
+    The reference runs once, unsharded, in this process; the result is one ``RunResult``.
 
     Args:
         reference: the unsharded reference model.

@@ -197,11 +197,15 @@ def _annotate(row: dict[str, Any], facts: MergeFacts, world_size: int) -> None:
 
 
 def _rank_error(files: list[RankFiles]) -> dict[str, Any] | None:
-    """The first rank error, as ``summary["error"]`` (with its ``rank``), or None."""
-    for f in files:
-        if f.error:
-            return dict(f.error)
-    return None
+    """The earliest rank error, as ``summary["error"]`` (with its ``rank``), or None.
+
+    Earliest by wall clock: the rank that raised first, not the ranks whose collectives then
+    timed out waiting for it. A rank that wrote nothing comes last.
+    """
+    errors = [f.error for f in files if f.error]
+    if not errors:
+        return None
+    return dict(min(errors, key=lambda e: e.get("time") or float("inf")))
 
 
 def finish(

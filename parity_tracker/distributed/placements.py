@@ -40,8 +40,7 @@ _SPEC = re.compile(r"^\s*(shard)\s*\(\s*(-?\d+)\s*\)\s*$|^\s*(replicate)\s*$|"
 
 
 class AmbiguousPlacement(InputError):
-    """Per-rank shapes that do not determine how to unshard a tag; the message says what to
-    declare."""
+    """Per-rank shapes that do not say how to unshard a tag; the message asks to declare it."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,7 @@ def parse_declared(placements: Mapping[str, str] | None) -> dict[str, Placement]
 
 
 def _tag_names(tag: str, module: str | None) -> list[str]:
-    """The names a declared glob is matched against: the tag with and without ``checker_``,
-    and the module of an output tag (``*.q_proj`` matches q_proj's output)."""
+    """The names a declared glob is matched against (see ``match_declared``)."""
     bare = tag.removeprefix(TAG_PREFIX)
     names = [tag, bare]
     if module is not None and bare.split("@", 1)[0] == module:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -167,14 +168,14 @@ class ShardRecorder:
 
 
 def error_record(exc: BaseException, rank: int) -> dict[str, Any]:
-    """``{type, message, traceback, side, rank}`` of a rank's exception (``run._error_record``
-    plus the rank)."""
+    """The error record of a rank's exception: type, message, traceback, side and rank."""
     return {
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         "side": "candidate",
         "rank": rank,
+        "time": time.time(),
     }
 
 

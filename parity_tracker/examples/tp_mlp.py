@@ -34,6 +34,7 @@ class Block(nn.Module):
         self.down = nn.Linear(inner, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., hidden)`` to ``(..., hidden)``."""
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
@@ -46,6 +47,7 @@ class TinyMLP(nn.Module):
         self.head = nn.Linear(HIDDEN, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq, HIDDEN)`` to ``(batch, seq, 8)``."""
         for block in self.blocks:
             x = block(x)
         return self.head(x)
@@ -71,10 +73,21 @@ def _nudge(model: nn.Module, rank: int, nudge_rank: int | None, nudge: float) ->
             local[0, 0] += nudge
 
 
+def _raise(*_: object) -> None:
+    raise RuntimeError("injected failure in blocks.1")
+
+
 def build_dtensor(
-    rank: int, world_size: int, nudge_rank: int | None = None, nudge: float = 1e-3
+    rank: int,
+    world_size: int,
+    nudge_rank: int | None = None,
+    nudge: float = 1e-3,
+    fail_rank: int | None = None,
 ) -> nn.Module:
-    """This rank's candidate: the reference parallelised with Colwise/RowwiseParallel."""
+    """This rank's candidate: the reference parallelised with Colwise/RowwiseParallel.
+
+    ``fail_rank``: that rank's ``blocks.1`` raises ``RuntimeError`` when called.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -90,6 +103,8 @@ def build_dtensor(
         plan[f"blocks.{i}.down"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
     _nudge(model, rank, nudge_rank, nudge)
+    if rank == fail_rank:
+        model.blocks[1].register_forward_pre_hook(_raise)
     return model
 
 
@@ -104,7 +119,10 @@ class _AllReduce(nn.Module):
 
 
 class MegatronBlock(nn.Module):
-    """A :class:`Block` holding plain per-rank shards: ``up`` column-, ``down`` row-parallel."""
+    """A :class:`Block` holding plain per-rank shards: ``up`` column-, ``down`` row-parallel.
+
+    Requires ``world_size`` to divide ``up.out_features``.
+    """
 
     def __init__(self, full: Block, rank: int, world_size: int) -> None:
         super().__init__()
@@ -112,21 +130,28 @@ class MegatronBlock(nn.Module):
         cols = full.up.out_features // world_size
         sl = slice(rank * cols, (rank + 1) * cols)
         self.up = nn.Linear(full.up.in_features, cols)
-        self.down = nn.Linear(cols, full.down.out_features, bias=False)
+        self.down = nn.Linear(cols, full.down.out_features)
         with torch.no_grad():
             self.up.weight.copy_(full.up.weight[sl])
             self.up.bias.copy_(full.up.bias[sl])
             self.down.weight.copy_(full.down.weight[:, sl])
-        self.down_bias = nn.Parameter(full.down.bias.detach().clone())
+            # the bias is a partial term too: rank 0 adds it, the others add zeros
+            self.down.bias.copy_(full.down.bias if rank == 0 else torch.zeros_like(full.down.bias))
         self.reduce = _AllReduce()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As :class:`Block`, with this rank's shards and one all-reduce."""
         h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-        return x + self.reduce(h) + self.down_bias
+        return x + self.reduce(h)
 
 
 def build_megatron(rank: int, world_size: int, nudge_rank: int | None = None) -> nn.Module:
-    """This rank's Megatron-style candidate (plain tensors; ``down``'s output is partial)."""
+    """This rank's Megatron-style candidate (plain tensors).
+
+    ``down``'s output and bias are partial terms (declare them ``partial``); the rest is
+    inferred: ``up`` column-parallel (weight ``shard(0)``, output ``shard(-1)``), ``down``
+    row-parallel (weight ``shard(1)``, input ``shard(-1)``).
+    """
     ref = make_reference()
     model = make_reference()
     model.blocks = nn.ModuleList([MegatronBlock(b, rank, world_size) for b in ref.blocks])
