@@ -168,10 +168,14 @@ class Merger:
         return full
 
 
-def _annotate(row: dict[str, Any], facts: MergeFacts, world_size: int) -> None:
+def _annotate(row: dict[str, Any], facts: MergeFacts, world_size: int, errors: str) -> None:
     """Fill ``ranks`` and the messages of one ``modules`` row from the merge's facts."""
     key = (row["tag"], row["step"] or 0)
     row["ranks"] = facts.ranks.get(key)
+    if row["status"] == "missing_candidate" and key not in facts.ranks:
+        row["ranks"] = list(range(world_size))  # no rank recorded it
+    if row["status"] == "missing_candidate" and errors:
+        facts.notes[key] = f"{facts.notes.get(key, 'no rank recorded it')}; {errors}"
     placement = facts.placements.get(row["tag"])
     if key in facts.refused:
         row["status"], row["message"] = "error", facts.refused[key]
@@ -215,8 +219,13 @@ def finish(
     s = result.summary
     world_size = int(info["world_size"])
     rows = result.modules.to_pylist()
+    errors = "; ".join(
+        f"rank {f.rank} raised {f.error['type']}: {f.error['message']}"[:300]
+        for f in files
+        if f.error
+    )
     for row in rows:
-        _annotate(row, facts, world_size)
+        _annotate(row, facts, world_size, errors)
     error, status = s.get("error"), s["status"]
     rank_error = _rank_error(files)
     if rank_error and status == "completed":

@@ -108,14 +108,12 @@ def build_dtensor(
     return model
 
 
-class _AllReduce(nn.Module):
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sums the row-parallel partial outputs across ranks (Megatron's ``g`` operator)."""
+    import torch.distributed as dist
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        dist.all_reduce(x)
-        return x
+    dist.all_reduce(x)
+    return x
 
 
 class MegatronBlock(nn.Module):
@@ -137,12 +135,11 @@ class MegatronBlock(nn.Module):
             self.down.weight.copy_(full.down.weight[:, sl])
             # the bias is a partial term too: rank 0 adds it, the others add zeros
             self.down.bias.copy_(full.down.bias if rank == 0 else torch.zeros_like(full.down.bias))
-        self.reduce = _AllReduce()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """As :class:`Block`, with this rank's shards and one all-reduce."""
         h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-        return x + self.reduce(h)
+        return x + _all_reduce(h)
 
 
 def build_megatron(rank: int, world_size: int, nudge_rank: int | None = None) -> nn.Module:
