@@ -137,6 +137,7 @@ def _print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> No
         con.print(
             f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
             f"{fd.get('status')}, max abs diff {_n(fd.get('max_abs_diff'))})"
+            + (f" on rank(s) {', '.join(map(str, fd['ranks']))}" if fd.get("ranks") else "")
         )
     op = s.get("first_divergent_op")
     if op:
