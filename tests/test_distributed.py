@@ -228,3 +228,74 @@ def test_op_recorder_failure_is_not_a_forward_failure(monkeypatch):
     statuses = set(result.ops.column("status").to_pylist())
     assert statuses == {"error"} and not result.passed  # never a silent pass
     assert "recorder bug" in result.ops.column("message")[0].as_py()
+
+
+# ------------------------------------------------------------------------------- merge, in-process
+
+
+class _Quadrant(torch.nn.Module):
+    """The reference returns x (4, 4); rank r returns its diagonal quadrant (2, 2)."""
+
+    def __init__(self, rank=None):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank is None:
+            return x * 1.0
+        r = self.rank
+        return x[2 * r : 2 * r + 2, 2 * r : 2 * r + 2] * 1.0
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, rank=None):
+        super().__init__()
+        self.f = _Quadrant(rank)
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def _write_ranks(out, models, x, errors=None):
+    from parity_tracker.distributed.launch import capture_rank
+    from parity_tracker.distributed.record import ShardRecorder, write_rank
+
+    for r, model in enumerate(models):
+        rec = ShardRecorder()
+        capture_rank(model, (x,), None, rec, 0)
+        write_rank(out, r, rec, (errors or {}).get(r))
+
+
+def test_ambiguous_placement_in_a_run_is_an_error_row_asking_for_a_declaration(tmp_path):
+    from parity_tracker.distributed.merge import merge_run
+
+    x = torch.arange(16.0).reshape(4, 4)
+    _write_ranks(tmp_path, [_Net(0), _Net(1)], x)
+    result = merge_run(_Net(), tmp_path, 2, inputs=(x,), **RUN)
+    rows = _rows(result)
+    assert rows[("checker_model_input_0", 0)]["status"] == "equal"  # replicated input
+    for tag in ("checker_f", "checker_model"):
+        assert rows[(tag, 0)]["status"] == "error"
+        assert "Declare it" in rows[(tag, 0)]["message"]
+    assert not result.passed and result.summary["first_divergence"]["tag"] == "checker_f"
+
+
+def test_rank_error_is_one_failed_mlflow_run(tmp_path, sqlite_tracking_uri):
+    import mlflow
+
+    from parity_tracker.distributed.merge import merge_run
+    from parity_tracker.track import log_run
+
+    x = torch.arange(16.0).reshape(4, 4)
+    err = {"type": "RuntimeError", "message": "boom on rank 1", "traceback": "", "side":
+           "candidate", "rank": 1, "time": 1.0}  # fmt: skip
+    _write_ranks(tmp_path, [_Net(), _Net()], x, errors={1: err})
+    result = merge_run(_Net(), tmp_path, 2, inputs=(x,), placements={"*": "replicate"}, **RUN)
+    assert result.status == "failed" and result.error["rank"] == 1
+    assert all(r["status"] == "equal" for r in result.modules.to_pylist())  # results kept
+    run_id = log_run(result, tracking_uri=sqlite_tracking_uri, experiment="dist")
+    run = mlflow.MlflowClient(sqlite_tracking_uri).get_run(run_id)
+    assert run.info.status == "FAILED"
+    params = run.data.params
+    assert (params["world_size"], params["backend"]) == ("2", "gloo")
+    assert params["placements"] == '{"*": "replicate"}' and params["distributed"] == "tp2"
