@@ -299,3 +299,17 @@ def test_rank_error_is_one_failed_mlflow_run(tmp_path, sqlite_tracking_uri):
     params = run.data.params
     assert (params["world_size"], params["backend"]) == ("2", "gloo")
     assert params["placements"] == '{"*": "replicate"}' and params["distributed"] == "tp2"
+
+
+@pytest.mark.slow
+def test_llama_tiny_distributed_setting_builds_a_sharded_case():
+    from parity_tracker.errors import InputError
+    from pipelines.targets import llama_tiny
+
+    case = llama_tiny.build({"distributed": "tp4"})
+    assert isinstance(case.candidate, ShardedCandidate) and case.candidate.world_size == 4
+    assert case.settings["distributed"] == "tp4"
+    assert case.reference.config.num_key_value_heads == 4  # divisible by 4 ranks
+    assert "distributed" not in llama_tiny.build({}).settings  # off: fingerprint unchanged
+    with pytest.raises(InputError, match="cache=kv"):
+        llama_tiny.build({"distributed": "tp2", "cache": "kv"})
