@@ -157,14 +157,24 @@ def _wait(processes: list[Any], deadline: float) -> None:
 def spawn_ranks(candidate: ShardedCandidate, inputs: Any, out_dir: str, seed: int = 0) -> None:
     """Spawn the ranks (``torch.multiprocessing``), wait for them, return when all are done.
 
+    Start method ``forkserver`` where the platform has it (Linux, macOS): a server process
+    imports torch once and every rank of every run is forked from it, so a rank does not pay
+    torch's import (seconds) again; ``spawn`` elsewhere. Either way a rank shares no state
+    with the launching process: arguments travel pickled.
+
     A rank still running ``timeout_s + 60`` s after the start (beyond its own collective
     timeout plus start-up) is terminated; the merge reports it as having written no result.
     """
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":  # torch imported once, in the server; each rank forks from it
+        multiprocessing.set_forkserver_preload(["torch", "parity_tracker.distributed.launch"])
     ctx = mp.start_processes(
         _rank_main, args=(candidate, inputs, out_dir, free_port(), seed),
-        nprocs=candidate.world_size, join=False, start_method="spawn",
+        nprocs=candidate.world_size, join=False, start_method=method,
     )  # fmt: skip
     _wait(ctx.processes, time.monotonic() + candidate.timeout_s + 60)
 
