@@ -313,3 +313,14 @@ def test_llama_tiny_distributed_setting_builds_a_sharded_case():
     assert "distributed" not in llama_tiny.build({}).settings  # off: fingerprint unchanged
     with pytest.raises(InputError, match="cache=kv"):
         llama_tiny.build({"distributed": "tp2", "cache": "kv"})
+
+
+@pytest.mark.slow
+def test_sequence_parallel_with_per_rank_inputs(tmp_path):
+    result = _launch(tp_mlp.build_sequence_parallel, 2, tmp_path)
+    assert result.passed, result.first_divergence
+    pl = result.summary["distributed"]["placements"]
+    assert pl["checker_model_input_0"] == "shard(1) (inferred)"  # each rank's sequence slice
+    assert pl["checker_blocks.0.norm"] == "shard(1) (dtensor)"  # SequenceParallel's output
+    assert pl["checker_blocks.0.norm.weight"] == "replicate (dtensor)"
+    assert pl["checker_blocks.0.down"] == "shard(1) (inferred)"  # reduce-scattered

@@ -60,9 +60,9 @@ def make_reference(seed: int = SEED) -> TinyMLP:
 
 
 def make_inputs(seed: int = 1) -> tuple[torch.Tensor]:
-    """``(x,)`` with x ``(2, 5, HIDDEN)`` float32, seeded."""
+    """``(x,)`` with x ``(2, 4, HIDDEN)`` float32, seeded (even sequence shards up to 4 ranks)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, 5, HIDDEN, generator=g),)
+    return (torch.randn(2, 4, HIDDEN, generator=g),)
 
 
 def _nudge(model: nn.Module, rank: int, nudge_rank: int | None, nudge: float) -> None:
@@ -106,6 +106,40 @@ def build_dtensor(
     if rank == fail_rank:
         model.blocks[1].register_forward_pre_hook(_raise)
     return model
+
+
+def build_sequence_parallel(rank: int, world_size: int) -> object:
+    """This rank's sequence-parallel candidate and its slice of the sequence.
+
+    ``norm``: ``SequenceParallel`` (activations sharded on the sequence dim 1); ``up``:
+    ``ColwiseParallel(input_layouts=Shard(1))`` (all-gathers the sequence); ``down``:
+    ``RowwiseParallel(output_layouts=Shard(1))`` (reduce-scatters back to sequence shards).
+    Rank ``r`` gets ``torch.chunk(x, world_size, dim=1)[r]`` of :func:`make_inputs`' ``x``.
+
+    Returns:
+        A ``parity_tracker.distributed.RankCase``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    from parity_tracker.distributed import RankCase
+
+    model = make_reference()
+    mesh = init_device_mesh("cpu", (world_size,))
+    plan: dict[str, object] = {}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.norm"] = SequenceParallel()
+        plan[f"blocks.{i}.up"] = ColwiseParallel(input_layouts=Shard(1))
+        plan[f"blocks.{i}.down"] = RowwiseParallel(output_layouts=Shard(1))
+    parallelize_module(model, mesh, plan)
+    (x,) = make_inputs()
+    return RankCase(model, inputs=(torch.chunk(x, world_size, dim=1)[rank],))
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
