@@ -29,6 +29,7 @@ SETTINGS_OF = {
         "quantization": ["none", "bf16"],
         **COMPILE,
         **ENGINE,
+        "distributed": ["none", "tp2", "tp4"],
     },
     "flux-tiny": {"cache": ["off", "first_block"]},
     "silero-vad": {"candidate": ["onnx", "onnx-op15", "onnx-op18-ifless", "torchscript"]},

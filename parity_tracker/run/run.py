@@ -492,7 +492,17 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
     """``run_parity`` on a ``parity_tracker.case.ParityCase`` (its settings, tolerances, align).
 
     Keyword arguments override the case's and are passed through (``mode``, ``capture_ops``,
-    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...).
+    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...). A sharded candidate
+    (``parity_tracker.distributed.ShardedCandidate``) runs on ranks: use
+    ``parity_tracker.pipeline.run_target.run_case``, which launches them.
+    """
+    return run_parity(case.reference, case.candidate, case.inputs, **case_kwargs(case, **kwargs))
+
+
+def case_kwargs(case: Any, **kwargs: Any) -> dict[str, Any]:
+    """The ``run_parity`` keywords of a ``ParityCase`` (drives, settings, tolerances, align).
+
+    Keyword arguments override the case's.
     """
     kw: dict[str, Any] = {
         "drive": case.drive,
@@ -502,4 +512,4 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
         "align": case.align,
     }
     kw.update(kwargs)
-    return run_parity(case.reference, case.candidate, case.inputs, **kw)
+    return kw
