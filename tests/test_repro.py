@@ -1,0 +1,199 @@
+"""Reproducers (issue 20): a standalone failing op/module test from a run's divergence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import parity_tracker
+from parity_tracker.errors import InputError
+from parity_tracker.files import repro_data, repro_lib
+from parity_tracker.repro.command import reproducer_from_material
+from parity_tracker.repro.writer import write_reproducer
+from parity_tracker.run import run_parity
+
+PKG = Path(parity_tracker.__file__).resolve().parent
+
+
+class GeluNet(torch.nn.Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.act = torch.nn.GELU(approximate=approximate)
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.out(self.act(self.fc(x)))
+
+
+class SumRef(torch.nn.Module):
+    def forward(self, x):
+        return (x * 1.0).sum(dim=-1)
+
+
+class SumTransposed(torch.nn.Module):
+    """The same sum, fed a transposed (column-major, non-contiguous) copy of its input."""
+
+    def forward(self, x):
+        return (x * 1.0).t().contiguous().t().sum(dim=-1)
+
+
+def _gelu_pair():
+    torch.manual_seed(0)
+    ref, cand = GeluNet(), GeluNet("tanh")
+    cand.load_state_dict(ref.state_dict())
+    return ref, cand, torch.randn(3, 8)
+
+
+def _standalone(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """pytest in ``folder`` as cwd, with a PYTHONPATH that only adds parity_tracker."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    if not (site / "parity_tracker").exists():
+        (site / "parity_tracker").symlink_to(PKG)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _kept(result) -> dict:
+    return json.loads((result.dump_dir / "repro" / "kept.json").read_text())
+
+
+@pytest.mark.slow
+def test_gelu_op_reproducer_fails_standalone_then_passes_once_fixed(tmp_path):
+    ref, cand, x = _gelu_pair()
+    result = run_parity(ref, cand, (x,), capture_ops=True, dump_path=tmp_path / "dump")
+    kept = _kept(result)
+    assert kept["items"][0] == {"kind": "op", "tag": "act@0::gelu#0", "dir": "op-00", "cause": "A"}
+    folder = reproducer_from_material(result.dump_dir / "repro", None, tmp_path / "r", "x").path
+    assert not list(folder.glob("*.pkl")) and not list(folder.glob("*.pt"))
+    proc = _standalone(folder, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    with torch.no_grad():  # independent: erf vs tanh GELU of the same fc output
+        h = torch.nn.functional.linear(x, ref.fc.weight, ref.fc.bias)
+        want = (torch.nn.functional.gelu(h) - torch.nn.functional.gelu(h, approximate="tanh"))
+    assert "aten::gelu.default" in proc.stdout and "kernel differs" in proc.stdout
+    assert f"max abs diff {want.abs().max().item()!r}" in proc.stdout
+    assert "approximate=None vs 'tanh'" in proc.stdout  # reference: the default
+    # fixed: the candidate's output is now PyTorch's erf GELU of the same input
+    np.save(folder / "cand_out_0.npy", torch.nn.functional.gelu(h).numpy(), allow_pickle=False)
+    assert _standalone(folder, tmp_path).returncode == 0
+
+
+def test_fixed_candidate_keeps_nothing_and_says_so(tmp_path):
+    torch.manual_seed(0)
+    ref = GeluNet()
+    result = run_parity(ref, ref, (torch.randn(2, 8),), capture_ops=True, dump_path=tmp_path)
+    assert result.passed and result.dump_dir is None
+    with pytest.raises(InputError, match="--keep-repro"):
+        reproducer_from_material(tmp_path / "nothing", None, tmp_path / "r", "run1")
+
+
+@pytest.mark.slow
+def test_case_b_reproducer_says_inputs_differ_in_stride(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(64, 4096)
+    result = run_parity(SumRef(), SumTransposed(), (x,), capture_ops=True, dump_path=tmp_path)
+    item = _kept(result)["items"][0]
+    assert (item["tag"], item["cause"]) == ("model@0::sum#0", "B")
+    folder = write_reproducer(result.dump_dir / "repro" / item["dir"], tmp_path / "r")
+    proc = _standalone(folder, tmp_path)
+    assert proc.returncode == 1
+    assert "inputs differ in stride (input 0: [4096, 1] vs [1, 64])" in proc.stdout
+    assert "gives the candidate's output" in proc.stdout and "kernel differs" not in proc.stdout
+
+
+def test_generated_test_imports_only_the_testing_module(tmp_path):
+    code = (
+        "import sys, parity_tracker.testing, importlib.util;"
+        "spec = importlib.util.spec_from_file_location('r', sys.argv[1]);"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        "bad = {'mlflow', 'pyarrow', 'pandas', 'click', 'rich', 'safetensors'} & "
+        "{k.split('.')[0] for k in sys.modules}; print(sorted(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, repro_lib.__file__], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, 6).to(torch.bfloat16),
+        lambda: torch.randn(4, 6).to(torch.float8_e4m3fn),
+        lambda: torch.randn(4, 6).to(torch.float8_e5m2).t(),
+        lambda: torch.quantize_per_tensor(torch.randn(4, 6), 0.05, 3, torch.qint8),
+        lambda: torch.quantize_per_channel(
+            torch.randn(4, 6), torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0, 1, 2, 3]),
+            0, torch.quint8,
+        ),
+    ],
+    ids=["bf16", "fp8e4m3", "fp8e5m2-transposed", "qint8", "quint8-per-channel"],
+)
+def test_lossless_round_trip(tmp_path, make):
+    t = make()
+    entry = repro_data.write_tensor(tmp_path, "t", t)
+    back = repro_lib.load_tensor(tmp_path, entry)
+    assert back.dtype == t.dtype and back.shape == t.shape
+    if t.is_quantized:
+        assert torch.equal(back.int_repr(), t.int_repr())
+        assert torch.equal(back.dequantize(), t.dequantize())
+    else:
+        assert back.stride() == t.stride()
+        assert torch.equal(back.view(torch.uint8 if t.element_size() == 1 else torch.int16),
+                           t.view(torch.uint8 if t.element_size() == 1 else torch.int16))  # fmt: skip
+
+
+def test_index_paths_must_stay_inside(tmp_path):
+    repro_data.write_index(tmp_path, {"kind": "op", "run_id": "r", "inputs": [
+        {"ref": {"file": "../escape.npy"}, "cand": None}]})  # fmt: skip
+    with pytest.raises(InputError, match="leaves"):
+        write_reproducer(tmp_path, tmp_path / "out")
+
+
+def test_too_large_inputs_are_cut_to_the_worst_rows(tmp_path):
+    ref, cand, _ = _gelu_pair()
+    x = torch.randn(64, 8)
+    row_bytes = 8 * 4 * 4  # ref/cand inputs and outputs: 8 float32 per row each
+    result = run_parity(ref, cand, (x,), capture_ops=True, dump_path=tmp_path,
+                        keep_repro=10 * row_bytes + 16)  # fmt: skip
+    meta = repro_lib.read_index(result.dump_dir / "repro" / "op-00")
+    with torch.no_grad():
+        h = torch.nn.functional.linear(x, ref.fc.weight, ref.fc.bias)
+        d = torch.nn.functional.gelu(h) - torch.nn.functional.gelu(h, approximate="tanh")
+    worst = int(d.abs().argmax()) // 8
+    s = meta["slice"]
+    assert s["dim"] == 0 and s["of"] == 64 and s["stop"] - s["start"] == 10
+    assert s["start"] <= worst < s["stop"]
+    assert meta["inputs"][0]["ref"]["shape"] == [10, 8]
+
+
+def _module_reproducer(tmp_path, target: str, settings: dict) -> Path:
+    from parity_tracker.pipeline.run_target import build_case
+    from parity_tracker.run import run_case
+
+    case, _ = build_case(target, settings)
+    result = run_case(case, dump_path=tmp_path / "dump")
+    items = [i for i in _kept(result)["items"] if i["kind"] == "module"]
+    assert items, _kept(result)
+    return write_reproducer(result.dump_dir / "repro" / "module", tmp_path / "r")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "settings"), [("vae-tiny", {"quantization": "bf16"}),
+                                                  ("llama-tiny", {"quantization": "bf16"})])
+def test_module_reproducer_runs_standalone(tmp_path, target, settings):
+    folder = _module_reproducer(tmp_path, target, settings)
+    meta = repro_lib.read_index(folder)
+    proc = _standalone(folder, tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert meta["module_class"]["qualname"] in proc.stdout
+    assert (folder / "README.md").read_text().count("cannot be rebuilt") == (not meta["rebuild"])
