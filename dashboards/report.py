@@ -17,10 +17,10 @@ local dump (``dump_dir``), else the section says why it is missing and how to ge
 
 from __future__ import annotations
 
-from pathlib import Path
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from parity_tracker.compare.verdict import first_divergence

@@ -232,9 +232,12 @@ class OpSession(SpillCounters):
         return [r for r in self.rows() if r["root_cause"]]
 
     def kept(self) -> tuple[list[Any], list[str]]:
-        """``(material, tags not kept)``: reproducer material of the first root causes
-        (``localize.keep.KeptOp``, CPU copies that outlive ``close``) and the root-cause tags
-        whose material exceeded ``keep_bytes``."""
+        """Reproducer material of the first root causes, and the tags not kept.
+
+        Returns:
+            ``(material, tags)``: ``localize.keep.KeptOp`` (CPU copies that outlive ``close``)
+            and the root-cause tags whose material exceeded ``keep_bytes``.
+        """
         return list(self._comparer.kept), list(self._comparer.unkept)
 
     def close(self) -> None:

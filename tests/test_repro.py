@@ -79,7 +79,7 @@ def test_gelu_op_reproducer_fails_standalone_then_passes_once_fixed(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     with torch.no_grad():  # independent: erf vs tanh GELU of the same fc output
         h = torch.nn.functional.linear(x, ref.fc.weight, ref.fc.bias)
-        want = (torch.nn.functional.gelu(h) - torch.nn.functional.gelu(h, approximate="tanh"))
+        want = torch.nn.functional.gelu(h) - torch.nn.functional.gelu(h, approximate="tanh")
     assert "aten::gelu.default" in proc.stdout and "kernel differs" in proc.stdout
     assert f"max abs diff {want.abs().max().item()!r}" in proc.stdout
     assert "approximate=None vs 'tanh'" in proc.stdout  # reference: the default
@@ -132,8 +132,11 @@ def test_generated_test_imports_only_the_testing_module(tmp_path):
         lambda: torch.randn(4, 6).to(torch.float8_e5m2).t(),
         lambda: torch.quantize_per_tensor(torch.randn(4, 6), 0.05, 3, torch.qint8),
         lambda: torch.quantize_per_channel(
-            torch.randn(4, 6), torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0, 1, 2, 3]),
-            0, torch.quint8,
+            torch.randn(4, 6),
+            torch.tensor([0.1, 0.2, 0.3, 0.4]),
+            torch.tensor([0, 1, 2, 3]),
+            0,
+            torch.quint8,
         ),
     ],
     ids=["bf16", "fp8e4m3", "fp8e5m2-transposed", "qint8", "quint8-per-channel"],
@@ -148,8 +151,8 @@ def test_lossless_round_trip(tmp_path, make):
         assert torch.equal(back.dequantize(), t.dequantize())
     else:
         assert back.stride() == t.stride()
-        assert torch.equal(back.view(torch.uint8 if t.element_size() == 1 else torch.int16),
-                           t.view(torch.uint8 if t.element_size() == 1 else torch.int16))  # fmt: skip
+        bits = torch.uint8 if t.element_size() == 1 else torch.int16
+        assert torch.equal(back.view(bits), t.view(bits))
 
 
 def test_index_paths_must_stay_inside(tmp_path):
@@ -188,8 +191,10 @@ def _module_reproducer(tmp_path, target: str, settings: dict) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "settings"), [("vae-tiny", {"quantization": "bf16"}),
-                                                  ("llama-tiny", {"quantization": "bf16"})])
+@pytest.mark.parametrize(
+    ("target", "settings"),
+    [("vae-tiny", {"quantization": "bf16"}), ("llama-tiny", {"quantization": "bf16"})],
+)
 def test_module_reproducer_runs_standalone(tmp_path, target, settings):
     folder = _module_reproducer(tmp_path, target, settings)
     meta = repro_lib.read_index(folder)

@@ -113,8 +113,11 @@ class TensorArg:
 
 
 def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """``(args, kwargs)`` with each tensor replaced by a :class:`TensorArg` (same order as
-    :func:`_tensors_in`: one level of lists), so a reproducer can call the op again."""
+    """``(args, kwargs)`` with each tensor replaced by a :class:`TensorArg`.
+
+    Tensors are numbered as :func:`_tensors_in` lists them (one level of lists), so a
+    reproducer can call the op again with its saved inputs.
+    """
     counter = itertools.count()
 
     def sub(value: Any, depth: int) -> Any:

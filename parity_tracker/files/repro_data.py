@@ -20,7 +20,11 @@ from parity_tracker.files.atomic import atomic_write_json
 from parity_tracker.files.dump import to_numpy
 from parity_tracker.files.repro_lib import FORMAT, INDEX, VERSION, inside
 
-_TORCH_KINDS = ((torch.dtype, "dtype"), (torch.layout, "layout"), (torch.memory_format, "memory_format"))
+_TORCH_KINDS = (
+    (torch.dtype, "dtype"),
+    (torch.layout, "layout"),
+    (torch.memory_format, "memory_format"),
+)
 
 
 def encode(value: Any, tensor: Any = None) -> Any:
@@ -93,7 +97,9 @@ def _row_facts(row: dict[str, Any]) -> dict[str, Any]:
     facts = {k: row.get(k) for k in keys}
     idx = row.get("max_abs_diff_index")
     facts["max_abs_diff_index"] = list(idx) if idx is not None else None
-    return {k: v if not isinstance(v, float) or math.isfinite(v) else repr(v) for k, v in facts.items()}
+    return {
+        k: v if not isinstance(v, float) or math.isfinite(v) else repr(v) for k, v in facts.items()
+    }
 
 
 def write_op(folder: Path, kept: Any, run_id: str) -> Path:

@@ -56,13 +56,17 @@ def load_tensor(folder: Path, entry: dict[str, Any]) -> torch.Tensor:
         if "scale" in entry:
             return torch._make_per_tensor_quantized_tensor(t, entry["scale"], entry["zero_point"])
         scales = torch.from_numpy(np.load(inside(folder, entry["scales_file"]), allow_pickle=False))
-        zps = torch.from_numpy(np.load(inside(folder, entry["zero_points_file"]), allow_pickle=False))
+        zps = torch.from_numpy(
+            np.load(inside(folder, entry["zero_points_file"]), allow_pickle=False)
+        )
         return torch._make_per_channel_quantized_tensor(t, scales, zps, entry["axis"])
     t = t.to(getattr(torch, entry["dtype"])).to(device())
     stride = entry.get("stride")
     if stride is None or tuple(stride) == t.stride():
         return t
-    strided = torch.empty_strided(tuple(entry["shape"]), tuple(stride), dtype=t.dtype, device=t.device)
+    strided = torch.empty_strided(
+        tuple(entry["shape"]), tuple(stride), dtype=t.dtype, device=t.device
+    )
     try:
         strided.copy_(t)
     except RuntimeError:  # overlapping strides (an expanded tensor): keep the values
@@ -88,7 +92,9 @@ def decode(value: Any, tensors: list[torch.Tensor | None]) -> Any:
     }
     if kind in simple:
         return simple[kind]()
-    raise ValueError(f"argument {value.get('repr', value)!r} could not be saved; rebuild it by hand")
+    raise ValueError(
+        f"argument {value.get('repr', value)!r} could not be saved; rebuild it by hand"
+    )
 
 
 def op_callable(meta: dict[str, Any]) -> Any:
@@ -98,7 +104,7 @@ def op_callable(meta: dict[str, Any]) -> Any:
 
 
 def layout_differences(meta: dict[str, Any]) -> list[str]:
-    """dtype / stride / contiguity differences of the two sides' inputs, in words."""
+    """Dtype / stride / contiguity differences of the two sides' inputs, in words."""
     out = []
     for p, pair in enumerate(meta["inputs"]):
         ref, cand = pair.get("ref"), pair.get("cand")
@@ -266,7 +272,7 @@ def check_module(folder: Path) -> None:
     else:
         ref, how = _tensors(folder, meta["ref_outputs"]), "recorded"
     assert len(ref) == len(cand), f"{len(ref)} reference outputs vs {len(cand)} candidate ones"
-    for i, (r, c) in enumerate(zip(ref, cand)):
+    for i, (r, c) in enumerate(zip(ref, cand)):  # noqa: B905 (lengths asserted above)
         label = f"{meta['module_class']['qualname']} {meta['module']} output {i} ({how} reference)"
         _assert(meta, r, c, label)
 

@@ -99,7 +99,8 @@ def keep_op(
 
     Args:
         row: the failing output's ops-table row (``max_abs_diff_index`` locates the slice).
-        r, c: the reference and candidate events (captures still alive).
+        r: the reference event (captures still alive).
+        c: the aligned candidate event (captures still alive).
         rebuild: the reference input as the reference op saw it (``InputJudge``).
         limit_bytes: the size limit (see the module docstring).
     """

@@ -93,9 +93,11 @@ def reproduce_run(
         material = download_folder(run_id, MATERIAL_ARTIFACT, tmp, tracking_uri=tracking_uri)
         if material is None:
             raise InputError(f"run {run_id} kept no reproducer material: {KEEP_HINT}")
-        probe = _choose(json.loads((material / "kept.json").read_text()), tag, run_id) if (
-            material / "kept.json"
-        ).is_file() else {"dir": "x"}
+        probe = (
+            _choose(json.loads((material / "kept.json").read_text()), tag, run_id)
+            if (material / "kept.json").is_file()
+            else {"dir": "x"}
+        )
         dest = Path(out) if out else parity_home() / "repro" / run_id / probe["dir"]
         rep = reproducer_from_material(material, tag, dest, run_id)
     if upload:

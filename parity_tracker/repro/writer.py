@@ -39,7 +39,11 @@ def test_repro():
 def _files(meta: Any) -> list[str]:
     """Every file name the index refers to (``file``, ``*_file``, ``state_dict`` values)."""
     if isinstance(meta, dict):
-        own = [v for k, v in meta.items() if isinstance(v, str) and (k == "file" or k.endswith("_file") or k == "state_dict")]
+        own = [
+            v
+            for k, v in meta.items()
+            if isinstance(v, str) and (k == "file" or k.endswith("_file") or k == "state_dict")
+        ]
         return own + [f for v in meta.values() for f in _files(v)]
     if isinstance(meta, list):
         return [f for v in meta for f in _files(v)]
@@ -53,10 +57,16 @@ def _what(meta: dict[str, Any]) -> str:
 
 
 def _readme(meta: dict[str, Any]) -> str:
-    lines = [f"# Reproducer: {_what(meta)}", "", f"From parity run `{meta['run_id']}`, tag "
-             f"`{meta['tag']}`: {meta.get('status')}, max |Δ| {meta.get('max_abs_diff')}, "
-             f"mode {meta.get('mode')}.", "", "Run: `pytest -q` in this folder (needs torch, "
-             "numpy and `parity_tracker.testing` only; `REPRO_DEVICE=cuda` runs on a GPU).", ""]  # fmt: skip
+    lines = [
+        f"# Reproducer: {_what(meta)}",
+        "",
+        f"From parity run `{meta['run_id']}`, tag `{meta['tag']}`: {meta.get('status')}, "
+        f"max |Δ| {meta.get('max_abs_diff')}, mode {meta.get('mode')}.",
+        "",
+        "Run: `pytest -q` in this folder (needs torch, numpy and `parity_tracker.testing` "
+        "only; `REPRO_DEVICE=cuda` runs on a GPU).",
+        "",
+    ]
     if meta["kind"] == "op":
         lines += [
             f"Root cause (case {meta.get('cause')}): {meta.get('message')}", "",
@@ -70,13 +80,18 @@ def _readme(meta: dict[str, Any]) -> str:
                   f"{meta['module_class']['qualname']}` with its saved constructor arguments and "
                   "`state_dict.safetensors` (needs that package installed).", ""]  # fmt: skip
     else:
-        lines += [f"The reference module cannot be rebuilt: {meta.get('rebuild_reason')}. The "
-                  "test compares the recorded reference output with the recorded candidate "
-                  "output only.", "", "Module repr:", "", "```", meta.get("repr", ""), "```", ""]  # fmt: skip
+        lines += [
+            f"The reference module cannot be rebuilt: {meta.get('rebuild_reason')}. The test "
+            "compares the recorded reference output with the recorded candidate output only.",
+            *("", "Module repr:", "", "```", meta.get("repr", ""), "```", ""),
+        ]
     if meta.get("slice"):
         s = meta["slice"]
-        lines += [f"Inputs were cut to fit the size limit: rows {s['start']}:{s['stop']} of "
-                  f"{s['of']} along dim {s['dim']} (the slice holding the worst element).", ""]  # fmt: skip
+        lines += [
+            f"Inputs were cut to fit the size limit: rows {s['start']}:{s['stop']} of "
+            f"{s['of']} along dim {s['dim']} (the slice holding the worst element).",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -10,8 +10,9 @@ Written under the run's dump folder as ``repro/`` (so ``log_run`` uploads it as
   object as ``to_dict()``; a diffusers ``ConfigMixin`` through ``from_config``), ``repr``, the
   ``state_dict`` as safetensors, its inputs and both sides' outputs. These come from one more
   forward of each side with a hook on that module only (the first run compared and released
-  them). The rebuild is checked at once: the rebuilt module must reproduce the reference output
-  exactly, else the reproducer compares recorded outputs only and says why.
+  them; each re-run stops right after that call). The rebuild is checked at once: the rebuilt
+  module must reproduce the reference output exactly, else the reproducer compares recorded
+  outputs only and says why.
 
 Everything is bounded by ``limit_bytes`` per reproducer; what does not fit is listed in
 ``kept.json`` under ``not_kept`` with the reason.
@@ -40,6 +41,13 @@ def _clone(value: Any) -> Any:
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value)
 
 
+class _Caught(BaseException):
+    """Stops the re-run forward once the call is caught.
+
+    A BaseException, so drives that catch ``Exception`` do not swallow it.
+    """
+
+
 class _CallCatcher:
     """A forward hook pair catching the ``(step, call)``-th call of one module."""
 
@@ -62,6 +70,7 @@ class _CallCatcher:
     def post(self, _mod: Any, _args: Any, _kwargs: Any, output: Any) -> None:
         if self._mine:
             self.output, self._mine = _clone(output), False
+            raise _Caught
 
 
 def catch_call(
@@ -87,6 +96,8 @@ def catch_call(
     ]
     try:
         run(stepper)
+    except _Caught:
+        pass
     finally:
         for h in handles:
             h.remove()
@@ -174,7 +185,10 @@ def write_module(
     state = {k: v.detach().cpu().contiguous().clone() for k, v in mod.state_dict().items()}
     state_file = None
     if ctor is not None and repro_data.unsupported([args, kwargs]):
-        ctor, reason = None, "an input could not be saved: " + repro_data.unsupported([args, kwargs])[0]
+        ctor, reason = (
+            None,
+            "an input could not be saved: " + repro_data.unsupported([args, kwargs])[0],
+        )
     if ctor is not None and io + _nbytes(state) > limit_bytes:
         ctor, reason = None, f"its state_dict ({_nbytes(state)} bytes) exceeds the size limit"
     if ctor is not None and state:
@@ -191,7 +205,9 @@ def write_module(
         "module_class": {"module": cls.__module__, "qualname": cls.__qualname__},
         "repr": repr(mod)[:4000], "ctor": ctor, "state_dict": state_file,
         "args": args, "kwargs": kwargs,
-        "input_tensors": [repro_data.write_tensor(folder, f"in_{i}", t) for i, t in enumerate(inputs)],
+        "input_tensors": [
+            repro_data.write_tensor(folder, f"in_{i}", t) for i, t in enumerate(inputs)
+        ],
         "ref_outputs": _write_leaves(folder, "ref_out", ref.output),
         "cand_outputs": _write_leaves(folder, "cand_out", cand_output),
         "rebuild": ctor is not None, "rebuild_reason": reason,
@@ -238,7 +254,9 @@ def keep_for_run(
     not_kept = [{"tag": t, "reason": f"over the {limit_bytes}-byte limit"} for t in unkept_ops]
     for n, kept in enumerate(kept_ops):
         repro_data.write_op(out / f"op-{n:02d}", kept, run_id)
-        items.append({"kind": "op", "tag": kept.tag, "dir": f"op-{n:02d}", "cause": kept.row.get("cause")})
+        items.append(
+            {"kind": "op", "tag": kept.tag, "dir": f"op-{n:02d}", "cause": kept.row.get("cause")}
+        )
     fd = first_divergence(rows)
     if fd is not None and fd.get("module") and run_module is not None:
         _keep_module(out, fd, run_module, run_id, limit_bytes, items, not_kept)
@@ -259,7 +277,9 @@ def _keep_module(out, fd, run_module, run_id, limit_bytes, items, not_kept) -> N
         not_kept.append({"tag": fd["tag"], "reason": f"module {module} not found on the {side}"})
         return
     try:
-        rebuild, reason = write_module(out / "module", mod, ref, cand.output, fd, run_id, limit_bytes)
+        rebuild, reason = write_module(
+            out / "module", mod, ref, cand.output, fd, run_id, limit_bytes
+        )
     except ValueError as exc:
         not_kept.append({"tag": fd["tag"], "reason": str(exc)})
         return

@@ -465,7 +465,9 @@ def run_parity(
         durations["isolate"] = time.perf_counter() - t0
     dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
     if keep_repro > 0 and (kept[0] or kept[1] or any(is_failing(r["status"]) for r in rows)):
+        t0 = time.perf_counter()
         dump_dir = _keep(plans, rows, kept, run_id, keep_repro, seed, dump_path, dump_dir)
+        durations["keep_repro"] = time.perf_counter() - t0
     modules, ops_table = rows_to_table(rows, MODULES_SCHEMA), rows_to_table(op_rows, OPS_SCHEMA)
     summary = build_summary(
         modules, ops_table, run_id=run_id, status=status, mode=chosen, mode_reason=reason,

@@ -15,7 +15,11 @@ from parity_tracker.track.store import get_client, resolve_tracking_uri, retry
 
 
 def download_folder(
-    run_id: str, artifact_path: str, dest: str | os.PathLike[str], *, tracking_uri: str | None = None
+    run_id: str,
+    artifact_path: str,
+    dest: str | os.PathLike[str],
+    *,
+    tracking_uri: str | None = None,
 ) -> Path | None:
     """Copy the run's ``artifact_path`` folder into ``dest`` (created); None when it is absent.
 
@@ -45,13 +49,19 @@ def download_folder(
         try:
             got = retry(client.download_artifacts, run_id, artifact_path, tmp)
         except Exception as exc:
-            raise InfrastructureError(f"cannot download {artifact_path} of run {run_id}: {exc}") from exc
+            raise InfrastructureError(
+                f"cannot download {artifact_path} of run {run_id}: {exc}"
+            ) from exc
         shutil.copytree(got, dest / name, dirs_exist_ok=True)
     return dest / name
 
 
 def log_folder(
-    run_id: str, folder: str | os.PathLike[str], artifact_path: str, *, tracking_uri: str | None = None
+    run_id: str,
+    folder: str | os.PathLike[str],
+    artifact_path: str,
+    *,
+    tracking_uri: str | None = None,
 ) -> str:
     """Log ``folder``'s files under the run's ``artifact_path``; returns that path.
 
