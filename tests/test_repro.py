@@ -202,3 +202,55 @@ def test_module_reproducer_runs_standalone(tmp_path, target, settings):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert meta["module_class"]["qualname"] in proc.stdout
     assert (folder / "README.md").read_text().count("cannot be rebuilt") == (not meta["rebuild"])
+
+
+@pytest.mark.slow
+def test_cli_repro_from_the_store_uploads_and_names_the_flag_for_old_runs(
+    tmp_path, sqlite_tracking_uri, in_tmp_cwd
+):
+    from click.testing import CliRunner
+
+    from parity_tracker.cli import cli
+    from parity_tracker.track import log_run
+    from parity_tracker.track.artifacts import download_folder
+
+    ref, cand, x = _gelu_pair()
+    result = run_parity(ref, cand, (x,), capture_ops=True, dump_path=tmp_path / "d1")
+    run_id = log_run(result, tracking_uri=sqlite_tracking_uri)
+    out = tmp_path / "repro-out"
+    args = ["repro", run_id, "--out", str(out), "--upload", "--tracking-uri", sqlite_tracking_uri]
+    res = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.output)
+    assert payload["item"]["tag"] == "act@0::gelu#0" and payload["artifact"] == "repro/op-00"
+    got = download_folder(run_id, "repro/op-00", tmp_path / "dl", tracking_uri=sqlite_tracking_uri)
+    assert got is not None and (got / "test_repro.py").is_file() and (got / "repro.json").is_file()
+    assert _standalone(out, tmp_path).returncode == 1
+    # the first divergent module by name, then an older run that kept nothing
+    res = CliRunner().invoke(cli, [*args[:2], "--tag", "act", "--out", str(tmp_path / "m"),
+                                   "--tracking-uri", sqlite_tracking_uri])  # fmt: skip
+    assert res.exit_code == 0 and "checker_act" in res.output
+    old = run_parity(ref, cand, (x,), dump_path=tmp_path / "d2", keep_repro=0)
+    old_id = log_run(old, tracking_uri=sqlite_tracking_uri)
+    res = CliRunner().invoke(cli, ["repro", old_id, "--tracking-uri", sqlite_tracking_uri])
+    assert res.exit_code == 2 and "--keep-repro" in res.output and "--ops" in res.output
+
+
+@pytest.mark.slow
+def test_nightly_hook_uploads_and_report_links_it(tmp_path, sqlite_tracking_uri):
+    from parity_tracker.dashboards.report import render_run_report
+    from parity_tracker.repro import upload_first_reproducer
+    from parity_tracker.track import log_run
+    from parity_tracker.track.artifacts import download_folder
+
+    ref, cand, x = _gelu_pair()
+    result = run_parity(ref, cand, (x,), capture_ops=True, dump_path=tmp_path / "d")
+    html = render_run_report(result)
+    assert "parity-tracker repro RUN_ID --upload" in html
+    assert 'href="repro/op-00/test_repro.py"' in html
+    assert 'href="tensors/repro/op-00/repro.json"' in html
+    run_id = log_run(result, tracking_uri=sqlite_tracking_uri)
+    art = upload_first_reproducer(result, run_id, tracking_uri=sqlite_tracking_uri)
+    assert art == "repro/op-00"
+    got = download_folder(run_id, art, tmp_path / "dl", tracking_uri=sqlite_tracking_uri)
+    assert got is not None and _standalone(got, tmp_path).returncode == 1
