@@ -19,7 +19,7 @@ UPLOAD_ARTIFACT = "repro"
 #: The flags that make a run keep what a reproducer needs.
 KEEP_HINT = (
     "re-run it with `parity-tracker run TARGET --ops` (op-level reproducers need --ops; "
-    "--keep-repro MIB, default 64, must not be 0)"
+    "--keep-repro MIB, default 64, must not be 0, nor --dump-mode NOT)"
 )
 
 

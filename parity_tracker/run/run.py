@@ -393,7 +393,8 @@ def run_parity(
         environment: the recorded environment (default: ``env.collect_environment()`` now).
         keep_repro: size limit in bytes of each reproducer kept for the first divergence and
             the first root causes (``run.keep``; default 64 MiB; 0 keeps none), written under
-            the dump folder as ``repro/`` (logged as ``tensors/repro/``).
+            the dump folder as ``repro/`` (logged as ``tensors/repro/``); nothing is kept when
+            there is no dump folder (``dump_mode=NOT`` without ``dump_path``).
 
     Returns:
         The ``RunResult``. A forward that raises does not propagate: everything compared so far
@@ -464,7 +465,8 @@ def run_parity(
             rows = _with_isolation(rows, _isolate(plans, rows, chosen, tolerances, seed))
         durations["isolate"] = time.perf_counter() - t0
     dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
-    if keep_repro > 0 and (kept[0] or kept[1] or any(is_failing(r["status"]) for r in rows)):
+    failing = kept[0] or kept[1] or any(is_failing(r["status"]) for r in rows)
+    if keep_repro > 0 and dump_path is not None and failing and status != "killed":
         t0 = time.perf_counter()
         dump_dir = _keep(plans, rows, kept, run_id, keep_repro, seed, dump_path, dump_dir)
         durations["keep_repro"] = time.perf_counter() - t0
@@ -495,7 +497,7 @@ def _keep(plans, rows, kept, run_id, limit, seed, dump_path, dump_dir) -> Path |
             return catch_call(plan.model, module, step, call, runner), mods[module]
 
     try:
-        folder = dump_dir or new_check_dir(dump_path or default_dump_root() / run_id)
+        folder = dump_dir or new_check_dir(dump_path)
         keep_for_run(
             folder, run_id=run_id, rows=rows, kept_ops=kept[0], unkept_ops=kept[1],
             run_module=run_module, limit_bytes=limit,
