@@ -254,3 +254,24 @@ def test_nightly_hook_uploads_and_report_links_it(tmp_path, sqlite_tracking_uri)
     assert art == "repro/op-00"
     got = download_folder(run_id, art, tmp_path / "dl", tracking_uri=sqlite_tracking_uri)
     assert got is not None and _standalone(got, tmp_path).returncode == 1
+
+
+def test_module_reproducer_for_a_candidate_that_is_not_a_module(tmp_path):
+    ref, cand, x = _gelu_pair()
+
+    def cand_drive(_engine, rec):  # an engine registering its tensors by hand
+        with torch.no_grad():
+            h = cand.fc(x)
+            for tag, t in [("model_input_0", x), ("fc_input_0", x), ("fc", h), ("act_input_0", h),
+                           ("act", cand.act(h))]:  # fmt: skip
+                rec.register(f"checker_{tag}", t)
+
+    result = run_parity(ref, object(), drive=lambda m, rec: m(x), candidate_drive=cand_drive,
+                        dump_path=tmp_path / "d")  # fmt: skip
+    item = _kept(result)["items"][0]
+    assert (item["kind"], item["tag"], item["rebuild"]) == ("module", "checker_act", True)
+    meta = repro_lib.read_index(result.dump_dir / "repro" / "module")
+    cand_out = repro_lib.load_tensor(result.dump_dir / "repro" / "module", meta["cand_outputs"][0])
+    with torch.no_grad():
+        want = torch.nn.functional.gelu(cand.fc(x), approximate="tanh")
+    assert torch.equal(cand_out, want)

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.tags import named_modules
+from parity_tracker.capture.leaves import output_leaves
+from parity_tracker.capture.tags import call_base, named_modules
 from parity_tracker.compare.verdict import first_divergence
 from parity_tracker.files import repro_data, repro_lib
 from parity_tracker.files.atomic import atomic_write_json
@@ -264,6 +265,30 @@ def keep_for_run(
     return out
 
 
+def _dumped_candidate(dump: Path, fd: dict[str, Any], ref: _CallCatcher, base: str) -> Any:
+    """The candidate's dumped tensor of the first divergent tag, or None.
+
+    ``ref.output`` is narrowed to the same leaf (None: the dump does not hold the tag).
+    """
+    import json
+
+    import numpy as np
+
+    from parity_tracker.files.dump import INDEX_NAME, _restore
+
+    index = dump / INDEX_NAME
+    leaves = {tag: leaf for tag, _slot, leaf in output_leaves(base, ref.output)}
+    if not index.is_file() or fd["tag"] not in leaves:
+        return None
+    step = int(fd.get("step") or 0)
+    for e in json.loads(index.read_text())["files"]:
+        if (e["tag"], e["side"], e.get("step", 0)) == (fd["tag"], 1, step) and "file" in e:
+            arr = np.load(repro_lib.inside(dump, e["file"]), allow_pickle=False)
+            ref.output = leaves[fd["tag"]]
+            return _restore(dump, e, torch.from_numpy(arr))
+    return None
+
+
 def _keep_module(out, fd, run_module, run_id, limit_bytes, items, not_kept) -> None:
     module, step, call = fd["module"], int(fd.get("step") or 0), int(fd.get("call_index") or 0)
     try:
@@ -272,13 +297,16 @@ def _keep_module(out, fd, run_module, run_id, limit_bytes, items, not_kept) -> N
         not_kept.append({"tag": fd["tag"], "reason": f"re-running failed: {exc!r}"[:500]})
         return
     (ref, mod), (cand, _) = got
-    if ref is None or cand is None:
-        side = "reference" if ref is None else "candidate"
+    cand_output = cand.output if cand is not None else None
+    if ref is not None and cand is None:  # e.g. an onnxruntime candidate: its dumped tensor
+        cand_output = _dumped_candidate(out.parent, fd, ref, call_base(module, call))
+    if ref is None or cand_output is None:
+        side = "reference" if ref is None else "candidate (nor in the dump)"
         not_kept.append({"tag": fd["tag"], "reason": f"module {module} not found on the {side}"})
         return
     try:
         rebuild, reason = write_module(
-            out / "module", mod, ref, cand.output, fd, run_id, limit_bytes
+            out / "module", mod, ref, cand_output, fd, run_id, limit_bytes
         )
     except ValueError as exc:
         not_kept.append({"tag": fd["tag"], "reason": str(exc)})
