@@ -111,6 +111,7 @@ def test_case_b_reproducer_says_inputs_differ_in_stride(tmp_path):
     assert "gives the candidate's output" in proc.stdout and "kernel differs" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_generated_test_imports_only_the_testing_module(tmp_path):
     code = (
         "import sys, parity_tracker.testing, importlib.util;"
@@ -275,3 +276,20 @@ def test_module_reproducer_for_a_candidate_that_is_not_a_module(tmp_path):
     with torch.no_grad():
         want = torch.nn.functional.gelu(cand.fc(x), approximate="tanh")
     assert torch.equal(cand_out, want)
+
+
+@pytest.mark.slow
+def test_module_over_the_limit_keeps_a_slice_of_the_outputs(tmp_path):
+    ref, cand, x = _gelu_pair()
+    result = run_parity(ref, cand, (x,), dump_path=tmp_path / "d", keep_repro=200)
+    folder = write_reproducer(result.dump_dir / "repro" / "module", tmp_path / "r")
+    meta = repro_lib.read_index(folder)
+    with torch.no_grad():
+        h = torch.nn.functional.linear(x, ref.fc.weight, ref.fc.bias)
+        d = (torch.nn.functional.gelu(h) - torch.nn.functional.gelu(h, approximate="tanh")).abs()
+    worst = int(d.reshape(-1).argmax())
+    s = meta["slice"]  # 200 bytes / (2 sides x 2 x 4 bytes) = 12 float32 elements of 24
+    assert (s["dim"], s["of"], s["stop"] - s["start"], s["shape"]) == ("flat", 24, 12, [3, 8])
+    assert s["start"] <= worst < s["stop"] and not meta["rebuild"]
+    assert "cannot be rebuilt" in (folder / "README.md").read_text()
+    assert _standalone(folder, tmp_path).returncode == 1

@@ -88,8 +88,9 @@ def _readme(meta: dict[str, Any]) -> str:
     if meta.get("slice"):
         s = meta["slice"]
         lines += [
-            f"Inputs were cut to fit the size limit: rows {s['start']}:{s['stop']} of "
-            f"{s['of']} along dim {s['dim']} (the slice holding the worst element).",
+            f"Cut to fit the size limit: elements {s['start']}:{s['stop']} of {s['of']} along "
+            f"dim {s['dim']} (the slice holding the worst element"
+            + (f" of the flattened output of shape {s['shape']})." if "shape" in s else ")."),
             "",
         ]
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from parity_tracker.capture.tags import call_base, named_modules
 from parity_tracker.compare.verdict import first_divergence
 from parity_tracker.files import repro_data, repro_lib
 from parity_tracker.files.atomic import atomic_write_json
+from parity_tracker.localize.keep import leading_slice
 
 KEPT_INDEX = "kept.json"
 
@@ -170,10 +171,19 @@ def write_module(
     run_id: str,
     limit_bytes: int,
 ) -> tuple[bool, str]:
-    """Write the module reproducer; ``(rebuildable, reason)``. Raises ValueError: too large."""
+    """Write the module reproducer; returns ``(rebuildable, reason)``.
+
+    Over ``limit_bytes``, only a slice of the recorded outputs is kept (:func:`_cut_outputs`)
+    and the test compares them (the module is not rebuilt).
+
+    Raises:
+        ValueError: the outputs have no tensor pair to compare.
+    """
     io = _nbytes((ref.args, ref.kwargs, ref.output, cand_output))
+    cut, too_big = None, None
     if io > limit_bytes:
-        raise ValueError(f"its inputs and outputs take {io} bytes, over the {limit_bytes} limit")
+        cand_output, cut = _cut_outputs(ref, cand_output, limit_bytes)
+        too_big = f"its inputs and outputs take {io} bytes, over the {limit_bytes}-byte limit"
     folder.mkdir(parents=True, exist_ok=True)
     inputs: list[torch.Tensor] = []
 
@@ -182,7 +192,7 @@ def write_module(
         return len(inputs) - 1
 
     args, kwargs = repro_data.encode(tuple(ref.args), tensor), repro_data.encode(ref.kwargs, tensor)
-    ctor, reason = ctor_spec(mod)
+    ctor, reason = ctor_spec(mod) if too_big is None else (None, too_big)
     state = {k: v.detach().cpu().contiguous().clone() for k, v in mod.state_dict().items()}
     state_file = None
     if ctor is not None and repro_data.unsupported([args, kwargs]):
@@ -212,7 +222,7 @@ def write_module(
         "ref_outputs": _write_leaves(folder, "ref_out", ref.output),
         "cand_outputs": _write_leaves(folder, "cand_out", cand_output),
         "rebuild": ctor is not None, "rebuild_reason": reason,
-        **repro_data._row_facts(row),
+        **repro_data._row_facts(row), "slice": cut,
     }  # fmt: skip
     repro_data.write_index(folder, meta)
     if ctor is not None:
@@ -221,6 +231,35 @@ def write_module(
             meta.update(rebuild=False, rebuild_reason=reason)
             repro_data.write_index(folder, meta)
     return bool(meta["rebuild"]), str(meta["rebuild_reason"] or "")
+
+
+def _cut_outputs(ref: _CallCatcher, cand_output: Any, limit: int) -> tuple[Any, dict[str, Any]]:
+    """Keep only the flat run of elements around the worst one of the worst output pair.
+
+    ``ref`` loses its inputs (they do not fit); its output becomes the reference slice.
+
+    Raises:
+        ValueError: no output pair of equal shape.
+    """
+    pairs = [
+        (r, c)
+        for r, c in zip(repro_lib._leaves(ref.output), repro_lib._leaves(cand_output), strict=False)
+        if r.shape == c.shape and r.numel() and not r.is_quantized and not c.is_quantized
+    ]
+    if not pairs:
+        raise ValueError("too large, and no output pair of equal shape to cut a slice from")
+
+    def diff(p: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return (p[0].double() - p[1].double()).abs().nan_to_num(float("inf")).reshape(-1)
+
+    r, c = max(pairs, key=lambda p: float(diff(p).max()))
+    worst, n = int(diff((r, c)).argmax()), r.numel()
+    start, stop = leading_slice(
+        n, worst, max(1, limit // (2 * (r.element_size() + c.element_size())))
+    )
+    ref.args, ref.kwargs, ref.output = (), {}, r.reshape(-1)[start:stop].clone()
+    cut = {"dim": "flat", "start": start, "stop": stop, "of": n, "shape": list(r.shape)}
+    return c.reshape(-1)[start:stop].clone(), cut
 
 
 def _check_rebuild(folder: Path, meta: dict[str, Any]) -> str | None:
