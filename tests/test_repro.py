@@ -125,6 +125,7 @@ def test_generated_test_imports_only_the_testing_module(tmp_path):
     assert out.stdout.strip() == "[]", out.stderr
 
 
+@pytest.mark.filterwarnings("ignore:.*quantized tensor creation:UserWarning")
 @pytest.mark.parametrize(
     "make",
     [

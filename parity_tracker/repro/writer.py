@@ -64,7 +64,7 @@ def _readme(meta: dict[str, Any]) -> str:
         f"max |Δ| {meta.get('max_abs_diff')}, mode {meta.get('mode')}.",
         "",
         "Run: `pytest -q` in this folder (needs torch, numpy and `parity_tracker.testing` "
-        "only; `REPRO_DEVICE=cuda` runs on a GPU).",
+        "only; `REPRO_DEVICE` picks the device, default `cpu`).",
         "",
     ]
     if meta["kind"] == "op":
