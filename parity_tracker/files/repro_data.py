@@ -92,7 +92,11 @@ def write_index(folder: Path, meta: dict[str, Any]) -> Path:
     return path
 
 
-def _row_facts(row: dict[str, Any]) -> dict[str, Any]:
+def row_facts(row: dict[str, Any]) -> dict[str, Any]:
+    """What a reproducer reports of its table row, as strict JSON.
+
+    Tag, module, status, cause, message, mode, rtol, atol, max |Δ| and its index.
+    """
     keys = ("tag", "module", "status", "cause", "message", "mode", "rtol", "atol", "max_abs_diff")
     facts = {k: row.get(k) for k in keys}
     idx = row.get("max_abs_diff_index")
@@ -126,6 +130,6 @@ def write_op(folder: Path, kept: Any, run_id: str) -> Path:
         "kind": "op", "run_id": run_id, "namespace": ns or "aten", "name": name,
         "overload": kept.overload, "args": encode(kept.args[0]), "kwargs": encode(kept.args[1]),
         "cand_args": encode(kept.cand_args[0]), "cand_kwargs": encode(kept.cand_args[1]),
-        "inputs": inputs, "outputs": outputs, "slice": kept.slice, **_row_facts(kept.row),
+        "inputs": inputs, "outputs": outputs, "slice": kept.slice, **row_facts(kept.row),
     }  # fmt: skip
     return write_index(folder, meta)

@@ -229,17 +229,17 @@ def rebuild_module(folder: Path, meta: dict[str, Any]) -> torch.nn.Module:
     return mod.eval().to(device())
 
 
-def _leaves(value: Any) -> list[torch.Tensor]:
+def leaves(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _leaves(v)]
+        return [t for v in value.values() for t in leaves(v)]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _leaves(v)]
+        return [t for v in value for t in leaves(v)]
     if hasattr(value, "to_tuple"):  # transformers ModelOutput
-        return _leaves(value.to_tuple())
+        return leaves(value.to_tuple())
     if hasattr(value, "sample"):  # diffusers DecoderOutput
-        return _leaves(value.sample)
+        return leaves(value.sample)
     return []
 
 
@@ -252,7 +252,7 @@ def module_outputs(folder: Path, meta: dict[str, Any], module: torch.nn.Module) 
     ins = _tensors(folder, meta["input_tensors"])
     args, kwargs = decode(meta["args"], ins), decode(meta["kwargs"], ins)
     with torch.no_grad():
-        return _leaves(module(*args, **kwargs))
+        return leaves(module(*args, **kwargs))
 
 
 def check_module(folder: Path) -> None:

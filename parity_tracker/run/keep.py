@@ -158,7 +158,7 @@ def _nbytes(value: Any) -> int:
 
 
 def _write_leaves(folder: Path, prefix: str, value: Any) -> list[dict[str, Any]]:
-    leaves = repro_lib._leaves(value)
+    leaves = repro_lib.leaves(value)
     return [repro_data.write_tensor(folder, f"{prefix}_{i}", t) for i, t in enumerate(leaves)]
 
 
@@ -222,7 +222,7 @@ def write_module(
         "ref_outputs": _write_leaves(folder, "ref_out", ref.output),
         "cand_outputs": _write_leaves(folder, "cand_out", cand_output),
         "rebuild": ctor is not None, "rebuild_reason": reason,
-        **repro_data._row_facts(row), "slice": cut,
+        **repro_data.row_facts(row), "slice": cut,
     }  # fmt: skip
     repro_data.write_index(folder, meta)
     if ctor is not None:
@@ -243,7 +243,7 @@ def _cut_outputs(ref: _CallCatcher, cand_output: Any, limit: int) -> tuple[Any, 
     """
     pairs = [
         (r, c)
-        for r, c in zip(repro_lib._leaves(ref.output), repro_lib._leaves(cand_output), strict=False)
+        for r, c in zip(repro_lib.leaves(ref.output), repro_lib.leaves(cand_output), strict=False)
         if r.shape == c.shape and r.numel() and not r.is_quantized and not c.is_quantized
     ]
     if not pairs:
