@@ -123,6 +123,8 @@ class OpSession(SpillCounters):
             inside it, deleted by ``close()``); default: the system temporary folder.
         max_resident_bytes: resident budget for captured storage, in bytes (default 512 MiB;
             0 spills every capture).
+        keep_bytes: size limit of the reproducer material kept for each of the first root
+            causes (``parity_tracker.localize.keep``; issue 20); 0 (the default) keeps none.
 
     Raises:
         InputError: ``max_resident_bytes`` is negative.
@@ -138,6 +140,7 @@ class OpSession(SpillCounters):
         step_getter: Callable[[], int] = lambda: 0,
         spill_dir: str | os.PathLike[str] | None = None,
         max_resident_bytes: int | None = None,
+        keep_bytes: int = 0,
     ):
         if max_resident_bytes is None:
             max_resident_bytes = DEFAULT_MAX_RESIDENT_BYTES
@@ -152,7 +155,9 @@ class OpSession(SpillCounters):
         self._step_getter = step_getter
         self._store = OpStore(max_resident_bytes, spill_dir)
         self._params: list[set[int]] = [set(), set()]  # storage pointers, per side
-        self._comparer = OpComparer(mode, self.tolerances, self._store, self._params)
+        self._comparer = OpComparer(
+            mode, self.tolerances, self._store, self._params, keep_bytes=keep_bytes
+        )
         self._recorded: set[int] = set()
         self._side: SideRecorder | None = None
         self._failure = CaptureFailure()
@@ -262,6 +267,15 @@ class OpSession(SpillCounters):
         that runs on one side only with no failing input.
         """
         return [r for r in self.rows() if r["root_cause"]]
+
+    def kept(self) -> tuple[list[Any], list[str]]:
+        """Reproducer material of the first root causes, and the tags not kept.
+
+        Returns:
+            ``(material, tags)``: ``localize.keep.KeptOp`` (CPU copies that outlive ``close``)
+            and the root-cause tags whose material exceeded ``keep_bytes``.
+        """
+        return list(self._comparer.kept), list(self._comparer.unkept)
 
     def close(self) -> None:
         """Release every capture and delete spilled files."""

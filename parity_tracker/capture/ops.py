@@ -68,6 +68,7 @@ def _is_suspended() -> bool:
 @dataclass(frozen=True)
 class _OpInfo:
     name: str
+    overload: str  # the schema's overload name ("default" when it has none)
     view_returns: tuple[bool, ...]  # return i aliases an input without writing (a view)
     written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
 
@@ -88,7 +89,8 @@ def _op_info(func: Any) -> _OpInfo:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         )
-        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", views, written)
+        overload = schema.overload_name or "default"
+        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", overload, views, written)
         _OP_INFO[func] = info
     return info
 
@@ -102,6 +104,31 @@ def _tensors_in(args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
         elif isinstance(value, (list, tuple)):
             out.extend(v for v in value if isinstance(v, torch.Tensor))
     return out
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """Stands for the ``index``-th tensor argument (in :func:`_tensors_in` order) of an op."""
+
+    index: int
+
+
+def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` with each tensor replaced by a :class:`TensorArg`.
+
+    Tensors are numbered as :func:`_tensors_in` lists them (one level of lists), so a
+    reproducer can call the op again with its saved inputs.
+    """
+    counter = itertools.count()
+
+    def sub(value: Any, depth: int) -> Any:
+        if isinstance(value, torch.Tensor):
+            return TensorArg(next(counter))
+        if depth == 0 and isinstance(value, (list, tuple)):
+            return type(value)(sub(v, 1) for v in value)
+        return value
+
+    return tuple(sub(a, 0) for a in args), {k: sub(v, 0) for k, v in kwargs.items()}
 
 
 def _capturable(t: Any) -> bool:
@@ -295,6 +322,8 @@ class OpEvent:
     outs: list[tuple[int, Held, int]]  # (output index, capture, storage offset at capture)
     inputs: list[OpInput]
     tag: str | None = None  # manual registrations only
+    overload: str = "default"  # the aten overload (``Tensor``, ``dim_IntList``, ...)
+    args: tuple[tuple, dict[str, Any]] | None = None  # ``arg_spec`` of the call
 
 
 @dataclass
@@ -520,7 +549,8 @@ class SideRecorder:
                 self.producers[_ptr(t)] = (seq, i, t.storage_offset())
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
-        frame.events.append(OpEvent(seq, info.name, k, held, inputs))
+        spec = arg_spec(args, kwargs)
+        frame.events.append(OpEvent(seq, info.name, k, held, inputs, None, info.overload, spec))
 
     def describe(self, t: torch.Tensor) -> OpInput:
         """Where an op input comes from (producer or external) and its layout; pins it."""

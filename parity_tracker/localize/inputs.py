@@ -111,7 +111,7 @@ class InputJudge:
         return status
 
     def _value_status(self, rd: OpInput, cd: OpInput) -> str:
-        ref_t = self._rebuild_reference(rd)
+        ref_t = self.rebuild_reference(rd)
         cand_t = cd.held.get() if cd.held is not None else None
         if ref_t is None or cand_t is None:
             return "unknown"
@@ -140,8 +140,8 @@ class InputJudge:
         ok = passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances, ignore_dtype=True)
         return "passing" if ok else "failing"
 
-    def _rebuild_reference(self, rd: OpInput) -> torch.Tensor | None:
-        """The reference op's input as it saw it, from its producer's capture."""
+    def rebuild_reference(self, rd: OpInput) -> torch.Tensor | None:
+        """The reference op's input as it saw it, from its producer's capture (None: gone)."""
         if rd.src is None:
             return rd.held.get() if rd.held is not None else None
         ev = self.ref_events.get(rd.src[0])

@@ -103,6 +103,7 @@ def run_target(
     branch: str | None = None,
     log: bool = True,
     render: Callable[[Any], Mapping[str, str]] | None = None,
+    keep_repro: int | None = None,
 ) -> TargetRun:
     """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
 
@@ -125,6 +126,7 @@ def run_target(
         log: False to run without logging.
         render: ``render(result) -> {artifact path: text}``, the files the logged run gets
             (the CLI passes the dashboards' report renderer); None: ``log_run``'s default.
+        keep_repro: bytes kept per reproducer (``run_parity``; None: its default, 0: none).
 
     Raises:
         InputError: bad target or settings; TargetBuildError: the build raised.
@@ -139,6 +141,8 @@ def run_target(
     extra: dict[str, Any] = {}
     if pair is not None:  # one (rtol, atol) for every tag, replacing the case's overrides
         extra["tolerances"] = {"*": pair}
+    if keep_repro is not None:
+        extra["keep_repro"] = keep_repro
     try:
         dump = DumpMode[dump_mode.upper()]
     except KeyError:
