@@ -369,7 +369,10 @@ def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
     return {
         "output_max_abs_diff": _finite(max(diffs)) if diffs else None,
         "output_sqnr_db": _finite(min(sqnrs)) if sqnrs else None,
-        "output_equal": all(r["status"] == "equal" for r in rows),
+        # leaves not compared (non-tensor outputs, issue 13) neither make nor break equality
+        "output_equal": all(r["status"] == "equal" for r in rows if r["status"] not in NEUTRAL)
+        if any(r["status"] not in NEUTRAL for r in rows)
+        else None,
     }
 
 
