@@ -47,6 +47,8 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
     from rich.markup import escape
     from rich.table import Table
 
+    from parity_tracker.compare.results import structure_line
+
     s = result.summary
     con = console()
     verdict = "[green]PARITY HOLDS[/]" if result.passed else "[bold red]PARITY FAILS[/]"
@@ -59,6 +61,9 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
             f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
             f"{fd.get('status')}, max abs diff {fmt_n(fd.get('max_abs_diff'))})"
         )
+    one_sided = s.get("structure_differences") or []
+    if one_sided:
+        con.print(escape(structure_line(list(one_sided)).removeprefix("TensorChecker: ")))
     op = s.get("first_divergent_op")
     if op:
         con.print(f"first divergent op: {escape(str(op.get('tag')))} ({op.get('status')}, "

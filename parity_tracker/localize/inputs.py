@@ -13,6 +13,8 @@ fails, else ``unknown``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, suspended
@@ -49,18 +51,33 @@ class InputJudge:
 
     def inputs_status(self, r: OpEvent | None, c: OpEvent | None) -> tuple[str, list[str]]:
         """``(inputs status, layout differences)`` of an aligned pair or a one-sided op."""
+        status, layout, _failing = self.inputs_evidence(r, c)
+        return status, layout
+
+    def inputs_evidence(
+        self, r: OpEvent | None, c: OpEvent | None
+    ) -> tuple[str, list[str], list[tuple[int, OpInput, OpInput]]]:
+        """``(inputs status, layout differences, failing inputs)`` of an op.
+
+        The inputs are compared by their actual values, as the op saw them (views included).
+        The failing inputs are ``(position, reference input, candidate input)`` without their
+        tensors: :func:`parity_tracker.localize.views.view_entry` later checks (once every
+        frame is compared) whether one reads an equal producer output through another view.
+        """
         if r is None or c is None:
             ev = c if c is not None else r
             assert ev is not None
-            return self._one_sided_inputs(ev, side=1 if c is not None else 0), []
+            return self._one_sided_inputs(ev, side=1 if c is not None else 0), [], []
         layout = layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
-        statuses = []
+        statuses, failing = [], []
         for p in range(max(len(r.inputs), len(c.inputs))):
             if p >= len(r.inputs) or p >= len(c.inputs):
                 statuses.append("unknown")
                 continue
             statuses.append(self._input_status(r.inputs[p], c.inputs[p]))
-        return _combine(statuses), layout
+            if statuses[-1] == "failing":
+                failing.append((p, _bare(r.inputs[p]), _bare(c.inputs[p])))
+        return _combine(statuses), layout, failing
 
     def _one_sided_inputs(self, ev: OpEvent, side: int) -> str:
         """Inputs of an op that ran on one side only: its producers' statuses where known."""
@@ -155,6 +172,11 @@ class InputJudge:
                 return None
             return torch.as_strided(base, rd.shape, rd.stride, offset)
         return None
+
+
+def _bare(d: OpInput) -> OpInput:
+    """``d`` without its held tensor (provenance and layout only)."""
+    return dataclasses.replace(d, held=None)
 
 
 def _passfail(status: str) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+from parity_tracker.localize.root_cause import fallback_root_causes
 from parity_tracker.run.histogram import histogram_from_dump
 from parity_tracker.run.mode import choose_mode
 from parity_tracker.run.result import RunResult
@@ -445,7 +446,7 @@ def run_parity(
         op_rows, root_causes = [], []
         if ops is not None:
             op_rows = _with_unreached_named([{**r, "run_id": run_id} for r in ops.rows()], error)
-            root_causes = ops.root_causes()
+            root_causes = ops.root_causes() or fallback_root_causes(op_rows, rows)
             ops.close()
     finally:
         spill.cleanup()
