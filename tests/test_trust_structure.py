@@ -228,6 +228,18 @@ def test_fused_qkv_against_split_qkv_is_a_structure_difference_not_the_first_div
     }
     assert not res.passed  # a structure difference is still not parity
     assert res.record.to_dict()["structure_differences"]  # in summary.json
+    # the report lists them apart; the terminal prints one line for them
+    from parity_tracker.cli.terminal import print_run
+    from parity_tracker.dashboards.report import render_run_report
+
+    html = render_run_report(res)
+    assert "Structure differences: 16 tag(s) on one side only" in html
+    assert "<code>checker_attn.qkv</code>: reference only" in html
+    capsys.readouterr()
+    print_run(res, None, "sqlite:///x.db", "parity")
+    out = capsys.readouterr().out
+    assert "structure differences (16 tags on one side only" in out
+    assert "first divergence: checker_mlp.fc " in out
 
 
 def test_structure_differences_rule_and_printout_line(capsys):
