@@ -216,9 +216,14 @@ def _first_divergence(
 
 
 def _structure(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list:
-    """``summary["structure_differences"]``, else ``compare.verdict.structure_differences``."""
-    found = summary.get("structure_differences")
-    return [_plain(r) for r in found] if found else structure_differences(rows)
+    """The one-sided tags listed apart in the report.
+
+    ``summary["structure_differences"]`` (empty for a run that did not complete), else
+    ``compare.verdict.structure_differences`` of the rows (an old summary without the key).
+    """
+    if "structure_differences" in summary:
+        return [_plain(r) for r in summary["structure_differences"] or ()]
+    return structure_differences(rows)
 
 
 def _row_of(first: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]]) -> dict | None:

@@ -343,3 +343,19 @@ def test_failing_run_with_op_capture_never_has_an_empty_root_cause_list():
     (cause,) = res.record.root_causes
     assert cause["cause"] is None and cause["tag"] == "checker_unused.weight"
     assert cause["message"].startswith("no root cause proven")
+
+
+def test_a_run_whose_candidate_raised_lists_no_structure_differences():
+    """Tags the candidate never reached are not one-sided names: the error explains them."""
+
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    ref = nn.Sequential(nn.Linear(2, 2), nn.ReLU()).eval()
+    cand = copy.deepcopy(ref)
+    cand[1] = Boom()
+    res = run_parity(ref, cand, (torch.ones(1, 2),), dump_mode=DumpMode.NOT)
+    assert res.record.status == "failed" and res.record.error.message == "boom"
+    assert res.record.structure_differences == ()
+    assert rows_by(res, "tag")["checker_model"]["status"] == "missing_candidate"

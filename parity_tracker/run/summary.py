@@ -133,6 +133,7 @@ class RunSummary(Mapping[str, Any]):
         structure_differences: the modules rows whose tag exists on one side only (``tag``,
             ``module``, ``kind``, ``step``, ``status``: ``missing_candidate`` = reference only),
             in execution order (``compare.verdict.structure_differences``); never a divergence.
+            Empty for a run that did not complete (its unreached tags are not structure).
         root_causes: root-cause op rows (tag, module, op, op_index, step, exec_order, status,
             cause, message).
         output_max_abs_diff, output_sqnr_db, output_equal: the root output's metrics (None when
@@ -438,7 +439,8 @@ def build_summary(
         "weights_failing": _count(pc.and_(failing, weights)) if modules.num_rows else 0,
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
-        "structure_differences": structure_differences(modules),
+        # a forward that raised leaves tags unreached, not one-sided: the error says so
+        "structure_differences": structure_differences(modules) if status == "completed" else [],
         "root_causes": list(root_causes or []),
         "cache_hits_failing": _count(pc.and_(pc.and_(failing, pc.invert(weights)), cache_hit))
         if modules.num_rows
