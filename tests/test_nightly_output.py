@@ -88,11 +88,13 @@ def test_browse_hint_works_as_pasted_and_names_the_pages_on_disk(tmp_path):
     assert "make ui" not in hint  # not the default store: `make ui` would open another one
 
 
-def test_browse_hint_offers_make_ui_for_the_default_store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_browse_hint_offers_make_ui_only_where_it_works(tmp_path, monkeypatch):
     from parity_tracker.track.store import default_tracking_uri
 
-    hint = T.browse_hint(default_tracking_uri(), None)
-    assert "  make ui" in hint.splitlines()
-    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    monkeypatch.chdir(tmp_path)  # the default store here, but no Makefile: no `make ui`
+    assert "make ui" not in T.browse_hint(default_tracking_uri(), None)
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # the checkout: its Makefile has the target (nothing is written)
+    assert "  make ui" in T.browse_hint(default_tracking_uri(), None).splitlines()
+    makefile = (repo / "Makefile").read_text()
     assert "\nui: install\n\t$(VENV)/bin/parity-tracker ui\n" in makefile

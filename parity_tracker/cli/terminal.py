@@ -192,14 +192,17 @@ def ui_command_line(uri: str) -> str:
 def browse_hint(uri: str, parent_run_id: str | None) -> str:
     """What the nightly prints last: how to browse the runs and where its pages are on disk.
 
-    ``make ui`` (from the checkout, default store) and the absolute command for any folder;
+    ``make ui`` (when run from the checkout, whose Makefile has it, on the default store) and
+    the absolute command for any folder;
     then the on-disk paths of the nightly run's ``matrix.html``, ``history.html`` and
     ``digest.md`` when its artifacts are local (``track.store.local_artifact_dir``).
     """
+    from pathlib import Path
+
     from parity_tracker.track.store import default_tracking_uri, local_artifact_dir
 
     lines = ["Browse the runs (MLflow UI, then open the printed URL):"]
-    if uri == default_tracking_uri():
+    if uri == default_tracking_uri() and _has_make_ui(Path.cwd()):
         lines.append("  make ui")
     lines.append(f"  {ui_command_line(uri)}")
     folder = local_artifact_dir(parent_run_id, uri) if parent_run_id else None
@@ -211,3 +214,11 @@ def browse_hint(uri: str, parent_run_id: str | None) -> str:
     elif parent_run_id:
         lines.append(f"The nightly's pages are artifacts of the nightly run {parent_run_id}.")
     return "\n".join(lines)
+
+
+def _has_make_ui(folder: Any) -> bool:
+    """Whether ``make ui`` works in ``folder``: its Makefile has a ``ui`` target."""
+    try:
+        return "\nui:" in "\n" + (folder / "Makefile").read_text(encoding="utf-8")
+    except OSError:
+        return False
