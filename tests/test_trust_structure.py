@@ -359,3 +359,53 @@ def test_a_run_whose_candidate_raised_lists_no_structure_differences():
     assert res.record.status == "failed" and res.record.error.message == "boom"
     assert res.record.structure_differences == ()
     assert rows_by(res, "tag")["checker_model"]["status"] == "missing_candidate"
+
+
+class _InputPermute(nn.Module):
+    """(B, C, T) in; the reference moves channels last, the buggy candidate only reshapes."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.lin, self.bug = nn.Linear(4, 5), bug
+
+    def forward(self, x):
+        b, c, t = x.shape
+        h = x.reshape(b * t, c) if self.bug else x.transpose(1, 2).reshape(b * t, c)
+        return self.lin(h)
+
+
+class _WeightTranspose(nn.Module):
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.lin, self.bug = nn.Linear(4, 4), bug
+
+    def forward(self, x):
+        w = self.lin.weight.t() if self.bug else self.lin.weight
+        return torch.nn.functional.linear(x, w, self.lin.bias)
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "position", "ref_chain", "cand_chain"),
+    [
+        # a model input (2, 4, 3) read through transpose(1, 2) (strides by hand: (12, 1, 3)),
+        # copied, then viewed (6, 4); the candidate views the input (6, 4) directly
+        (_InputPermute, (2, 4, 3), 1,
+         "reference view(2, 3, 4) stride (12, 1, 3) -> clone#0 -> view(6, 4) stride (4, 1)",
+         "candidate view(6, 4) stride (4, 1)"),
+        # addmm(bias, x, weight.t()): the reference reads the weight transposed (stride (1, 4))
+        (_WeightTranspose, (3, 4), 2, "reference view(4, 4) stride (1, 4)",
+         "candidate view(4, 4) stride (4, 1)"),
+    ],
+)  # fmt: skip
+def test_equal_external_data_read_through_another_view_is_a_case_b_root_cause(
+    model, x, position, ref_chain, cand_chain
+):
+    torch.manual_seed(0)
+    ref = model(bug=False).eval()
+    cand = copy.deepcopy(ref)
+    cand.bug = True
+    res = run_parity(ref, cand, (torch.randn(*x),), capture_ops=True, dump_mode=DumpMode.NOT)
+    (cause,) = res.record.root_causes
+    assert (cause["op"], cause["cause"], cause["status"]) == ("addmm", "B", "mismatch")
+    assert f"input {position} reads the same data" in cause["message"]
+    assert f"{ref_chain}; {cand_chain}" in cause["message"]

@@ -172,7 +172,9 @@ class OpComparer:
         )
         base = op_call_base(frame.module, frame.call, ev.op, ev.k)
         results = self._compare_outputs(base, r, c)
-        inputs_status, layout, failing_inputs = self._inputs.inputs_evidence(r, c)
+        inputs_status, layout, failing_inputs, views = self._inputs.inputs_evidence(
+            r, c, self._cand_events
+        )
         out_diffs = [
             f"output {i} dtype {cmp.ref_dtype} vs {cmp.cand_dtype}"
             for i, cmp in results
@@ -180,9 +182,12 @@ class OpComparer:
         ]
         for i, cmp in results:
             root, cause = op_root_cause(ev.op, present, cmp, inputs_status, layout, out_diffs)
+            if views and is_failing(cmp.status) and not root:
+                root, cause = True, CASE_B  # the difference enters through a view chain
             message = cmp.message
             if root:
-                message = explain(cause, layout, out_diffs) + (f"; {message}" if message else "")
+                why = explain(cause, layout, out_diffs, views=views)
+                message = why + (f"; {message}" if message else "")
             row = {
                 "tag": op_tag(frame.module, frame.call, ev.op, ev.k, i),
                 "module": frame.module,

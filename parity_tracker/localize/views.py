@@ -6,12 +6,16 @@ both sides' inputs trace back to the same aligned producer output, that output i
 both sides, and yet the inputs differ in value, the difference entered through the view chain
 (e.g. attention heads merged by ``reshape`` without the ``transpose``): the seed's case B,
 named by :func:`view_entry` with both chains in the message (issue 13, kind 9).
+:func:`external_view_entry` does the same for data made outside the recorded ops (a model
+input, a weight): the two whole storages must be equal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from parity_tracker.localize.root_cause import LAYOUT_OPS
 
@@ -27,6 +31,12 @@ def describe_view(d: Any) -> str:
 
 
 def trace(d: Any, events: Mapping[int, Any]) -> tuple[tuple[int, int] | None, list[str]]:
+    """``(producer, chain)`` of :func:`trace_to` (its last ``OpInput`` left out)."""
+    src, hops, _last = trace_to(d, events)
+    return src, hops
+
+
+def trace_to(d: Any, events: Mapping[int, Any]) -> tuple[tuple[int, int] | None, list[str], Any]:
     """The producer output an input derives from, through copy-only ops, and the chain.
 
     Args:
@@ -36,7 +46,8 @@ def trace(d: Any, events: Mapping[int, Any]) -> tuple[tuple[int, int] | None, li
 
     Returns:
         ``(producer (seq, output index) or None for a tensor made outside the recorded ops,
-        chain)`` where chain lists, from the producer on, each view and copy op, e.g.
+        chain, the chain's first OpInput)`` where chain lists, from the producer on, each view
+        and copy op, e.g.
         ``["view(2, 3, 2, 4) stride (24, 4, 12, 1)", "clone#3", "view(6, 8) stride (8, 1)"]``.
     """
     hops = [describe_view(d)]
@@ -49,7 +60,7 @@ def trace(d: Any, events: Mapping[int, Any]) -> tuple[tuple[int, int] | None, li
         d = ev.inputs[0]
         hops.append(describe_view(d))
         src = d.src
-    return src, hops[::-1]
+    return src, hops[::-1], d
 
 
 def view_entry(
@@ -90,3 +101,51 @@ def view_entry(
         f"input {p} reads {name} output {rsrc[1]}, equal on both sides, through a different "
         f"view chain: reference {' -> '.join(rchain)}; candidate {' -> '.join(cchain)}"
     )
+
+
+def external_view_entry(
+    p: int, rd: Any, cd: Any, ref_events: Mapping[int, Any], cand_events: Mapping[int, Any],
+    same: Callable[[torch.Tensor, torch.Tensor], bool],
+) -> str | None:  # fmt: skip
+    """Like :func:`view_entry`, for inputs derived from tensors made outside the recorded ops.
+
+    Both chains must end at a held external tensor (a model input, a parameter or buffer):
+    when the whole storages of the two are equal (``same``, the session's pass/fail rule, on
+    every element of each storage), the data is the same and the difference entered through
+    the view chain. Checked while the op's inputs are still held.
+
+    Args:
+        p: the input's position.
+        rd: the reference's ``OpInput``.
+        cd: the candidate's ``OpInput`` (with its held tensor).
+        ref_events: the reference's events by sequence number.
+        cand_events: the candidate's events by sequence number (copy-only ones at least).
+        same: ``same(reference, candidate) -> bool`` for two 1-D tensors.
+
+    Returns:
+        The message, or None (not both external, a storage not held, storages that differ).
+    """
+    rsrc, rchain, rlast = trace_to(rd, ref_events)
+    csrc, cchain, clast = trace_to(cd, cand_events)
+    if rsrc is not None or csrc is not None or rchain == cchain:
+        return None
+    if rlast.held is None or clast.held is None:
+        return None
+    ref_all, cand_all = _whole_storage(rlast.held.get()), _whole_storage(clast.held.get())
+    if ref_all is None or cand_all is None or ref_all.shape != cand_all.shape:
+        return None
+    if not same(ref_all, cand_all):
+        return None
+    return (
+        f"input {p} reads the same data (an equal tensor of {ref_all.numel()} elements made "
+        f"outside the recorded ops: a model input or weight) through a different view chain: "
+        f"reference {' -> '.join(rchain)}; candidate {' -> '.join(cchain)}"
+    )
+
+
+def _whole_storage(t: torch.Tensor) -> torch.Tensor | None:
+    """Every element of ``t``'s storage as a 1-D tensor of its dtype (None when not plain)."""
+    if t.is_quantized or t.layout != torch.strided or type(t) is not torch.Tensor:
+        return None
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
