@@ -71,6 +71,7 @@ from torch.nn.modules.module import (
 )
 
 from parity_tracker.capture.ops import (
+    CaptureFailure,
     DispatchRecorder,
     OpFrame,
     OpStore,
@@ -82,6 +83,7 @@ from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.localize.op_compare import OpComparer
 from parity_tracker.localize.root_cause import LAYOUT_OPS
+from parity_tracker.statuses import STRUCTURAL
 
 __all__ = ["DEFAULT_MAX_RESIDENT_BYTES", "LAYOUT_OPS", "OpSession", "suspended"]
 
@@ -153,6 +155,17 @@ class OpSession(SpillCounters):
         self._comparer = OpComparer(mode, self.tolerances, self._store, self._params)
         self._recorded: set[int] = set()
         self._side: SideRecorder | None = None
+        self._failure = CaptureFailure()
+        self._marked = False
+
+    @property
+    def capture_error(self) -> str | None:
+        """``"Type: message"`` of the op recorder's own first failure, else None.
+
+        Op capture never fails the forward: after its first failure it stops recording, and
+        the rows it could not record become ``error`` (:meth:`rows`).
+        """
+        return self._failure.error
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -176,24 +189,30 @@ class OpSession(SpillCounters):
             )
         self._recorded.add(side)
         self._params[side].clear()
-        state = SideRecorder(
-            side,
-            model,
-            store=self._store,
-            params=self._params[side],
-            step_getter=self._step_getter,
-            on_close=self._close,
-        )
-        self._side = state
-        pre = register_module_forward_pre_hook(state.pre_hook)
-        post = register_module_forward_hook(state.post_hook, always_call=True)
+        failure = self._failure
         try:
-            with DispatchRecorder(state):
+            state = SideRecorder(
+                side,
+                model,
+                store=self._store,
+                params=self._params[side],
+                step_getter=self._step_getter,
+                on_close=self._close,
+            )
+        except Exception as exc:  # the recorder's own failure never fails the forward
+            failure.fail(exc)
+            yield self
+            return
+        self._side = state
+        pre = register_module_forward_pre_hook(failure.guard(state.pre_hook))
+        post = register_module_forward_hook(failure.guard(state.post_hook), always_call=True)
+        try:
+            with DispatchRecorder(state, failure):
                 yield self
         finally:
             pre.remove()
             post.remove()
-            state.finish()
+            failure.guard(state.finish)()
             self._side = None
 
     def record_manual(self, side: int, tag: str, tensor: torch.Tensor) -> None:
@@ -216,7 +235,25 @@ class OpSession(SpillCounters):
         """The ops table rows, in execution order (keys = ``tables.OPS_SCHEMA`` columns)."""
         if 1 in self._recorded and self._side is None:
             self._comparer.finalize()
+            if self.capture_error and not self._marked:
+                self._mark_capture_error()
         return [{k: v for k, v in r.items() if not k.startswith("_")} for r in self._comparer.rows]
+
+    def _mark_capture_error(self) -> None:
+        """Rows op capture could not record become ``error`` naming the failure (never a pass)."""
+        self._marked = True
+        rows = self._comparer.rows
+        note = f"op capture failed ({self.capture_error}), so this op was not recorded"
+        marked = False
+        for r in rows:
+            if r["status"] in STRUCTURAL:  # one-sided: the recorder stopped on one side
+                r["status"], marked = "error", True
+                r["message"] = f"{note}; {r.get('message') or ''}".rstrip("; ")
+        if not marked:
+            rows.append(
+                {"tag": "op_capture", "kind": "op", "status": "error", "mode": self.mode,
+                 "message": note, "exec_order": len(rows), "root_cause": False}
+            )  # fmt: skip
 
     def root_causes(self) -> list[dict[str, Any]]:
         """Root-cause rows, in execution order; the first answers the seed's step 2.

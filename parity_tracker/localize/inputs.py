@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, suspended
 from parity_tracker.compare import passes
@@ -156,9 +157,13 @@ class InputJudge:
         A dtype difference alone is layout (case B) evidence, not a value difference, so both
         are first cast to their promoted dtype.
         """
-        if ref_t.device != cand_t.device:
-            ref_t = ref_t.to(cand_t.device)
         with suspended():
+            if is_traceable_wrapper_subclass(ref_t) or is_traceable_wrapper_subclass(cand_t):
+                ref_t, cand_t = _dense(ref_t), _dense(cand_t)  # DTensor: its full tensor
+                if ref_t is None or cand_t is None:
+                    return "unknown"
+            if ref_t.device != cand_t.device:
+                ref_t = ref_t.to(cand_t.device)
             return self._verdict(ref_t, cand_t)
 
     def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
@@ -180,6 +185,9 @@ class InputJudge:
             if i != rd.src[1]:
                 continue
             base = h.get()
+            if is_traceable_wrapper_subclass(base):  # no storage to view: the whole output only
+                same = rd.rel_off == 0 and tuple(base.shape) == tuple(rd.shape)
+                return base if same and base.stride() == tuple(rd.stride) else None
             offset = base.storage_offset() + rd.rel_off
             need = span_elements(rd.shape, rd.stride)
             if offset < 0 or (
@@ -194,6 +202,15 @@ class InputJudge:
 def _bare(d: OpInput) -> OpInput:
     """``d`` without its held tensor (provenance and layout only)."""
     return dataclasses.replace(d, held=None)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor | None:
+    """A plain tensor for ``t`` (``compare.convert.to_tensor``: DTensor → ``full_tensor()``)."""
+    if not is_traceable_wrapper_subclass(t):
+        return t
+    from parity_tracker.compare.convert import to_tensor
+
+    return to_tensor(t).tensor
 
 
 def _passfail(status: str) -> str:

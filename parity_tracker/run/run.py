@@ -89,6 +89,14 @@ class StepRecorder:
         """A cache skipped ``module`` (display name, ``model`` for the root) at this step."""
         self.checker.mark_cache_hit(module, side=self.side)
 
+    def mark_not_observable(self, tag: str, reason: str) -> None:
+        """This side's engine cannot expose ``tag`` at this step: ``skipped`` with ``reason``."""
+        self.checker.mark_not_observable(tag, reason)
+
+    def note(self, key: str, value: Any) -> None:
+        """Record a run param measured while driving (``summary["settings"]``, MLflow params)."""
+        self.checker.run_notes[key] = value
+
 
 def _clone_inputs(inputs: Any) -> Any:
     """A deep copy of every tensor leaf (detached), structure and other leaves kept."""
@@ -400,11 +408,16 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
+    from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
     from parity_tracker.tensor_checker import DumpMode, TensorChecker
 
     settings = dict(settings or {})
+    compiled = CompileStats(candidate) if is_compiled(candidate) else None
+    if compiled is not None:  # before any side runs: a missing C++ compiler stops here
+        compiled.start()
+        settings.setdefault("implementation", compiled.implementation())
     requested = settings.get("mode", mode) if mode == "auto" else mode
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
@@ -438,6 +451,9 @@ def run_parity(
         status, error, durations = _run_both(
             plans, checker, ops, seed, hook_candidate=cand_is_module
         )
+        if compiled is not None:  # torch.compile: backend, graph breaks, graphs (run params)
+            settings.update(compiled.params())
+        settings.update(checker.run_notes)  # rec.note(...) of the drives
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]
@@ -477,7 +493,17 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
     """``run_parity`` on a ``parity_tracker.case.ParityCase`` (its settings, tolerances, align).
 
     Keyword arguments override the case's and are passed through (``mode``, ``capture_ops``,
-    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...).
+    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...). A sharded candidate
+    (``parity_tracker.distributed.ShardedCandidate``) runs on ranks: use
+    ``parity_tracker.pipeline.run_target.run_case``, which launches them.
+    """
+    return run_parity(case.reference, case.candidate, case.inputs, **case_kwargs(case, **kwargs))
+
+
+def case_kwargs(case: Any, **kwargs: Any) -> dict[str, Any]:
+    """The ``run_parity`` keywords of a ``ParityCase`` (drives, settings, tolerances, align).
+
+    Keyword arguments override the case's.
     """
     kw: dict[str, Any] = {
         "drive": case.drive,
@@ -487,4 +513,4 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
         "align": case.align,
     }
     kw.update(kwargs)
-    return run_parity(case.reference, case.candidate, case.inputs, **kw)
+    return kw
