@@ -286,11 +286,7 @@ def nightly(
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
     else:
         click.echo(result.digest)
-        click.echo(
-            f"Browse the runs: parity-tracker ui --tracking-uri {uri}\n"
-            f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
-            f"nightly run {result.parent_run_id})"
-        )
+        click.echo(T.browse_hint(uri, result.parent_run_id))
     if result.spooled:
         click.echo(
             "tracking store unreachable for some cells; spooled to "

@@ -291,8 +291,12 @@ def _quant_notes(ref: Converted, cand: Converted) -> list[str]:
     if rq is None and cq is None:
         return []
     if rq is None or cq is None:
-        side = "reference" if rq is not None else "candidate"
-        return [f"only the {side} is quantized; compared dequantized"]
+        side, q = ("reference", rq) if rq is not None else ("candidate", cq)
+        where = f", axis {q.axis}" if q.axis is not None else ""
+        return [
+            f"only the {side} is quantized ({q.qscheme}, scale {_short(q.scale)}, zero_point "
+            f"{_short(q.zero_point)}{where}); compared dequantized"
+        ]
     notes = []
     for name in ("qscheme", "scale", "zero_point", "axis"):
         a, b = getattr(rq, name), getattr(cq, name)

@@ -82,6 +82,23 @@ def artifact_root(uri: str) -> str | None:
     return (db.parent / "artifacts").resolve().as_uri()
 
 
+def local_artifact_dir(run_id: str, uri: str | None = None) -> Path | None:
+    """The on-disk artifact folder of run ``run_id``, or None when the artifacts are remote.
+
+    Local means a ``file:`` artifact URI (the embedded store's ``.parity/artifacts/...``) or a
+    plain path; ``mlflow-artifacts:``, ``s3:`` and the like are None, as is a run the store
+    cannot find (a failure here never hides a nightly's results).
+    """
+    try:
+        art = get_client(resolve_tracking_uri(uri)).get_run(run_id).info.artifact_uri
+    except Exception:
+        return None
+    parsed = urlparse(art or "")
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path))
+    return Path(art) if art and parsed.scheme == "" else None
+
+
 def param_key(key: str) -> str:
     """A valid MLflow param key: characters other than word, ``./- `` become ``_``."""
     return _KEY_BAD.sub("_", str(key))[:250]
