@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, urlparse
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -54,19 +54,39 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     """The tracking URI to use: ``uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the default.
 
     A bare filesystem path ending in ``.db`` is taken as a SQLite file.
+    A relative SQLite URI (``sqlite:///rel/x.db``, three slashes: relative to the working
+    directory, as SQLAlchemy and MLflow read it) is made absolute against the current working
+    directory, so the database, its artifacts and the tag index stay together after a chdir
+    and a spooled run goes back to the same file.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     if "://" not in uri and uri.endswith(".db"):
         uri = f"sqlite:///{Path(uri).resolve()}"
+    db = sqlite_path(uri)
+    if db is not None:
+        base, sep, query = uri.partition("?")
+        scheme = base.split(":", 1)[0]  # sqlite, or sqlite+driver
+        uri = f"{scheme}:///{quote(str(db))}{sep}{query}"
     return uri
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, or None for any other scheme."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "sqlite":
+    """The database file of a SQLite URI, read exactly as SQLAlchemy reads it; else None.
+
+    ``sqlite:///rel/x.db`` (three slashes) is ``rel/x.db`` relative to the current working
+    directory; ``sqlite:////abs/x.db`` (four) is ``/abs/x.db`` (SQLAlchemy's
+    ``engine.make_url(uri).database``; https://docs.sqlalchemy.org/en/20/dialects/sqlite.html
+    "Connect Strings"). The result is absolute (resolved against the working directory now).
+    None for another scheme and for an in-memory database (``sqlite://``, ``:memory:``).
+    """
+    if urlparse(uri).scheme.split("+", 1)[0] != "sqlite":
         return None
-    return Path(unquote(parsed.path))
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).absolute()
 
 
 def artifact_root(uri: str) -> str | None:
