@@ -28,6 +28,7 @@ from parity_tracker.track.parents import (
     record_diff,
     start_parent_run,
 )
+from parity_tracker.track.owner import STALE_RUN_TIMEOUT_S, reap_stale_runs
 from parity_tracker.track.query import (
     RunHead,
     RunInfo,
@@ -44,6 +45,7 @@ __all__ = [
     "EXTRA_METRICS",
     "TAG_COMPLETE",
     "TAG_RUN_ID",
+    "STALE_RUN_TIMEOUT_S",
     "RunHead",
     "RunInfo",
     "RunStore",
@@ -54,6 +56,7 @@ __all__ = [
     "load_run",
     "log_artifact_files",
     "log_run",
+    "reap_stale_runs",
     "record_diff",
     "run_metrics",
     "run_params",

@@ -32,6 +32,20 @@ T = TypeVar("T")
 PARITY_DIR = ".parity"
 #: MLflow tags every parity run carries: its parity run id, and "stored whole" (set last).
 TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
+#: MLflow statuses of a run whose upload may have stopped half way (see ``is_incomplete``).
+UNFINISHED_STATUSES = frozenset({"RUNNING", "KILLED", "SCHEDULED"})
+
+
+def is_incomplete(status: str | None, complete_tag: str | None) -> bool:
+    """True for a stored run whose writer stopped before storing it whole.
+
+    ``log_run`` uploads the artifacts before it sets the final status, and sets
+    ``parity.complete = true`` last. A run still RUNNING (or SCHEDULED), or KILLED by
+    ``sync`` (``track.owner.reap_stale_runs``), without that tag may lack its tables: history,
+    diff selection, report and the nightly's baseline skip it. A FINISHED or FAILED run holds
+    its tables even without the tag (runs written by other tools, or killed after the status).
+    """
+    return complete_tag != "true" and str(status) in UNFINISHED_STATUSES
 _KEY_BAD = re.compile(r"[^\w./\- ]")
 _INITIALISED: set[str] = set()
 _INIT_GUARD = threading.Lock()
@@ -100,6 +114,26 @@ def artifact_root(uri: str) -> str | None:
     if db is None:
         return None
     return (db.parent / "artifacts").resolve().as_uri()
+
+
+#: MLflow's own run id rule (``mlflow/utils/validation.py``, ``_RUN_ID_REGEX``).
+RUN_ID_PATTERN = re.compile(r"^[a-zA-Z0-9][\w\-]{0,255}$")
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` when it is a well-formed MLflow run id (``RUN_ID_PATTERN``).
+
+    Raises:
+        InputError: a malformed id (usage error, exit 2), e.g. ``x'``; names it and the rule.
+    """
+    from parity_tracker.errors import InputError
+
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+        raise InputError(
+            f"run id {run_id!r} is malformed: an MLflow run id is a letter or digit followed by "
+            "up to 255 letters, digits, '_' or '-' (e.g. 0f3c2a...; see `parity-tracker history`)"
+        )
+    return run_id
 
 
 def param_key(key: str) -> str:
