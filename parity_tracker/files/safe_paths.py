@@ -15,7 +15,9 @@ from pathlib import Path
 from parity_tracker.errors import InputError
 
 
-def resolve_inside(root: str | os.PathLike[str], name: object, *, what: str = "path") -> Path:
+def resolve_inside(
+    root: str | os.PathLike[str], name: object, *, what: str = "path", root_name: str = "folder"
+) -> Path:
     """``root / name`` resolved (symlinks followed), refused when it leaves ``root``.
 
     Args:
