@@ -22,13 +22,13 @@ from parity_tracker.track.log import (
     stage_run,
     sync_spool,
 )
+from parity_tracker.track.owner import STALE_RUN_TIMEOUT_S, reap_stale_runs
 from parity_tracker.track.parents import (
     end_run,
     log_artifact_files,
     record_diff,
     start_parent_run,
 )
-from parity_tracker.track.owner import STALE_RUN_TIMEOUT_S, reap_stale_runs
 from parity_tracker.track.query import (
     RunHead,
     RunInfo,
@@ -43,9 +43,9 @@ __all__ = [
     "CONTRACT_METRICS",
     "DERIVED_PARAMS",
     "EXTRA_METRICS",
+    "STALE_RUN_TIMEOUT_S",
     "TAG_COMPLETE",
     "TAG_RUN_ID",
-    "STALE_RUN_TIMEOUT_S",
     "RunHead",
     "RunInfo",
     "RunStore",

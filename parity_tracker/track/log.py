@@ -350,13 +350,15 @@ def _upload(folder: Path, uri: str, tensors: Path | None = None, modules: Any = 
     On an embedded store the run is then added to the tag-status index (``_index_run``).
     """
     meta = read_meta(folder)
-    meta["tags"] = {**meta["tags"], **current_owner().tags()}  # who writes it (track.owner)
+    owner = current_owner().tags()  # who writes it (track.owner), set at creation with the id
+    meta["tags"] = {**meta["tags"], **owner}
     client = get_client(uri)
     exp_id = get_or_create_experiment(client, meta["experiment"])
     run = retry(
         client.create_run,
         exp_id,
         start_time=meta["start_time"],
+        tags={TAG_RUN_ID: meta["parity_run_id"], **owner},
         run_name=meta.get("run_name"),
     )
     run_id = run.info.run_id
@@ -553,8 +555,9 @@ def sync_spool(
     failed: list[str] = []
     if not root.is_dir():
         return done
-    recover_staging(root)
-    for entry in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    recover_staging(root)  # may remove an emptied spool
+    entries = sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith("."))
+    for entry in entries:
         try:
             with FileLock(str(root / f".{entry.name}.lock"), timeout=0):
                 if not (entry / "run.json").exists():

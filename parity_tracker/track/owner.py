@@ -197,12 +197,16 @@ def recover_staging(root: Path, *, now: float | None = None) -> list[str]:
         except InputError:
             final = None
         if not (folder / "run.json").is_file() or final is None or final.exists():
-            shutil.rmtree(folder, ignore_errors=True)
+            drop_staging(folder)
             continue
         tensors = record.get("tensors_dir")
         if tensors and Path(tensors).is_dir() and not (folder / "artifacts" / "tensors").exists():
             shutil.copytree(tensors, folder / "artifacts" / "tensors")
         os.replace(folder, final)
+    try:
+        staging.rmdir()
+    except OSError:  # live writers' folders remain
+        pass
     return handled
 
 

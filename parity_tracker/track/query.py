@@ -342,7 +342,13 @@ def _sqlite_heads(
         con.close()
     return [
         RunHead(
-            rid, int(start or 0), status, commit, fingerprint, metrics[rid], artifact_uri,
+            rid,
+            int(start or 0),
+            status,
+            commit,
+            fingerprint,
+            metrics[rid],
+            artifact_uri,
             is_incomplete(status, complete),
         )  # fmt: skip
         for rid, start, status, artifact_uri, commit, fingerprint, complete in rows

@@ -46,6 +46,8 @@ def is_incomplete(status: str | None, complete_tag: str | None) -> bool:
     its tables even without the tag (runs written by other tools, or killed after the status).
     """
     return complete_tag != "true" and str(status) in UNFINISHED_STATUSES
+
+
 _KEY_BAD = re.compile(r"[^\w./\- ]")
 _INITIALISED: set[str] = set()
 _INIT_GUARD = threading.Lock()
