@@ -23,10 +23,8 @@ def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit:
     Returns:
         The chosen run, or None.
     """
-    earlier = [
-        r for r in candidates
-        if r.run_id != head_run_id and r.status == "FINISHED" and not getattr(r, "incomplete", False)
-    ]  # fmt: skip
+    usable = [r for r in candidates if r.status == "FINISHED" and not getattr(r, "incomplete", 0)]
+    earlier = [r for r in usable if r.run_id != head_run_id]
     head = next((r for r in candidates if r.run_id == head_run_id), None)
     if head is not None:
         earlier = [r for r in earlier if r.start_time <= head.start_time]

@@ -19,6 +19,7 @@ the pair names one process even after the PID is reused).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -203,10 +204,8 @@ def recover_staging(root: Path, *, now: float | None = None) -> list[str]:
         if tensors and Path(tensors).is_dir() and not (folder / "artifacts" / "tensors").exists():
             shutil.copytree(tensors, folder / "artifacts" / "tensors")
         os.replace(folder, final)
-    try:
+    with contextlib.suppress(OSError):  # live writers' folders remain
         staging.rmdir()
-    except OSError:  # live writers' folders remain
-        pass
     return handled
 
 
