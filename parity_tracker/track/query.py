@@ -350,7 +350,7 @@ def _sqlite_heads(
             metrics[rid],
             artifact_uri,
             is_incomplete(status, complete),
-        )  # fmt: skip
+        )
         for rid, start, status, artifact_uri, commit, fingerprint, complete in rows
     ]
 
