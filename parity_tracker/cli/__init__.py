@@ -248,6 +248,13 @@ def run(
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
+@click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Refuse a matrix that expands to more cells (counted before expansion).",
+)
 @json_option
 @click.pass_context
 def nightly(
@@ -261,6 +268,7 @@ def nightly(
     experiment: str,
     commit: str | None,
     branch: str | None,
+    max_cells: int,
     as_json: bool,
 ) -> None:
     """Run the matrix, diff every cell against its baseline, print the digest."""
@@ -281,6 +289,7 @@ def nightly(
         reporter=None if as_json else T.RichReporter(),
         render=nightly_artifacts,
         render_run=report_files,
+        max_cells=max_cells,
     )
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
