@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from parity_tracker.analysis.expected import load_expected
 from parity_tracker.cli import cli
 from parity_tracker.errors import InputError
+from parity_tracker.files.safe_paths import resolve_inside
 from parity_tracker.pipeline.config import load_matrix
 
 TINY = "cli_targets:tiny"
@@ -131,3 +135,131 @@ def test_nightly_cli_max_cells_is_exit_2(tmp_path, in_tmp_cwd):
     config = _write(tmp_path, "nightly.toml", text)
     got = _invoke(["nightly", "--config", str(config), "--max-cells", "3"])
     assert got.exit_code == 2 and "4 cells" in got.output, got.output
+
+
+# --------------------------------------------------------------------------- item 7: folders
+
+
+def _dump(tmp_path: Path) -> Path:
+    import torch
+
+    from parity_tracker.files.dump import DumpWriter
+
+    writer = DumpWriter(tmp_path / "dumps")
+    writer.write("checker_fc1", torch.arange(6.0).reshape(2, 3), side=0, role="reference")
+    q = torch.quantize_per_channel(
+        torch.randn(2, 3), torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0, torch.qint8
+    )
+    writer.write("checker_q", q, side=1, role="candidate")
+    writer.close()
+    return writer.folder
+
+
+def _edit(folder: Path, change) -> None:
+    index = folder / "index.json"
+    payload = json.loads(index.read_text())
+    change(payload)
+    index.write_text(json.dumps(payload))
+
+
+def test_resolve_inside_is_the_one_rule(tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "secret.npy").write_bytes(b"x")
+    os.symlink(tmp_path / "secret.npy", root / "link.npy")
+    os.symlink(root / "sub", root / "inner")
+    assert resolve_inside(root, "sub/a.npy") == (root / "sub" / "a.npy").resolve()
+    assert resolve_inside(root, "inner/a.npy") == (root / "sub" / "a.npy").resolve()
+    for bad in ("../secret.npy", str(tmp_path / "secret.npy"), "link.npy", "", "a\x00b", 5, None):
+        with pytest.raises(InputError):
+            resolve_inside(root, bad)
+
+
+def test_load_dump_round_trip_still_works(tmp_path):
+    from parity_tracker.files.dump import load_dump
+
+    got = load_dump(_dump(tmp_path))
+    assert [e["tag"] for e, _ in got] == ["checker_fc1", "checker_q"]
+    np.testing.assert_array_equal(got[0][1].numpy(), np.arange(6.0).reshape(2, 3))
+
+
+ESCAPES = {
+    "dotdot": lambda p: p["files"][0].update(file="../../other/secret.npy"),
+    "absolute": lambda p: p["files"][0].update(file="/etc/passwd"),
+    "scales_dotdot": lambda p: p["files"][1].update(scales_file="../outside.npy"),
+    "scales_absolute": lambda p: p["files"][1].update(zero_points_file="/tmp/x.npy"),
+    "symlink": lambda p: p["files"][0].update(file="link.npy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPES))
+def test_load_dump_refuses_paths_leaving_the_folder(case, tmp_path):
+    from parity_tracker.files.dump import load_dump
+
+    folder = _dump(tmp_path)
+    secret = np.full(6, 42.0).reshape(2, 3)
+    (tmp_path / "other").mkdir()
+    for path in (tmp_path / "other" / "secret.npy", tmp_path / "dumps" / "outside.npy"):
+        np.save(path, secret)
+    os.symlink(tmp_path / "other" / "secret.npy", folder / "link.npy")
+    _edit(folder, ESCAPES[case])
+    with pytest.raises(InputError, match="leaves the dump folder"):
+        load_dump(folder)
+
+
+def _huge_npy(path: Path) -> None:
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1000000, 1000000), }"
+    header += " " * (63 - len(header) % 64) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+
+
+MALFORMED = {
+    "bad_json": lambda f: (f / "index.json").write_text("{not json"),
+    "not_object": lambda f: (f / "index.json").write_text("[1, 2]"),
+    "files_not_list": lambda f: _edit(f, lambda p: p.update(files={"a": 1})),
+    "entry_not_object": lambda f: _edit(f, lambda p: p.update(files=[5])),
+    "file_not_str": lambda f: _edit(f, lambda p: p["files"][0].update(file=5)),
+    "dtype_not_dtype": lambda f: _edit(f, lambda p: p["files"][0].update(dtype="load")),
+    "dtype_not_str": lambda f: _edit(f, lambda p: p["files"][0].update(dtype=[1])),
+    "shape_mismatch": lambda f: _edit(f, lambda p: p["files"][0].update(shape=[10**9, 10**9])),
+    "axis_not_int": lambda f: _edit(f, lambda p: p["files"][1].update(axis="0")),
+    "huge_header": lambda f: _huge_npy(f / "checker_fc1__ref.npy"),
+    "truncated_npy": lambda f: (f / "checker_fc1__ref.npy").write_bytes(b"\x93NUMPY\x01"),
+    "missing_npy": lambda f: (f / "checker_fc1__ref.npy").unlink(),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_load_dump_malformed_index_is_input_error(case, tmp_path):
+    from parity_tracker.files.dump import load_dump
+
+    folder = _dump(tmp_path)
+    MALFORMED[case](folder)
+    with pytest.raises(InputError):
+        load_dump(folder)
+
+
+def test_sync_refuses_a_spool_entry_with_a_symlink_out(tmp_path, sqlite_tracking_uri):
+    """A spool entry someone else wrote cannot make sync upload a file from outside it."""
+    from parity_tracker.errors import InfrastructureError
+    from parity_tracker.track import sync_spool
+    from parity_tracker.track.store import get_client
+
+    spool = tmp_path / "spool"
+    entry = spool / ("a" * 32)
+    (entry / "artifacts").mkdir(parents=True)
+    (tmp_path / "secret.txt").write_text("secret")
+    os.symlink(tmp_path / "secret.txt", entry / "artifacts" / "x.txt")
+    meta = {"parity_run_id": "a" * 32, "experiment": "parity", "tracking_uri": sqlite_tracking_uri,
+            "run_name": None, "parent_run_id": None, "params": {}, "metrics": {}, "tags": {},
+            "status": "FINISHED", "start_time": 1, "end_time": 2}  # fmt: skip
+    (entry / "run.json").write_text(json.dumps(meta))
+    os.symlink(entry, spool / ("b" * 32))  # an entry that is itself a symlink is not read
+    with pytest.raises(InfrastructureError, match="leaves the folder"):
+        sync_spool(sqlite_tracking_uri, spool_dir=spool)
+    client = get_client(sqlite_tracking_uri)
+    exp = client.get_experiment_by_name("parity")
+    assert exp is None or client.search_runs([exp.experiment_id]) == []
+    (entry / "run.json").write_text(json.dumps({**meta, "start_time": "x"}))
+    with pytest.raises(InfrastructureError, match="start_time = 'x'"):
+        sync_spool(sqlite_tracking_uri, spool_dir=spool)

@@ -556,7 +556,10 @@ def sync_spool(
     if not root.is_dir():
         return done
     recover_staging(root)  # may remove an emptied spool
-    entries = sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith("."))
+    entries = sorted(
+        p for p in root.glob("*")
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    )  # fmt: skip
     for entry in entries:
         try:
             with FileLock(str(root / f".{entry.name}.lock"), timeout=0):

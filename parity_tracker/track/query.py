@@ -22,6 +22,7 @@ from parity_tracker.errors import (
     ParityTrackerError,
     StoreDamagedError,
 )
+from parity_tracker.files.safe_paths import check_tree_inside
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.run.result import RunResult
@@ -108,6 +109,7 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
     try:
         retry(client.download_artifacts, run_id, "tables", str(tmp))
         retry(client.download_artifacts, run_id, "summary.json", str(tmp))
+        check_tree_inside(tmp)  # a symlink out of the run's folder is never followed
         (tmp / ".complete").touch()
         try:
             os.replace(tmp, cache)
