@@ -39,7 +39,10 @@ MATRIX_BAD = [
     (f'[[matrix]]\ntarget = "{TINY}"\nmode = 3\n', ["mode = 3", "valid string"]),
     (f'[[matrix]]\ntarget = "{TINY}"\ndump_mode = "x"\n', ["dump_mode = 'x'", "FIRST_NOT_EQUAL"]),
     (f'[[matrix]]\ntarget = "{TINY}"\nperturb = {{ a = 1 }}\n', ["perturb", "non-empty list"]),
-    (f'[[matrix]]\ntarget = "{TINY}"\n[other]\nx = 1\n', ["other", "unknown key", "matrix"]),
+    (
+        f'[[matrix]]\ntarget = "{TINY}"\n[other]\nx = 1\n',
+        ["other", "unknown top-level keys", "matrix"],
+    ),
     ("[[matrix]]\ntarget = 7\n", ["target = 7", "valid string"]),
     ('[[matrix]]\ntarget = "../../etc/passwd:x"\n', ["../../etc/passwd:x", "dotted module"]),
     ('[[matrix]]\ntarget = "../x:y"\n', ["../x:y", "dotted module"]),

@@ -75,7 +75,8 @@ def validate_model(model: type[M], data: Any, where: str) -> M:
             if err["type"] == "extra_forbidden":
                 msg = "unknown key; " + _allowed(model, err["loc"])
             if err["type"] == "missing":
-                lines.append(f"{key}: missing key (each entry needs {err['loc'][-1]})")
+                need = f" (each entry needs {err['loc'][-1]})" if len(err["loc"]) > 1 else ""
+                lines.append(f"{key}: missing key{need}")
                 continue
             lines.append(f"{key} = {err.get('input')!r}: {msg}")
         raise InputError(f"{where}: " + "; ".join(dict.fromkeys(lines))) from None

@@ -133,7 +133,13 @@ def read_matrix_file(path: str | Path) -> MatrixFile:
         InputError: missing or malformed TOML, a wrong type, an unknown top-level key, a
             malformed target spec, or no ``[[matrix]]`` entry (names key, value, allowed).
     """
-    return validate_model(MatrixFile, load_toml(path), str(path))
+    data = load_toml(path)
+    unknown = set(data) - {"matrix"}
+    if unknown:
+        raise InputError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[matrix]]")
+    if data.get("matrix", []) == []:
+        raise InputError(f"{path}: no [[matrix]] entries; see the format at the top of the file")
+    return validate_model(MatrixFile, data, str(path))
 
 
 def load_matrix(path: str | Path, *, max_cells: int = MAX_CELLS) -> list[Cell]:

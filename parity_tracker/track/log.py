@@ -457,7 +457,7 @@ def log_run(
     stored = _with_git(result, commit, branch)
     uri = resolve_tracking_uri(tracking_uri)
     root = spool_root(spool_dir)
-    tensors = str(result.dump_dir) if result.dump_dir is not None else None
+    tensors = str(Path(result.dump_dir).resolve()) if result.dump_dir is not None else None
     tmp = new_staging(root, result.run_id, {"tracking_uri": uri, "tensors_dir": tensors})
     try:
         staged = stage_run(

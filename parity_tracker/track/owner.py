@@ -168,6 +168,24 @@ def _abandoned(folder: Path, owner: Owner | None, now: float) -> bool:
     return age > STALE_RUN_TIMEOUT_S
 
 
+def _copy_tensors(folder: Path, tensors: Any) -> None:
+    """Copy the killed writer's dump folder into the staged run, if it is still there.
+
+    Only a folder of the same owner (uid) as the staging folder is read: ``owner.json`` names
+    it, and a spool writable by others must not make sync read another user's files.
+    """
+    if not isinstance(tensors, str) or not tensors:
+        return
+    src = Path(tensors)
+    dst = folder / "artifacts" / "tensors"
+    try:
+        same_user = src.is_dir() and src.stat().st_uid == folder.stat().st_uid
+    except OSError:
+        return
+    if same_user and not dst.exists():
+        shutil.copytree(src, dst, symlinks=True)
+
+
 def recover_staging(root: Path, *, now: float | None = None) -> list[str]:
     """Turn the staging folders of dead writers into spool entries (or remove them).
 
@@ -200,9 +218,7 @@ def recover_staging(root: Path, *, now: float | None = None) -> list[str]:
         if not (folder / "run.json").is_file() or final is None or final.exists():
             drop_staging(folder)
             continue
-        tensors = record.get("tensors_dir")
-        if tensors and Path(tensors).is_dir() and not (folder / "artifacts" / "tensors").exists():
-            shutil.copytree(tensors, folder / "artifacts" / "tensors")
+        _copy_tensors(folder, record.get("tensors_dir"))
         os.replace(folder, final)
     with contextlib.suppress(OSError):  # live writers' folders remain
         staging.rmdir()
