@@ -1,4 +1,4 @@
-"""The one rule for paths read from files that someone else could have written.
+"""The one rule for paths read from files that someone else could have written (issues 14, 20).
 
 An index (``index.json`` of a dump, ``run.json`` of a spool entry, a downloaded artifact
 folder, a reproducer folder) names files relative to its folder. :func:`resolve_inside` is the
