@@ -35,7 +35,13 @@ import torch
 import xxhash
 
 from parity_tracker.compare.convert import Converted, _plain, to_tensor
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, StreamHasher, dtype_name, raw_buffer
+from parity_tracker.compare.hashing import (
+    _NUMPY_DTYPES,
+    StreamHasher,
+    dtype_name,
+    flat_view,
+    raw_buffer,
+)
 from parity_tracker.compare.metrics import (
     SMALL,
     DiffStats,
@@ -170,7 +176,7 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     if t.dtype in _NUMPY_FLOATS:
         return bool(np.isfinite(t.numpy() if array is None else array).all())
     if t.dtype == torch.bfloat16:
-        bits = t.view(torch.int16).numpy()
+        bits = flat_view(t).view(torch.int16).numpy()
         return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
     return None
 
