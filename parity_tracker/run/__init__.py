@@ -24,6 +24,7 @@ _LAZY = {
     "worst_tensor": "summary",
     "diff_histogram": "histogram",
     "histogram_from_dump": "histogram",
+    "read_dump_histogram": "histogram",
     "build_summary": "summary",
     "status_counts": "summary",
     "first_divergence": "summary",

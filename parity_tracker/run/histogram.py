@@ -18,6 +18,7 @@ from parity_tracker.compare.verdict import worst_key
 
 
 def _float64(x: Any) -> np.ndarray:
+    """A numpy float64 array of ``x`` (a torch tensor, complex → magnitude, or array-like)."""
     if hasattr(x, "detach"):  # a torch tensor, without importing torch
         x = x.detach().cpu()
         if x.is_complex():
@@ -92,13 +93,29 @@ def diff_histogram(
 def histogram_from_dump(folder: Any, worst: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``diff_histogram`` of ``worst`` (``tag``, ``step``) read from one check's dump folder.
 
+    Returns None when the folder, either side, or a readable pair of equal shape is missing:
+    a histogram is never guessed. :func:`read_dump_histogram` also says why.
+    """
+    return read_dump_histogram(folder, worst)[0]
+
+
+def read_dump_histogram(
+    folder: Any, worst: Mapping[str, Any] | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``diff_histogram`` of ``worst`` read back from a dump folder, or why not.
+
     Reads ``index.json`` (``files.dump`` format: entries with ``tag``, ``step``, ``side``
     0 = reference / 1 = candidate, ``file``); quantized entries (stored as their integer
-    representation) are not used. Returns None when the folder, either side, or a readable
-    pair of equal shape is missing: a histogram is never guessed.
+    representation) are not used. Never raises: a missing or partial dump only loses the
+    histogram.
+
+    Returns:
+        ``(histogram, None)``, or ``(None, problem)`` with ``problem`` one line of text when the
+        folder was given but could not serve the histogram (``(None, None)`` when there is no
+        folder or no worst tensor).
     """
     if not folder or not worst:
-        return None
+        return None, None
     folder = Path(folder)
     try:
         entries = json.loads((folder / "index.json").read_text())["files"]
@@ -112,12 +129,12 @@ def histogram_from_dump(folder: Any, worst: Mapping[str, Any] | None) -> dict[st
             and "qscheme" not in e
         }
         if 0 not in mine or 1 not in mine:
-            return None
+            return None, f"the dump folder {folder} holds no unquantized pair of that tensor"
         ref = np.load(folder / mine[0]["file"], allow_pickle=False)
         cand = np.load(folder / mine[1]["file"], allow_pickle=False)
-        return diff_histogram(ref, cand, tag=worst.get("tag"), step=worst.get("step"))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return diff_histogram(ref, cand, tag=worst.get("tag"), step=worst.get("step")), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"the dump folder {folder} could not be read ({type(exc).__name__}: {exc})"
 
 
 def _private_copy(t: Any) -> Any:

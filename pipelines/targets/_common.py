@@ -313,3 +313,43 @@ def onnx_drives(
     from parity_tracker.adapters.onnx import onnx_candidate
 
     return onnx_candidate(reference, steps, ort_optimization=chosen["ort_optimization"])
+
+
+def onnx_case(
+    target: str,
+    reference: torch.nn.Module,
+    candidate: Any,
+    chosen: Mapping[str, str],
+    record: Mapping[str, str],
+    how: str,
+) -> Any:
+    """The ``candidate=onnxruntime`` case of a target, around its ``ForeignCandidate``.
+
+    Args:
+        target: the target's name (for the recorded settings).
+        reference: the PyTorch reference module.
+        candidate: the ``ForeignCandidate`` (:func:`onnx_drives` or ``onnx_candidate``).
+        chosen: the resolved settings (``ort_optimization`` is read).
+        record: the settings recorded with the run.
+        how: the notes' head, up to the words "in onnxruntime".
+
+    Returns:
+        A ``parity_tracker.pipeline.case.ParityCase`` driving the reference with
+        ``candidate.reference_drive`` and the candidate with ``candidate.drive``.
+    """
+    from parity_tracker.pipeline.case import ParityCase
+
+    return ParityCase(
+        reference=reference,
+        candidate=candidate,
+        drive=candidate.reference_drive,
+        candidate_drive=candidate.drive,
+        settings=recorded_settings(
+            target, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
+        ),
+        notes=(
+            f"{how} in onnxruntime (CPU, 1 thread, "
+            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
+            "graph are diagnostic, the output verdict is the deployed graph's"
+        ),
+    )

@@ -242,18 +242,8 @@ def _onnx_case(
 ) -> ParityCase:
     """``candidate=onnxruntime``: the reference exported to ONNX, run in onnxruntime."""
     cand = _common.onnx_drives(reference, [(x,)], chosen)
-    return ParityCase(
-        reference=reference,
-        candidate=cand,
-        drive=cand.reference_drive,
-        candidate_drive=cand.drive,
-        settings=_common.recorded_settings(
-            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
-        ),
-        notes=(
-            f"held-out accuracy of the reference: {accuracy:.4f}; candidate: "
-            "torch.onnx.export(dynamo=True) in onnxruntime (CPU, 1 thread, "
-            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
-            "graph are diagnostic, the output verdict is the deployed graph's"
-        ),
+    how = (
+        f"held-out accuracy of the reference: {accuracy:.4f}; candidate: "
+        "torch.onnx.export(dynamo=True)"
     )
+    return _common.onnx_case(NAME, reference, cand, chosen, record, how)

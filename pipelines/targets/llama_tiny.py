@@ -274,18 +274,8 @@ def _onnx_case(reference: torch.nn.Module, chosen: dict, record: dict) -> Parity
     cand: ForeignCandidate = onnx_candidate(
         reference, steps, proto, ort_optimization=chosen["ort_optimization"]
     )
-    return ParityCase(
-        reference=reference,
-        candidate=cand,
-        drive=cand.reference_drive,
-        candidate_drive=cand.drive,
-        settings=_common.recorded_settings(
-            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
-        ),
-        notes=(
-            f"full recompute of {STEPS} growing prefixes (use_cache=False) exported with a "
-            "dynamic sequence length, run in onnxruntime (CPU, 1 thread, "
-            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
-            "graph are diagnostic, the output verdict is the deployed graph's"
-        ),
+    how = (
+        f"full recompute of {STEPS} growing prefixes (use_cache=False) exported with a "
+        "dynamic sequence length, run"
     )
+    return _common.onnx_case(NAME, reference, cand, chosen, record, how)

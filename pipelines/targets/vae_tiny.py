@@ -128,18 +128,8 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
 def _onnx_case(reference: torch.nn.Module, images: torch.Tensor, chosen: dict, record: dict):
     """``candidate=onnxruntime``: the reference exported to ONNX, run in onnxruntime."""
     cand = _common.onnx_drives(reference, [(images,)], chosen)
-    return ParityCase(
-        reference=reference,
-        candidate=cand,
-        drive=cand.reference_drive,
-        candidate_drive=cand.drive,
-        settings=_common.recorded_settings(
-            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
-        ),
-        notes=(
-            f"seeded AutoencoderKL {CONFIG['block_out_channels']}; candidate: "
-            "torch.onnx.export(dynamo=True) in onnxruntime (CPU, 1 thread, "
-            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
-            "graph are diagnostic, the output verdict is the deployed graph's"
-        ),
+    how = (
+        f"seeded AutoencoderKL {CONFIG['block_out_channels']}; candidate: "
+        "torch.onnx.export(dynamo=True)"
     )
+    return _common.onnx_case(NAME, reference, cand, chosen, record, how)
