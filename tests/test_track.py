@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from parity_tracker.dashboards import render_run_report
 from parity_tracker.env import ENV_KEYS
 from parity_tracker.run import config_fingerprint, run_parity
 from parity_tracker.store import get_client, read_tag_index, tag_index_path
@@ -78,7 +79,8 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
     result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
     exp = _experiment()
     run_id = log_run(result, tracking_uri=store_uri, experiment=exp, run_name="tiny-1",
-                     commit="feedbeef", branch="feature/x")  # fmt: skip
+                     commit="feedbeef", branch="feature/x",
+                     render=lambda r: {"report.html": render_run_report(r)})  # fmt: skip
     assert result.tracking_run_id == run_id
     client = get_client(store_uri)
     run = client.get_run(run_id)

@@ -125,7 +125,7 @@ def run_target(
         branch: the branch to record.
         log: False to run without logging.
         render: ``render(result) -> {artifact path: text}``, the files the logged run gets
-            (the CLI passes the dashboards' report renderer); None: ``log_run``'s default.
+            (the CLI passes the dashboards' report renderer); None: none.
         keep_repro: bytes kept per reproducer (``run_parity``; None: its default, 0: none).
 
     Raises:
@@ -163,7 +163,7 @@ def run_target(
             run_name=run_name,
             commit=commit,
             branch=branch,
-            **({} if render is None else {"render": render}),
+            render=render,
         )
     except SpooledError as exc:
         out.error = exc

@@ -167,24 +167,6 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
 Renderer = Callable[[RunResult], Mapping[str, str]]
 
 
-def legacy_report_renderer(result: RunResult) -> dict[str, str]:
-    """TRANSITIONAL default of ``log_run(render=...)``: ``report.html`` from the dashboards.
-
-    Kept only so callers that do not pass ``render`` yet still store a report. It imports the
-    presentation layer by name at call time; delete it (and make ``render`` default to None)
-    once ``pipeline``/``cli`` pass ``render=`` themselves (issue 12).
-    """
-    import importlib
-
-    for name in ("parity_tracker.dashboards.report", "dashboards.report"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        return {"report.html": module.render_run_report(result)}
-    return {}
-
-
 def _write_rendered(result: RunResult, art: Path, render: Renderer | None) -> None:
     """Write ``render(result)``'s files under ``art``; a renderer fault only warns."""
     if render is None:
@@ -421,7 +403,7 @@ def log_run(
     branch: str | None = None,
     spool_dir: str | os.PathLike[str] | None = None,
     artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
-    render: Renderer | None = legacy_report_renderer,
+    render: Renderer | None = None,
 ) -> str:
     """Record a parity run as one MLflow run (see the module docstring for exactly what).
 
@@ -440,9 +422,8 @@ def log_run(
         artifacts: extra files to attach, ``{artifact_path: local_path}`` (e.g.
             ``{"report.html": path}``), stored beside the tables and spooled with them.
         render: ``render(result) -> {artifact_path: text}``, called once while staging (a
-            fault only warns); None for none. The default is TRANSITIONAL
-            (``legacy_report_renderer``: ``report.html`` from the dashboards) until the layer
-            above passes its own.
+            fault only warns); None (default) for none. This package never renders: the CLI
+            passes the dashboards' ``report.html`` renderer.
 
     Returns:
         The MLflow run id (also set on ``result.tracking_run_id``, the one field of the
