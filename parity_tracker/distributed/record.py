@@ -41,8 +41,13 @@ from parity_tracker.capture import (
 )
 
 
-def _has_forward(mod: torch.nn.Module) -> bool:
-    """False for pure containers (ModuleList, ModuleDict) that are never called."""
+def _overrides_forward(mod: torch.nn.Module) -> bool:
+    """True when ``mod``'s class defines its own ``forward``: False for pure containers.
+
+    Deliberately not :func:`parity_tracker.capture.modules._has_forward`: that one also hooks
+    TorchScript submodules and skips packed quantized parameter holders, which this recorder
+    (sharded eager models, Python forward hooks on every rank) has never done.
+    """
     return type(mod).forward is not torch.nn.Module.forward
 
 
@@ -123,7 +128,7 @@ class ShardRecorder:
         own = own_tensors(model, root)
         handles = []
         for raw, mod in model.named_modules():
-            if mod is not model and not _has_forward(mod):
+            if mod is not model and not _overrides_forward(mod):
                 continue
             name = module_display_name(raw, root)
             entries = own.get(id(mod), [])
