@@ -1,0 +1,382 @@
+"""Error budgets: is the candidate's difference a bug, or rounding PyTorch itself would make?
+
+Issue 15. A ``budget`` comparison has three sides of one tag:
+
+- **golden**: the reference computed in float64 (:mod:`parity_tracker.golden`);
+- **twin**: the reference computed the way PyTorch computes it at the candidate's precision
+  (:mod:`parity_tracker.twin`; the reference itself when the candidate has its dtype);
+- **candidate**.
+
+The one formula (:func:`error_ratio`)::
+
+    e_cand = max |candidate − golden|          (golden_max_abs_err)
+    e_twin = max |twin − golden|               (twin_max_abs_err)
+    floor  = eps(compared dtype) · max |golden|   (one ULP at the tag's largest magnitude)
+    error_ratio = e_cand / max(e_twin, floor)
+
+and the tag is within budget exactly when ``error_ratio ≤ k`` (:func:`budget_status`: the
+verdict is derived from the ratio alone, plus bitwise equality with the reference for
+``equal``, so the two can never disagree). ``k`` defaults to :data:`DEFAULT_K` = 2, the bound
+of FlashAttention's tests: the output error of the kernel against a float32 reference is
+asserted to be at most twice the error of PyTorch's own implementation at bf16/fp16 against
+that reference (Dao-AILab/flash-attention, ``tests/test_flash_attn.py``:
+``assert (out - out_ref).abs().max().item() <= 2 * (out_pt - out_ref).abs().max().item()``).
+
+The compared dtype is the lower-precision one of the candidate and the twin (larger
+``torch.finfo(dtype).eps``), as :func:`parity_tracker.tolerances.default_tolerances` lets the
+lower-precision side win. Integer and bool sides have no eps: their floor is 0.
+
+Non-finite values (never a NaN ratio):
+
+- an element is exact (error 0) when it equals the golden element, NaN matching NaN and
+  ±inf matching the same-signed inf; any other non-finite element (the side loses a value the
+  golden has, or has a finite value where the golden has none) has error ``+inf``;
+- the floor uses the largest FINITE ``|golden|`` (0 when none is finite);
+- ``0 / anything = 0``; ``x / 0 = +inf`` for ``x > 0``; ``finite / inf = 0``; and when both
+  ``e_cand`` and ``e_twin`` are ``+inf`` (both lose values, e.g. an fp16 overflow PyTorch
+  makes too) the ratio is the number of elements the candidate loses over the number the
+  twin loses (1.0: as many as PyTorch at that precision).
+
+``error_ratio`` may therefore be ``+inf`` (a candidate that loses values PyTorch keeps, or any
+error where the golden and the twin are exact and zero); writers of strict JSON must map it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.convert import Converted, to_tensor
+from parity_tracker.errors import InputError
+from parity_tracker.metrics import flat
+from parity_tracker.tolerances import first_match
+
+DEFAULT_K = 2.0
+"""Default budget factor: FlashAttention's tests (module docstring give the line)."""
+MODE = "budget"
+CHUNK = 1 << 20
+"""Elements per chunk of the float64 error pass (8 MiB per float64 chunk)."""
+
+
+def check_k(k: float, what: str = "k") -> float:
+    """Validate a budget factor: a finite number ≥ 1.
+
+    Below 1, a candidate bitwise identical to the twin (ratio 1) would be over budget.
+
+    Raises:
+        InputError: when ``k`` is not a finite number ≥ 1 (names ``what`` and the value).
+    """
+    try:
+        value = float(k)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a number >= 1, got {k!r}") from None
+    if not (math.isfinite(value) and value >= 1.0):
+        raise InputError(
+            f"{what} must be a finite number >= 1 (a candidate identical to PyTorch at its "
+            f"precision has error_ratio 1), got {k!r}"
+        )
+    return value
+
+
+class Budgets:
+    """Resolves the budget factor ``k`` of one tag: explicit > first matching glob > default.
+
+    Globs follow :func:`parity_tracker.tolerances.first_match` (the package's one per-tag glob
+    rule: ``fnmatch``, case-sensitive, first pattern in the given order wins).
+
+    Args:
+        overrides: mapping (or iterable of pairs) from glob pattern to ``k``.
+        k: the factor of tags without an override (default :data:`DEFAULT_K`).
+
+    Raises:
+        InputError: when a ``k`` is not a finite number ≥ 1.
+    """
+
+    def __init__(
+        self,
+        overrides: Mapping[str, float] | Iterable[tuple[str, float]] | None = None,
+        *,
+        k: float = DEFAULT_K,
+    ) -> None:
+        items = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
+        self.overrides = [(str(p), check_k(v, f"budget k for {p!r}")) for p, v in items]
+        self.default = check_k(k)
+
+    def resolve(self, tag: str | None, k: float | None = None) -> float:
+        """The ``k`` of ``tag``: ``k`` when given, else the first matching override or default."""
+        if k is not None:
+            return check_k(k)
+        found = first_match(self.overrides, tag)
+        return self.default if found is None else found
+
+
+@dataclass(frozen=True)
+class ErrorScan:
+    """One side's error against the golden.
+
+    Attributes:
+        max_abs_err: ``max |side − golden|`` in float64 (``+inf`` when the side loses a value;
+            module docstring gives the non-finite rule); 0.0 for an empty tensor.
+        lost: elements where the golden is finite and the side is not, or the other way round.
+    """
+
+    max_abs_err: float
+    lost: int
+
+
+def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
+    """``max |side − golden|`` computed in float64 (complex128 for complex), chunk by chunk.
+
+    Args:
+        side: a dense CPU tensor of the golden's shape, any dtype.
+        golden: the float64 golden, dense CPU tensor.
+
+    Returns:
+        An :class:`ErrorScan`; non-finite elements follow the module docstring's rule.
+    """
+    s, g = flat(side), flat(golden)
+    wide = torch.complex128 if (s.is_complex() or g.is_complex()) else torch.float64
+    worst, lost = 0.0, 0
+    for lo in range(0, s.numel(), CHUNK):
+        a, b = s[lo : lo + CHUNK].to(wide), g[lo : lo + CHUNK].to(wide)
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        d = torch.where(same, 0.0, (a - b).abs().to(torch.float64))
+        bad = ~torch.isfinite(d)
+        lost += int(bad.sum())
+        if lost:
+            d = d.masked_fill(bad, math.inf)
+        if d.numel():
+            worst = max(worst, float(d.max()))
+    return ErrorScan(worst, lost)
+
+
+def compared_eps(*dtypes: torch.dtype) -> float:
+    """``torch.finfo(dtype).eps`` of the lowest-precision floating dtype given.
+
+    0.0 when none is floating or complex (integers and bools are exact).
+    """
+    eps = [float(torch.finfo(d).eps) for d in dtypes if d.is_floating_point or d.is_complex]
+    return max(eps, default=0.0)
+
+
+def budget_floor(golden: torch.Tensor, eps: float) -> float:
+    """``eps · max |golden|`` over the golden's finite elements (0.0 when none is finite)."""
+    g = flat(golden).abs()
+    finite = g[torch.isfinite(g)]
+    return eps * float(finite.max()) if finite.numel() else 0.0
+
+
+def error_ratio(cand: ErrorScan, twin: ErrorScan, floor: float) -> float:
+    """``e_cand / max(e_twin, floor)``, never NaN (module docstring gives the conventions).
+
+    Args:
+        cand: the candidate's error against the golden.
+        twin: the twin's error against the golden.
+        floor: ``eps(compared dtype) · max |golden|`` (:func:`budget_floor`).
+    """
+    e_cand, den = cand.max_abs_err, max(twin.max_abs_err, floor)
+    if e_cand == 0.0:
+        return 0.0
+    if den == 0.0:
+        return math.inf
+    if math.isinf(e_cand) and math.isinf(den):
+        return cand.lost / twin.lost
+    return e_cand / den
+
+
+def budget_status(ratio: float, k: float, bitwise_equal: bool) -> str:
+    """The budget verdict, from the ratio alone (plus equality for ``equal``).
+
+    ``mismatch`` when ``ratio > k``, else ``equal`` when the candidate equals the reference
+    (``compare_tensors`` ``equal`` semantics), else ``close``.
+    """
+    if ratio > k:
+        return "mismatch"
+    return "equal" if bitwise_equal else "close"
+
+
+@dataclass(frozen=True)
+class BudgetComparison:
+    """The budget verdict of one tag and its numbers.
+
+    Attributes:
+        status: ``equal``, ``close`` or ``mismatch`` (:func:`budget_status`), or the status of
+            an unusable pair (``shape_mismatch``, ``skipped``, ``error``) with budget numbers
+            ``None``.
+        k: the budget factor used.
+        golden_max_abs_err: ``e_cand = max |candidate − golden|``.
+        twin_max_abs_err: ``e_twin = max |twin − golden|``.
+        floor: ``eps(compared dtype) · max |golden|``.
+        error_ratio: ``e_cand / max(e_twin, floor)``; may be ``+inf``, never NaN.
+        compared_dtype: name of the dtype whose eps gives the floor (``None``: no float side).
+        comparison: the usual candidate-vs-reference record (``max_abs_diff``, ...), with
+            ``mode="budget"`` and this record's status and message.
+        message: the verdict in words.
+    """
+
+    status: str
+    k: float
+    golden_max_abs_err: float | None
+    twin_max_abs_err: float | None
+    floor: float | None
+    error_ratio: float | None
+    compared_dtype: str | None
+    comparison: Comparison
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        """True when the status is ``equal`` or ``close``."""
+        return self.comparison.passed
+
+    def columns(self) -> dict[str, Any]:
+        """The three budget columns of the ``modules``/``ops`` tables (issue 15)."""
+        return {
+            "golden_max_abs_err": self.golden_max_abs_err,
+            "twin_max_abs_err": self.twin_max_abs_err,
+            "error_ratio": self.error_ratio,
+        }
+
+
+def _g(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _verdict_message(status: str, e_c: float, e_t: float, floor: float, ratio: float, k, dtype):
+    den = max(e_t, floor)
+    if status == "equal":
+        return f"bitwise equal to the reference (error_ratio {_g(ratio)} <= k={_g(k)})"
+    where = "within" if status == "close" else "over"
+    return (
+        f"{where} budget: error vs the float64 golden {_g(e_c)} is {_g(ratio)}x PyTorch's own "
+        f"error at {dtype} (max(twin error {_g(e_t)}, floor {_g(floor)}) = {_g(den)}); "
+        f"allowed k={_g(k)}"
+    )
+
+
+def _far_note(status: str, diff: float | None, den: float, k: float) -> str:
+    """The note for a candidate far from the reference yet within budget (issue 15 §2)."""
+    if status != "close" or diff is None or not diff > k * den:
+        return ""
+    return (
+        f"max_abs_diff vs the reference {_g(diff)} exceeds the budget k*{_g(den)}: the "
+        f"candidate is far more accurate than PyTorch at this precision (the reference itself "
+        f"is far from the float64 golden; e.g. the candidate skips a rounding the model asks for)"
+    )
+
+
+def _sides(golden, twin, candidate) -> tuple[Converted, Converted, Converted] | str:
+    """Convert the three sides; a string says why they cannot be compared."""
+    sides = tuple(to_tensor(x, name) for x, name in ((golden, "golden"), (twin, "twin")))
+    g, t = sides
+    c = to_tensor(candidate, "candidate")
+    for name, side in (("golden", g), ("twin", t), ("candidate", c)):
+        if side.status:
+            return f"{name}: {side.message or side.status}"
+    for name, side in (("golden", g), ("twin", t)):
+        if side.tensor.shape != c.tensor.shape:
+            return (
+                f"{name} shape {tuple(side.tensor.shape)} differs from the candidate's "
+                f"{tuple(c.tensor.shape)}; the budget needs one shape on all three sides"
+            )
+    return g, t, c
+
+
+def budget_compare(
+    golden: Any,
+    twin: Any,
+    candidate: Any,
+    *,
+    reference: Any = None,
+    k: float | None = None,
+    tag: str | None = None,
+    budgets: Budgets | None = None,
+) -> BudgetComparison:
+    """Compare a candidate with its reference by error budget (the formula of the module).
+
+    Args:
+        golden: the tag's value from the float64 golden run (promoted to float64 here).
+        twin: the tag's value from the twin (PyTorch at the candidate's precision).
+        candidate: the candidate's value; the golden and the twin must have its shape.
+        reference: the reference's value, for ``equal`` and the usual candidate-vs-reference
+            columns; ``None`` means the twin is the reference (candidate of the reference's
+            dtype).
+        k: explicit budget factor; else ``budgets`` resolves it for ``tag``, else
+            :data:`DEFAULT_K`.
+        tag: the tag, for per-tag ``k`` overrides.
+        budgets: per-tag ``k`` overrides (:class:`Budgets`).
+
+    Returns:
+        A frozen :class:`BudgetComparison`. A candidate-vs-reference pair that cannot be
+        compared (shape mismatch, no data, unsupported type) keeps that status with budget
+        numbers ``None``; a golden or twin that cannot be used gives ``error``.
+
+    Raises:
+        InputError: when ``k`` (explicit or resolved) is not a finite number ≥ 1.
+    """
+    k = (budgets or Budgets()).resolve(tag, k)
+    base = compare_tensors(twin if reference is None else reference, candidate, mode="equal")
+    if base.status not in ("equal", "mismatch"):
+        return _unusable(base, k, base.status, base.message)
+    sides = _sides(golden, twin, candidate)
+    if isinstance(sides, str):
+        return _unusable(base, k, "error", f"budget not computed: {sides}")
+    g, t, c = sides
+    golden64 = g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
+    cand_err, twin_err = max_abs_err(c.tensor, golden64), max_abs_err(t.tensor, golden64)
+    eps = compared_eps(c.tensor.dtype, t.tensor.dtype)
+    floor = budget_floor(golden64, eps)
+    ratio = error_ratio(cand_err, twin_err, floor)
+    status = budget_status(ratio, k, base.status == "equal")
+    dtype = _low_dtype(c, t)
+    message = "; ".join(
+        p
+        for p in (
+            _verdict_message(
+                status, cand_err.max_abs_err, twin_err.max_abs_err, floor, ratio, k, dtype
+            ),
+            _far_note(status, base.max_abs_diff, max(twin_err.max_abs_err, floor), k),
+            _lost_note(cand_err, twin_err),
+            base.message if status == "mismatch" else "",
+        )
+        if p
+    )
+    return BudgetComparison(
+        status=status,
+        k=k,
+        golden_max_abs_err=cand_err.max_abs_err,
+        twin_max_abs_err=twin_err.max_abs_err,
+        floor=floor,
+        error_ratio=ratio,
+        compared_dtype=dtype,
+        comparison=replace(base, status=status, mode=MODE, message=message),
+        message=message,
+    )
+
+
+def _low_dtype(c: Converted, t: Converted) -> str | None:
+    """Name of the side whose eps is the floor's (the lower precision; ``None``: no float)."""
+    floats = [s for s in (c, t) if s.tensor.dtype.is_floating_point or s.tensor.dtype.is_complex]
+    if not floats:
+        return None
+    low = max(floats, key=lambda s: float(torch.finfo(s.tensor.dtype).eps))
+    return low.dtype
+
+
+def _lost_note(cand: ErrorScan, twin: ErrorScan) -> str:
+    if not (cand.lost or twin.lost):
+        return ""
+    return (
+        f"non-finite where the golden is finite (or the reverse): candidate {cand.lost}, "
+        f"twin {twin.lost} elements"
+    )
+
+
+def _unusable(base: Comparison, k: float, status: str, message: str) -> BudgetComparison:
+    comparison = replace(base, status=status, mode=MODE, message=message)
+    return BudgetComparison(status, k, None, None, None, None, None, comparison, message)
