@@ -259,14 +259,19 @@ def _verdict_message(status: str, e_c: float, e_t: float, floor: float, ratio: f
     )
 
 
-def _far_note(status: str, diff: float | None, den: float, k: float) -> str:
-    """The note for a candidate far from the reference yet within budget (issue 15 §2)."""
-    if status != "close" or diff is None or not diff > k * den:
+def _far_note(status: str, diff: float | None, e_cand: float, floor: float, ratio: float, k):
+    """The note for a candidate far from the reference yet within budget (issue 15 §2).
+
+    Said when the candidate is more accurate than the twin (``ratio < 1``) and its difference
+    from the reference exceeds ``k · max(e_cand, floor)``: the reference itself is then far
+    from the golden, e.g. the candidate skips a rounding the model asks for.
+    """
+    if status != "close" or diff is None or ratio >= 1.0 or not diff > k * max(e_cand, floor):
         return ""
     return (
-        f"max_abs_diff vs the reference {_g(diff)} exceeds the budget k*{_g(den)}: the "
-        f"candidate is far more accurate than PyTorch at this precision (the reference itself "
-        f"is far from the float64 golden; e.g. the candidate skips a rounding the model asks for)"
+        f"max_abs_diff vs the reference {_g(diff)} is over k={_g(k)}x the candidate's own error "
+        f"{_g(e_cand)}: the candidate is far more accurate than PyTorch at this precision "
+        f"(e.g. it skips a rounding the model asks for)"
     )
 
 
@@ -340,7 +345,7 @@ def budget_compare(
             _verdict_message(
                 status, cand_err.max_abs_err, twin_err.max_abs_err, floor, ratio, k, dtype
             ),
-            _far_note(status, base.max_abs_diff, max(twin_err.max_abs_err, floor), k),
+            _far_note(status, base.max_abs_diff, cand_err.max_abs_err, floor, ratio, k),
             _lost_note(cand_err, twin_err),
             base.message if status == "mismatch" else "",
         )
