@@ -86,12 +86,21 @@ def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).double()
 
 
+def _value(arg, i: int, args: tuple, kwargs: dict) -> Any:
+    """The value an argument has in this call: given, else the schema's default, else None."""
+    if arg.name in kwargs:
+        return kwargs[arg.name]
+    if i < len(args) and not arg.kwarg_only:
+        return args[i]
+    return arg.default_value if arg.has_default_value() else None
+
+
 def _random_call(func, args: tuple, kwargs: dict) -> bool:
     """True when ``func`` draws random numbers in this call (module docstring gives the rule)."""
     if torch.Tag.nondeterministic_seeded not in func.tags:
         return False
     for i, arg in enumerate(func._schema.arguments):
-        value = kwargs.get(arg.name, args[i] if i < len(args) and not arg.kwarg_only else None)
+        value = _value(arg, i, args, kwargs)
         if arg.name in _NOT_RANDOM_WHEN_ZERO and value is not None and float(value) == 0.0:
             return False
         if arg.name in _NOT_RANDOM_WHEN_FALSE and value is False:

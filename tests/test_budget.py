@@ -405,3 +405,16 @@ def test_compute_dtype_and_twin():
     assert make_twin(model, torch.bfloat16, twin=own) is own
     with pytest.raises(InputError, match="floating compute dtype"):
         make_twin(model, torch.int8)
+
+
+def test_attention_kernel_with_default_dropout_is_not_random():
+    q = torch.randn(1, 2, 4, 8)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    with golden_mode() as mode:
+        out = flash(q, q, q)[0]  # dropout_p left at its schema default, 0.0
+    assert mode.random_ops == [] and out.dtype == torch.float64
+    dropout = torch.ops.aten.native_dropout
+    with golden_mode() as mode:
+        dropout(q, 0.5, False)  # train=False: deterministic
+        dropout(q, 0.5, True)
+    assert [c.op for c in mode.random_ops] == [str(dropout.default)]
