@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from parity_tracker.errors import InputError
@@ -81,9 +81,12 @@ def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of ``module``: ``copy.deepcopy`` then ``.double()``.
 
     ``.double()`` converts floating parameters and buffers (integer buffers are kept); the
-    original module is untouched. Costs twice the module's float32 memory.
+    original module is untouched. Costs twice the module's float32 memory. Safe to call
+    inside :func:`golden_mode`: the copy runs with dispatch modes disabled (``deepcopy``
+    rebuilds tensors with ``new_empty`` + ``set_``, which a float64 rewrite would break).
     """
-    return copy.deepcopy(module).double()
+    with _disable_current_modes():
+        return copy.deepcopy(module).double()
 
 
 def _value(arg, i: int, args: tuple, kwargs: dict) -> Any:

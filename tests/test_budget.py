@@ -380,6 +380,9 @@ def test_golden_factories_and_integer_inputs():
         made = torch.zeros(2), torch.arange(3), torch.tensor([0.1]), torch.ones(2).half()
     assert [t.dtype for t in made] == [torch.float64, torch.int64, torch.float64, torch.float64]
     assert made[2].item() == 0.1 and mode.calls > 0
+    with golden_mode():
+        copied = golden_copy(nn.Linear(2, 2))  # deepcopy inside the mode
+    assert copied.weight.dtype == torch.float64
     tree = promote(
         {"x": torch.ones(2, dtype=torch.bfloat16), "i": torch.ones(2, dtype=torch.int32)}
     )
