@@ -186,7 +186,10 @@ def golden_mode() -> Iterator[Float64Mode]:
     Yields:
         The active :class:`Float64Mode` (read ``random_ops`` after the block).
 
-    Enter it before (outside) an op recorder, so the recorder sees the float64 results.
+    With an op recorder (``parity_tracker.ops.OpSession.recording``), enter this mode inside
+    the recording block: it then handles each call first and the recorder sees the float64
+    call and its result, while the recorder's own bookkeeping ops stay out of the rewrite
+    (both orders were checked to record the same float64 outputs).
     """
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

@@ -99,3 +99,57 @@ def make_twin(
     if compute_dtype(reference) in (None, dtype):
         return reference
     return copy.deepcopy(reference).to(dtype)
+
+
+_QUANTIZED_MODULES = (
+    "torch.ao.nn.quantized",
+    "torch.nn.quantized",
+    "torch.ao.nn.intrinsic.quantized",
+)
+_LOW_BIT = frozenset(
+    {torch.int8, torch.uint8, torch.qint8, torch.quint8, torch.qint32, torch.quint4x2}
+    | {d for d in vars(torch).values() if isinstance(d, torch.dtype) and "float8" in str(d)}
+)
+
+
+def is_quantized(module: Any) -> bool:
+    """True when a model holds quantized weights.
+
+    Quantized: a submodule from ``torch.ao.nn.quantized`` (``quantize_dynamic``'s Linear and
+    its packed params, static quantized modules), or a parameter/buffer that is a quantized
+    tensor or of an int8/uint8/float8 dtype. A non-module candidate is not inspected (False).
+    """
+    if not isinstance(module, torch.nn.Module):
+        return False
+    for sub in module.modules():
+        if type(sub).__module__.startswith(_QUANTIZED_MODULES):
+            return True
+    tensors = [*module.parameters(), *module.buffers()]
+    return any(t.is_quantized or t.dtype in _LOW_BIT for t in tensors)
+
+
+def budget_infeasible(reference: Any, candidate: Any, *, twin: Any = None) -> str | None:
+    """Why a float64-golden error budget cannot be run for this pair, or ``None`` if it can.
+
+    ``mode="auto"`` falls back to ``allclose`` with this reason; an explicit ``budget`` raises
+    it as an :class:`~parity_tracker.errors.InputError`. Random ops are found only by running
+    the golden (:attr:`parity_tracker.golden.Float64Mode.random_ops`).
+
+    Reasons: the reference is not a ``torch.nn.Module`` (no golden can be built from it); the
+    reference lives on an MPS device (no float64 there); the candidate holds quantized weights
+    and no twin is given (PyTorch's own error at int8 is the caller's fake-quantized twin).
+    """
+    if not isinstance(reference, torch.nn.Module):
+        return (
+            f"the reference is a {type(reference).__name__}, not a torch.nn.Module: no float64 "
+            "golden can be built from it"
+        )
+    devices = {t.device.type for t in [*reference.parameters(), *reference.buffers()]}
+    if "mps" in devices:
+        return "the reference is on MPS, which has no float64: move it to the CPU for a budget run"
+    if twin is None and is_quantized(candidate):
+        return (
+            "the candidate holds quantized (int8/float8) weights and no twin was given: pass "
+            "twin= (e.g. a fake-quantized reference) for an error budget"
+        )
+    return None

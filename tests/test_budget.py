@@ -26,7 +26,13 @@ from parity_tracker.golden import (
     run_golden,
 )
 from parity_tracker.tolerances import first_match
-from parity_tracker.twin import cast_floating, compute_dtype, make_twin
+from parity_tracker.twin import (
+    budget_infeasible,
+    cast_floating,
+    compute_dtype,
+    is_quantized,
+    make_twin,
+)
 
 BF16_EPS = 2.0**-7  # bfloat16 keeps 8 significant bits (7 stored)
 
@@ -421,3 +427,16 @@ def test_attention_kernel_with_default_dropout_is_not_random():
         dropout(q, 0.5, False)  # train=False: deterministic
         dropout(q, 0.5, True)
     assert [c.op for c in mode.random_ops] == [str(dropout.default)]
+
+
+def test_budget_feasibility():
+    reference = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(reference), {nn.Linear})
+    assert is_quantized(int8) and not is_quantized(copy.deepcopy(reference).bfloat16())
+    assert budget_infeasible(reference, reference) is None
+    assert "twin=" in budget_infeasible(reference, int8)
+    assert budget_infeasible(reference, int8, twin=reference) is None
+    assert "not a torch.nn.Module" in budget_infeasible(lambda x: x, reference)
+    holder = nn.Module()
+    holder.register_buffer("w", torch.zeros(3, dtype=torch.int8))
+    assert is_quantized(holder) and not is_quantized("an ONNX session")
