@@ -51,8 +51,9 @@ from typing import Any
 import torch
 
 from parity_tracker.compare import Comparison, compare_tensors
-from parity_tracker.convert import Converted, to_tensor
+from parity_tracker.convert import to_tensor
 from parity_tracker.errors import InputError
+from parity_tracker.hashing import dtype_name
 from parity_tracker.metrics import flat
 from parity_tracker.tolerances import first_match
 
@@ -117,16 +118,22 @@ class Budgets:
 
 @dataclass(frozen=True)
 class ErrorScan:
-    """One side's error against the golden.
+    """One side's error against the golden: all a budget needs to keep of the twin.
 
     Attributes:
         max_abs_err: ``max |side − golden|`` in float64 (``+inf`` when the side loses a value;
-            module docstring gives the non-finite rule); 0.0 for an empty tensor.
+            module docstring gives the non-finite rule); 0.0 for an empty tensor; ``None``
+            when ``problem`` is set.
         lost: elements where the golden is finite and the side is not, or the other way round.
+        dtype: the side's dtype as compared (its eps enters the floor); ``None`` with
+            ``problem``.
+        problem: why the error could not be computed (no data, shape differs), else ``""``.
     """
 
-    max_abs_err: float
-    lost: int
+    max_abs_err: float | None
+    lost: int = 0
+    dtype: torch.dtype | None = None
+    problem: str = ""
 
 
 def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
@@ -152,7 +159,51 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
             d = d.masked_fill(bad, math.inf)
         if d.numel():
             worst = max(worst, float(d.max()))
-    return ErrorScan(worst, lost)
+    return ErrorScan(worst, lost, side.dtype)
+
+
+def _golden64(golden: Any) -> torch.Tensor | str:
+    """The golden as a dense CPU float64 (complex128) tensor, or why it cannot be used."""
+    g = to_tensor(golden, "golden")
+    if g.status:
+        return f"golden: {g.message or g.status}"
+    return g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
+
+
+def _side_error(golden64: torch.Tensor, side: Any, name: str) -> ErrorScan:
+    s = to_tensor(side, name)
+    if s.status:
+        return ErrorScan(None, problem=f"{name}: {s.message or s.status}")
+    if s.tensor.shape != golden64.shape:
+        return ErrorScan(
+            None,
+            problem=(
+                f"golden shape {tuple(golden64.shape)} differs from the {name}'s "
+                f"{tuple(s.tensor.shape)}; the budget needs one shape on all three sides"
+            ),
+        )
+    return max_abs_err(s.tensor, golden64)
+
+
+def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
+    """Reduce one side's value of a tag to its error against the golden.
+
+    Call it for the twin as soon as the twin's value is captured, then keep only the
+    :class:`ErrorScan` (a few numbers) and pass it to :func:`budget_compare` as ``twin``.
+
+    Args:
+        golden: the tag's golden value (any input :func:`parity_tracker.convert.to_tensor`
+            accepts; promoted to float64).
+        side: the side's value, of the golden's shape.
+        name: the side's name for messages.
+
+    Returns:
+        An :class:`ErrorScan`; ``problem`` says why it could not be computed (never raises).
+    """
+    golden64 = _golden64(golden)
+    if isinstance(golden64, str):
+        return ErrorScan(None, problem=golden64)
+    return _side_error(golden64, side, name)
 
 
 def compared_eps(*dtypes: torch.dtype) -> float:
@@ -275,23 +326,6 @@ def _far_note(status: str, diff: float | None, e_cand: float, floor: float, rati
     )
 
 
-def _sides(golden, twin, candidate) -> tuple[Converted, Converted, Converted] | str:
-    """Convert the three sides; a string says why they cannot be compared."""
-    sides = tuple(to_tensor(x, name) for x, name in ((golden, "golden"), (twin, "twin")))
-    g, t = sides
-    c = to_tensor(candidate, "candidate")
-    for name, side in (("golden", g), ("twin", t), ("candidate", c)):
-        if side.status:
-            return f"{name}: {side.message or side.status}"
-    for name, side in (("golden", g), ("twin", t)):
-        if side.tensor.shape != c.tensor.shape:
-            return (
-                f"{name} shape {tuple(side.tensor.shape)} differs from the candidate's "
-                f"{tuple(c.tensor.shape)}; the budget needs one shape on all three sides"
-            )
-    return g, t, c
-
-
 def budget_compare(
     golden: Any,
     twin: Any,
@@ -306,7 +340,8 @@ def budget_compare(
 
     Args:
         golden: the tag's value from the float64 golden run (promoted to float64 here).
-        twin: the tag's value from the twin (PyTorch at the candidate's precision).
+        twin: the tag's value from the twin (PyTorch at the candidate's precision), or its
+            :class:`ErrorScan` from :func:`side_error` (then ``reference`` is required).
         candidate: the candidate's value; the golden and the twin must have its shape.
         reference: the reference's value, for ``equal`` and the usual candidate-vs-reference
             columns; ``None`` means the twin is the reference (candidate of the reference's
@@ -322,40 +357,45 @@ def budget_compare(
         numbers ``None``; a golden or twin that cannot be used gives ``error``.
 
     Raises:
-        InputError: when ``k`` (explicit or resolved) is not a finite number ≥ 1.
+        InputError: when ``k`` (explicit or resolved) is not a finite number ≥ 1, or the twin
+            is an :class:`ErrorScan` and no ``reference`` is given.
     """
     k = (budgets or Budgets()).resolve(tag, k)
+    if isinstance(twin, ErrorScan) and reference is None:
+        raise InputError("budget_compare: pass reference= when the twin is given as an ErrorScan")
     base = compare_tensors(twin if reference is None else reference, candidate, mode="equal")
     if base.status not in ("equal", "mismatch"):
         return _unusable(base, k, base.status, base.message)
-    sides = _sides(golden, twin, candidate)
-    if isinstance(sides, str):
-        return _unusable(base, k, "error", f"budget not computed: {sides}")
-    g, t, c = sides
-    golden64 = g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
-    cand_err, twin_err = max_abs_err(c.tensor, golden64), max_abs_err(t.tensor, golden64)
-    eps = compared_eps(c.tensor.dtype, t.tensor.dtype)
-    floor = budget_floor(golden64, eps)
-    ratio = error_ratio(cand_err, twin_err, floor)
+    golden64 = _golden64(golden)
+    if isinstance(golden64, str):
+        return _unusable(base, k, "error", f"budget not computed: {golden64}")
+    cand_err = _side_error(golden64, candidate, "candidate")
+    twin_err = twin if isinstance(twin, ErrorScan) else _side_error(golden64, twin, "twin")
+    problem = cand_err.problem or twin_err.problem
+    if problem:
+        return _unusable(base, k, "error", f"budget not computed: {problem}")
+    return _judged(base, k, golden64, cand_err, twin_err)
+
+
+def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan):
+    """The budget record of a pair whose three sides were all usable."""
+    floor = budget_floor(golden64, compared_eps(cand.dtype, twin.dtype))
+    ratio = error_ratio(cand, twin, floor)
     status = budget_status(ratio, k, base.status == "equal")
-    dtype = _low_dtype(c, t)
-    message = "; ".join(
-        p
-        for p in (
-            _verdict_message(
-                status, cand_err.max_abs_err, twin_err.max_abs_err, floor, ratio, k, dtype
-            ),
-            _far_note(status, base.max_abs_diff, cand_err.max_abs_err, floor, ratio, k),
-            _lost_note(cand_err, twin_err),
-            base.message if status == "mismatch" else "",
-        )
-        if p
+    dtype = _low_dtype(cand.dtype, twin.dtype)
+    e_c, e_t = cand.max_abs_err, twin.max_abs_err
+    parts = (
+        _verdict_message(status, e_c, e_t, floor, ratio, k, dtype),
+        _far_note(status, base.max_abs_diff, e_c, floor, ratio, k),
+        _lost_note(cand, twin),
+        base.message if status == "mismatch" else "",
     )
+    message = "; ".join(p for p in parts if p)
     return BudgetComparison(
         status=status,
         k=k,
-        golden_max_abs_err=cand_err.max_abs_err,
-        twin_max_abs_err=twin_err.max_abs_err,
+        golden_max_abs_err=e_c,
+        twin_max_abs_err=e_t,
         floor=floor,
         error_ratio=ratio,
         compared_dtype=dtype,
@@ -364,13 +404,12 @@ def budget_compare(
     )
 
 
-def _low_dtype(c: Converted, t: Converted) -> str | None:
-    """Name of the side whose eps is the floor's (the lower precision; ``None``: no float)."""
-    floats = [s for s in (c, t) if s.tensor.dtype.is_floating_point or s.tensor.dtype.is_complex]
+def _low_dtype(*dtypes: torch.dtype) -> str | None:
+    """Name of the dtype whose eps is the floor's (the lower precision; ``None``: no float)."""
+    floats = [d for d in dtypes if d.is_floating_point or d.is_complex]
     if not floats:
         return None
-    low = max(floats, key=lambda s: float(torch.finfo(s.tensor.dtype).eps))
-    return low.dtype
+    return dtype_name(max(floats, key=lambda d: float(torch.finfo(d).eps)))
 
 
 def _lost_note(cand: ErrorScan, twin: ErrorScan) -> str:

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from parity_tracker.budget import DEFAULT_K, Budgets, budget_compare
+from parity_tracker.budget import DEFAULT_K, Budgets, budget_compare, side_error
 from parity_tracker.errors import EXIT_USAGE, InputError
 from parity_tracker.golden import (
     fallback_reason,
@@ -429,6 +431,7 @@ def test_attention_kernel_with_default_dropout_is_not_random():
     assert [c.op for c in mode.random_ops] == [str(dropout.default)]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 def test_budget_feasibility():
     reference = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(reference), {nn.Linear})
@@ -440,3 +443,41 @@ def test_budget_feasibility():
     holder = nn.Module()
     holder.register_buffer("w", torch.zeros(3, dtype=torch.int8))
     assert is_quantized(holder) and not is_quantized("an ONNX session")
+
+
+def test_twin_reduced_to_its_error_early_gives_the_same_verdict():
+    gen = torch.Generator().manual_seed(9)
+    golden = torch.randn(2, 50, dtype=torch.float64, generator=gen)
+    twin, reference = golden.bfloat16(), golden.float()
+    cand = (golden * 1.01).bfloat16()
+    scan = side_error(golden, twin)
+    assert scan.max_abs_err == pytest.approx(np.abs(_np(twin) - _np(golden)).max())
+    early = budget_compare(golden, scan, cand, reference=reference)
+    full = budget_compare(golden, twin, cand, reference=reference)
+    assert (early.status, early.error_ratio, early.floor) == (
+        full.status,
+        full.error_ratio,
+        full.floor,
+    )
+    with pytest.raises(InputError, match="reference="):
+        budget_compare(golden, scan, cand)
+    assert "shape" in side_error(golden, twin[:1]).problem
+    assert side_error(None, twin).problem.startswith("golden")
+
+
+_values = st.one_of(
+    st.floats(-1e4, 1e4, width=32), st.sampled_from([math.inf, -math.inf, math.nan])
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(_values, _values, _values), min_size=1, max_size=12),
+    st.floats(1.0, 10.0),
+)
+def test_ratio_never_nan_and_verdict_follows_it(triples, k):
+    columns = zip(*triples, strict=True)
+    golden, twin, cand = (torch.tensor(col, dtype=torch.float64) for col in columns)
+    out = budget_compare(golden, twin.float(), cand.bfloat16(), reference=twin.float(), k=k)
+    assert not math.isnan(out.error_ratio) and out.error_ratio >= 0
+    assert out.passed == (out.error_ratio <= k)
