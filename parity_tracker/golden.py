@@ -37,6 +37,7 @@ The golden needs float64 support on its device: run it on the CPU (MPS has no fl
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from parity_tracker.errors import InputError
 
 _NOT_RANDOM_WHEN_ZERO = frozenset({"dropout_p", "dropout"})
 _NOT_RANDOM_WHEN_FALSE = frozenset({"train", "training"})
+_WIDE = frozenset({torch.float64, torch.complex128})
 
 
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -139,8 +141,38 @@ def _rewrite_call(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return new_args, new_kwargs
 
 
-def _aliased(func) -> bool:
-    return any(r.alias_info is not None for r in func._schema.returns)
+@dataclass(frozen=True)
+class _Plan:
+    """What the mode must do for one op overload, read once from its schema."""
+
+    seeded: bool  # tagged nondeterministic_seeded: check whether this call draws
+    rewrite: bool  # has a ScalarType, half_to_float or written argument: always rewrite
+    aliased: bool  # an output aliases an input: never replace the output
+
+
+@functools.cache
+def _plan(func) -> _Plan:
+    schema = func._schema
+    # ScalarType arguments show as int in the Python schema types: read the schema text
+    rewrite = "ScalarType" in str(schema) or any(
+        _written(a) or a.name == "half_to_float" for a in schema.arguments
+    )
+    return _Plan(
+        seeded=torch.Tag.nondeterministic_seeded in func.tags,
+        rewrite=rewrite,
+        aliased=any(r.alias_info is not None for r in schema.returns),
+    )
+
+
+def _narrow(values: Any) -> bool:
+    """True when a flat sequence holds a floating tensor (or a list of them) not yet wide."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if (v.is_floating_point() or v.is_complex()) and v.dtype not in _WIDE:
+                return True
+        elif isinstance(v, (list, tuple)) and _narrow(v):
+            return True
+    return False
 
 
 @dataclass
@@ -171,12 +203,16 @@ class Float64Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _random_call(func, args, kwargs):
+        plan = _plan(func)
+        if plan.seeded and _random_call(func, args, kwargs):
             self.random_ops.append(RandomCall(str(func), self.calls))
         self.calls += 1
-        args, kwargs = _rewrite_call(func, args, kwargs)
+        if plan.rewrite or _narrow(args) or _narrow(kwargs.values()):
+            args, kwargs = _rewrite_call(func, args, kwargs)
         out = func(*args, **kwargs)
-        return out if _aliased(func) else promote(out)
+        if plan.aliased or not _narrow(out if isinstance(out, (list, tuple)) else (out,)):
+            return out
+        return promote(out)
 
 
 @contextmanager
