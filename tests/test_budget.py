@@ -275,13 +275,13 @@ def test_bf16_cast_model_passes_at_every_module(net_and_input):
 
 def test_groupnorm_eps_bug_fails_at_that_module_below_old_tolerance(net_and_input):
     reference, x = net_and_input
-    verdicts, (ref, cand) = budget_by_tag(reference, engine(reference, 1e-2), x, torch.bfloat16)
+    verdicts, (ref, cand) = budget_by_tag(reference, engine(reference, 5e-3), x, torch.bfloat16)
     failing = [n for n, v in verdicts.items() if not v.passed]
     assert failing[0] == "norm2"
     assert all(verdicts[n].passed for n in ("conv1", "norm1", "conv2"))
     # the bug's absolute error is under the old hand-set tolerance of the nightly (0.25)
     abs_err = np.abs(_np(cand["norm2"]) - _np(ref["norm2"])).max()
-    assert 0.05 < abs_err < 0.25
+    assert 0.05 < abs_err < 0.25  # measured 0.115
     assert verdicts["norm2"].error_ratio > 2
 
 
