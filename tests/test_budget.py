@@ -470,7 +470,7 @@ _values = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, database=None)
 @given(
     st.lists(st.tuples(_values, _values, _values), min_size=1, max_size=12),
     st.floats(1.0, 10.0),
