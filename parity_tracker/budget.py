@@ -216,10 +216,17 @@ def compared_eps(*dtypes: torch.dtype) -> float:
 
 
 def budget_floor(golden: torch.Tensor, eps: float) -> float:
-    """``eps · max |golden|`` over the golden's finite elements (0.0 when none is finite)."""
-    g = flat(golden).abs()
-    finite = g[torch.isfinite(g)]
-    return eps * float(finite.max()) if finite.numel() else 0.0
+    """``eps · max |golden|`` over the golden's finite elements (0.0 when none is finite).
+
+    Read chunk by chunk (:data:`CHUNK` elements), so the extra memory is one chunk.
+    """
+    g, top = flat(golden), 0.0
+    for lo in range(0, g.numel(), CHUNK):
+        a = g[lo : lo + CHUNK].abs()
+        a = a[torch.isfinite(a)]
+        if a.numel():
+            top = max(top, float(a.max()))
+    return eps * top
 
 
 def error_ratio(cand: ErrorScan, twin: ErrorScan, floor: float) -> float:

@@ -481,3 +481,20 @@ def test_ratio_never_nan_and_verdict_follows_it(triples, k):
     out = budget_compare(golden, twin.float(), cand.bfloat16(), reference=twin.float(), k=k)
     assert not math.isnan(out.error_ratio) and out.error_ratio >= 0
     assert out.passed == (out.error_ratio <= k)
+
+
+def test_chunked_passes_match_numpy(monkeypatch):
+    import parity_tracker.budget as budget
+
+    monkeypatch.setattr(budget, "CHUNK", 7)  # many chunks and a ragged last one
+    gen = torch.Generator().manual_seed(11)
+    golden = torch.randn(100, dtype=torch.float64, generator=gen) * 10
+    golden[93] = 250.0  # the largest magnitude, in the last chunk
+    golden[5] = math.inf
+    twin, cand = golden.bfloat16(), (golden * 1.003).bfloat16()
+    out = budget_compare(golden, twin, cand, reference=golden.float())
+    finite = np.isfinite(_np(golden))
+    g, t, c = (_np(x)[finite] for x in (golden, twin, cand))
+    want = np.abs(c - g).max() / max(np.abs(t - g).max(), BF16_EPS * 250.0)
+    assert out.floor == BF16_EPS * 250.0
+    assert out.error_ratio == pytest.approx(want, rel=1e-12)
