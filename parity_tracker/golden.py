@@ -146,7 +146,7 @@ class _Plan:
     """What the mode must do for one op overload, read once from its schema."""
 
     seeded: bool  # tagged nondeterministic_seeded: check whether this call draws
-    rewrite: bool  # has a ScalarType, half_to_float or written argument: always rewrite
+    rewrite: bool  # has a ScalarType or half_to_float argument: always rewrite
     aliased: bool  # an output aliases an input: never replace the output
 
 
@@ -155,7 +155,7 @@ def _plan(func) -> _Plan:
     schema = func._schema
     # ScalarType arguments show as int in the Python schema types: read the schema text
     rewrite = "ScalarType" in str(schema) or any(
-        _written(a) or a.name == "half_to_float" for a in schema.arguments
+        a.name == "half_to_float" for a in schema.arguments
     )
     return _Plan(
         seeded=torch.Tag.nondeterministic_seeded in func.tags,

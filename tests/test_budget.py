@@ -498,3 +498,14 @@ def test_chunked_passes_match_numpy(monkeypatch):
     want = np.abs(c - g).max() / max(np.abs(t - g).max(), BF16_EPS * 250.0)
     assert out.floor == BF16_EPS * 250.0
     assert out.error_ratio == pytest.approx(want, rel=1e-12)
+
+
+def test_in_place_write_into_a_narrow_tensor_is_kept():
+    buf = torch.zeros(3, dtype=torch.bfloat16)  # made outside the golden, e.g. a plain attribute
+    scale = torch.tensor(0.1, dtype=torch.bfloat16)
+    with golden_mode():
+        buf.add_(torch.full((3,), 0.5))
+        scaled = torch.full((3,), 3.0) * scale
+    assert buf.dtype == torch.bfloat16 and buf.tolist() == [0.5, 0.5, 0.5]
+    assert scaled.dtype == torch.float64
+    assert scaled.tolist() == [3.0 * scale.item()] * 3  # the bf16 value, promoted exactly
