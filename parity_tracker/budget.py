@@ -39,6 +39,10 @@ Non-finite values (never a NaN ratio):
 
 ``error_ratio`` may therefore be ``+inf`` (a candidate that loses values PyTorch keeps, or any
 error where the golden and the twin are exact and zero); writers of strict JSON must map it.
+
+The twin need not be kept: :func:`side_error` reduces its value of a tag to an
+:class:`ErrorScan` (a few numbers) as soon as it is captured, and :func:`budget_compare`
+accepts that scan in place of the twin's tensor.
 """
 
 from __future__ import annotations

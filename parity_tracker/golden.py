@@ -276,8 +276,8 @@ def require_deterministic(random_ops: list[RandomCall], what: str = "the golden 
     raise InputError(
         f"{what} calls the random op {first.op} (aten call #{first.index}){more}: float64 draws "
         "different random numbers than the candidate's precision, so an error budget is "
-        "meaningless after it. Put the model in eval mode (model.eval()) or seed-free, or use "
-        "mode='allclose' (mode='auto' falls back to allclose by itself)"
+        "meaningless after it. If it is dropout, put the model in eval mode (model.eval()); "
+        "otherwise use mode='allclose' (mode='auto' falls back to allclose by itself)"
     )
 
 
