@@ -17,8 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from parity_tracker.compare.budget import DEFAULT_K, Budgets, budget_compare, side_error
-from parity_tracker.errors import EXIT_USAGE, InputError
 from parity_tracker.capture.golden import (
     fallback_reason,
     golden_copy,
@@ -27,7 +25,6 @@ from parity_tracker.capture.golden import (
     require_deterministic,
     run_golden,
 )
-from parity_tracker.compare.tolerances import first_match
 from parity_tracker.capture.twin import (
     budget_infeasible,
     cast_floating,
@@ -35,6 +32,9 @@ from parity_tracker.capture.twin import (
     is_quantized,
     make_twin,
 )
+from parity_tracker.compare.budget import DEFAULT_K, Budgets, budget_compare, side_error
+from parity_tracker.compare.tolerances import first_match
+from parity_tracker.errors import EXIT_USAGE, InputError
 
 BF16_EPS = 2.0**-7  # bfloat16 keeps 8 significant bits (7 stored)
 

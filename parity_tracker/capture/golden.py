@@ -222,7 +222,7 @@ def golden_mode() -> Iterator[Float64Mode]:
     Yields:
         The active :class:`Float64Mode` (read ``random_ops`` after the block).
 
-    With an op recorder (the op recorder of :mod:`parity_tracker.capture.ops`), enter this mode inside
+    With the op recorder of :mod:`parity_tracker.capture.ops`, enter this mode inside
     the recording block: it then handles each call first and the recorder sees the float64
     call and its result, while the recorder's own bookkeeping ops stay out of the rewrite
     (both orders were checked to record the same float64 outputs).

@@ -1,7 +1,8 @@
 """The twin: the reference computed the way PyTorch computes it at the candidate's precision.
 
-Issue 15. The twin is the denominator of the error budget (:mod:`parity_tracker.compare.budget`): how
-far PyTorch itself lands from the float64 golden at the candidate's compute dtype. It is the
+Issue 15. The twin is the denominator of the error budget
+(:mod:`parity_tracker.compare.budget`): how far PyTorch itself lands from the float64 golden
+at the candidate's compute dtype. It is the
 reference as the user wrote it (its in-forward casts kept), with its floating parameters and
 buffers cast to the candidate's compute dtype. When the candidate computes in the reference's
 dtype (another implementation: SDPA, compiled, ONNX, sharded), the twin is the reference
@@ -17,8 +18,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from parity_tracker.errors import InputError
 from parity_tracker.compare.tolerances import as_dtype
+from parity_tracker.errors import InputError
 
 
 def compute_dtype(

@@ -23,8 +23,9 @@ that reference (Dao-AILab/flash-attention, ``tests/test_flash_attn.py``:
 ``assert (out - out_ref).abs().max().item() <= 2 * (out_pt - out_ref).abs().max().item()``).
 
 The compared dtype is the lower-precision one of the candidate and the twin (larger
-``torch.finfo(dtype).eps``), as :func:`parity_tracker.compare.tolerances.default_tolerances` lets the
-lower-precision side win. Integer and bool sides have no eps: their floor is 0.
+``torch.finfo(dtype).eps``), as
+:func:`parity_tracker.compare.tolerances.default_tolerances` lets the lower-precision side
+win. Integer and bool sides have no eps: their floor is 0.
 
 Non-finite values (never a NaN ratio):
 
@@ -54,12 +55,12 @@ from typing import Any
 
 import torch
 
-from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.convert import to_tensor
-from parity_tracker.errors import InputError
+from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.hashing import dtype_name
 from parity_tracker.compare.metrics import flat
 from parity_tracker.compare.tolerances import first_match
+from parity_tracker.errors import InputError
 
 DEFAULT_K = 2.0
 """Default budget factor: FlashAttention's tests (module docstring give the line)."""
@@ -91,8 +92,8 @@ def check_k(k: float, what: str = "k") -> float:
 class Budgets:
     """Resolves the budget factor ``k`` of one tag: explicit > first matching glob > default.
 
-    Globs follow :func:`parity_tracker.compare.tolerances.first_match` (the package's one per-tag glob
-    rule: ``fnmatch``, case-sensitive, first pattern in the given order wins).
+    Globs follow :func:`parity_tracker.compare.tolerances.first_match` (the package's one
+    per-tag glob rule: ``fnmatch``, case-sensitive, first pattern in the given order wins).
 
     Args:
         overrides: mapping (or iterable of pairs) from glob pattern to ``k``.
