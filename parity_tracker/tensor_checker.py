@@ -53,6 +53,7 @@ import torch
 
 from parity_tracker.capture.modules import Capture, CaptureLog, Group, HookHandle, install
 from parity_tracker.capture.ops import suspended
+from parity_tracker.capture.sides import BudgetSides
 from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter
 from parity_tracker.capture.store import SpillCounters, Spilled
 from parity_tracker.compare.convert import as_tensor
@@ -78,9 +79,10 @@ from parity_tracker.compare.results import (
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL, PASSING: old import path)
-    MODES,
+    BUDGET,
     NEUTRAL,
     PASSING,
+    RUN_MODES,
     WEIGHT_KINDS,
     is_failing,
 )
@@ -111,9 +113,9 @@ class TensorChecker(SpillCounters):
         align: ``align(tag, reference, candidate) -> (reference, candidate) | None``, applied
             right before each comparison (e.g. slice a full recompute to a KV-cache step's
             last position); ``None`` keeps the pair.
-        eager_mode: ``"equal"`` / ``"allclose"`` to compare each pair as soon as both sides
-            are captured (low memory: the candidate is never cloned and the reference's copy is
-            released), or ``None`` to compare everything in ``check``.
+        eager_mode: ``"equal"`` / ``"allclose"`` / ``"budget"`` to compare each pair as soon as
+            both sides are captured (low memory: the candidate is never cloned and the
+            reference's copy is released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
             ``fnmatch`` against the tag; the first matching glob wins, and an override beats
             the check's ``rtol``/``atol`` (``compare.tolerances.Tolerances``). Integer and bool
@@ -130,10 +132,16 @@ class TensorChecker(SpillCounters):
             ``DEFAULT_EAGER_RESIDENT_BYTES`` (256 MiB) with ``eager_mode``, unbounded without.
         spill_dir: folder for spilled snapshots (a fresh temporary folder is made inside it
             and deleted by ``clear``); default: the system temporary folder.
+        budget: the golden and twin sides of ``budget`` checks
+            (:class:`~parity_tracker.capture.sides.BudgetSides`); required with
+            ``eager_mode="budget"``, else set by :meth:`check_budget`.
+        reduce_to: ``reduce(tag, step, tensor) -> value`` kept instead of each captured tensor
+            (a twin's checker: :func:`parity_tracker.capture.sides.twin_reducer`); such a
+            checker only feeds a budget and cannot ``check`` its own pairs.
 
     Raises:
-        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``;
-            ``max_resident_bytes`` is negative.
+        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"``, ``"budget"`` or
+            ``None``; ``"budget"`` without ``budget``; ``max_resident_bytes`` is negative.
     """
 
     def __init__(
@@ -148,9 +156,16 @@ class TensorChecker(SpillCounters):
         dump_mode: DumpMode = DumpMode.NOT,
         max_resident_bytes: float | None = None,
         spill_dir: Any = None,
+        budget: BudgetSides | None = None,
+        reduce_to: Callable[[str, int, torch.Tensor], Any] | None = None,
     ) -> None:
-        if eager_mode is not None and eager_mode not in MODES:
-            raise InputError(f"eager_mode must be 'equal', 'allclose' or None, got {eager_mode!r}")
+        if eager_mode is not None and eager_mode not in RUN_MODES:
+            raise InputError(
+                f"eager_mode must be one of {', '.join(RUN_MODES)} or None, got {eager_mode!r}"
+            )
+        if eager_mode == BUDGET and budget is None:
+            raise InputError("eager_mode='budget' needs budget=BudgetSides(golden_log, ...)")
+        self.budget, self.reduce_to = budget, reduce_to
         if max_resident_bytes is None:
             max_resident_bytes = DEFAULT_EAGER_RESIDENT_BYTES if eager_mode else math.inf
         if not max_resident_bytes >= 0:
@@ -302,6 +317,57 @@ class TensorChecker(SpillCounters):
             "allclose", rtol=rtol, atol=atol, dump_mode=dump_mode, dump_path=dump_path
         )
 
+    def check_budget(
+        self,
+        golden: TensorChecker,
+        twin: TensorChecker | None = None,
+        *,
+        k: float | None = None,
+        budgets: dict[str, float] | None = None,
+        dump_mode: DumpMode = DumpMode.NOT,
+        dump_path: Any = None,
+    ) -> CheckResult:
+        """Compare every tag by error budget (issue 15; :mod:`parity_tracker.compare.budget`).
+
+        Three checkers, one per extra side, hooked on models with the same module names::
+
+            golden_model = golden_copy(torch_model)           # capture.golden
+            twin_model = make_twin(torch_model, torch.bfloat16)  # capture.twin
+            module_register_tensor_checker(torch_model, tc)   # side 0: reference
+            module_register_tensor_checker(engine_model, tc)  # side 1: candidate
+            module_register_tensor_checker(golden_model, golden_tc)
+            module_register_tensor_checker(twin_model, twin_tc)
+            with torch.no_grad():
+                torch_model(x); engine_model(x.bfloat16()); twin_model(x.bfloat16())
+                with golden_mode():
+                    golden_model(x.double())
+            tc.check_budget(golden_tc, twin_tc)   # TensorChecker: ... within budget ...
+
+        A tag is within budget when ``max|cand − golden| ≤ k · max(max|twin − golden|,
+        eps · max|golden|)``; statuses ``equal`` (bitwise the reference), ``close``,
+        ``mismatch``, and the columns ``golden_max_abs_err``, ``twin_max_abs_err``,
+        ``error_ratio``.
+
+        Args:
+            golden: the checker holding the float64 golden's captures.
+            twin: the checker holding the twin's captures (tensors, or ErrorScans of a
+                ``reduce_to`` checker); ``None``: the reference is the twin (a candidate of
+                the reference's dtype).
+            k: the budget factor of tags without an override (default 2, FlashAttention's).
+            budgets: per-tag ``{glob: k}`` (first matching glob wins).
+            dump_mode: which tensors to dump (see :class:`DumpMode`).
+            dump_path: the dump folder.
+
+        Raises:
+            InputError: a ``k`` not ≥ 1; an eager checker of another mode.
+        """
+        from parity_tracker.compare.budget import DEFAULT_K, Budgets
+
+        table = Budgets(budgets, k=DEFAULT_K if k is None else k)
+        twin_log = None if twin is None else twin._log
+        self.budget = BudgetSides(golden._log, twin_log, table, self.align)
+        return self.check(BUDGET, dump_mode=dump_mode, dump_path=dump_path)
+
     def check(
         self,
         mode: str,
@@ -315,7 +381,8 @@ class TensorChecker(SpillCounters):
         """Compare every registered tag and assemble the results (the general form).
 
         Args:
-            mode: ``"equal"`` or ``"allclose"``.
+            mode: ``"equal"``, ``"allclose"`` or ``"budget"`` (needs the checker's ``budget``;
+                see :meth:`check_budget`).
             rtol: relative tolerance for allclose. Both ``None``: the per-dtype defaults of
                 ``torch.testing.assert_close``; only one given: the other takes
                 ``torch.allclose``'s default (rtol 1e-5, atol 1e-8).
@@ -356,8 +423,12 @@ class TensorChecker(SpillCounters):
         return out
 
     def _check_args(self, mode, rtol, atol, dump_mode, dump_path):
-        if mode not in MODES:
-            raise InputError(f"check mode must be 'equal' or 'allclose', got {mode!r}")
+        if mode not in RUN_MODES:
+            raise InputError(f"check mode must be one of {', '.join(RUN_MODES)}, got {mode!r}")
+        if mode == BUDGET and self.budget is None:
+            raise InputError("check('budget') needs the golden side: use check_budget(golden)")
+        if self.reduce_to is not None:
+            raise InputError("this checker reduces its tensors (reduce_to): it only feeds a budget")
         if DumpMode(dump_mode) is not DumpMode.NOT and dump_path is None:
             raise InputError(f"dump_mode={DumpMode(dump_mode).name} needs a dump_path folder")
         if self.eager_mode is not None:
@@ -383,9 +454,8 @@ class TensorChecker(SpillCounters):
         for g in self._log.groups.values():
             if not any(c.is_tensor for c in g.captures):
                 continue  # None / non-tensor leaves on every side: nothing to compare
-            out.append(
-                (g, resolve(self._log, g, mode, tol, ref_side, self._pairs), len(g.captures))
-            )
+            pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
+            out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
         return out
 
 
@@ -402,6 +472,9 @@ class _Holder:
         self.eager_first: dict[bool, Group] = {}
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
+        if self.c.reduce_to is not None:
+            cap.value = self.c.reduce_to(g.tag, g.step, value)
+            return
         ref_i = self._eager_reference(g, cap.side)
         if ref_i is None:
             self._keep(cap, value, alias)
@@ -435,7 +508,9 @@ class _Holder:
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
         held_value = load(held.value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
+        budget = self.c.eager_mode == BUDGET
+        pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
+        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):

@@ -77,7 +77,7 @@ def test_write_is_zstd_versioned_and_round_trips(tmp_path):
     t = rows_to_table(rows, MODULES_SCHEMA)
     path = write_table(t, tmp_path / "sub" / "modules.parquet")
     meta = pq.ParquetFile(path).metadata
-    assert pq.read_schema(path).metadata[b"schema_version"] == b"1"
+    assert pq.read_schema(path).metadata[b"schema_version"] == b"2"
     codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
     assert codecs == {"ZSTD"}
     back = read_table(path, "modules")
@@ -136,3 +136,27 @@ def test_nan_in_foreign_file_is_read_as_null(tmp_path):
     back = read_table(tmp_path / "f.parquet", "ops")
     assert back.column("cosine").to_pylist() == [None, 1.0]
     assert back.column_names == OPS_SCHEMA.names
+
+
+def test_v1_file_gains_the_budget_columns_as_null():
+    """tests/golden/modules_v1.parquet: written before issue 15 (no error-budget columns)."""
+    path = GOLDEN / "modules_v1.parquet"
+    assert tables.schema_version_of(path) == 1
+    assert "error_ratio" not in pq.read_schema(path).names
+    t = read_table(path, "modules")
+    assert t.schema.equals(MODULES_SCHEMA.remove_metadata())
+    rows = t.to_pylist()
+    assert [(r["tag"], r["status"], r["max_abs_diff"]) for r in rows] == [
+        ("checker_fc1", "close", 0.25),
+        ("checker_fc2", "mismatch", 0.5),
+    ]
+    budget = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+    assert all(r[c] is None for r in rows for c in budget)
+
+
+def test_infinite_error_ratio_round_trips(tmp_path):
+    rows = [{"tag": "a", "status": "mismatch", "mode": "budget", "error_ratio": math.inf,
+             "golden_max_abs_err": 0.5, "twin_max_abs_err": 0.0}]  # fmt: skip
+    path = write_table(rows_to_table(rows, MODULES_SCHEMA), tmp_path / "m.parquet")
+    back = read_table(path).to_pylist()[0]
+    assert back["error_ratio"] == math.inf and back["twin_max_abs_err"] == 0.0

@@ -411,7 +411,10 @@ def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorSc
         floor=floor,
         error_ratio=ratio,
         compared_dtype=dtype,
-        comparison=replace(base, status=status, mode=MODE, message=message),
+        comparison=replace(
+            base, status=status, mode=MODE, message=message,
+            golden_max_abs_err=e_c, twin_max_abs_err=e_t, error_ratio=ratio,
+        ),  # fmt: skip
         message=message,
     )
 

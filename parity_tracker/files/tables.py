@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from parity_tracker.files.atomic import atomic_write
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _SHAPE = pa.list_(pa.int64())
@@ -63,6 +63,11 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("cache_hit", _BOOL),
     pa.field("local_status", _STR),
     pa.field("local_max_abs_diff", _F64),
+    # error budget (issue 15, mode "budget"; null in other modes): e_cand, e_twin and
+    # e_cand / max(e_twin, floor), which may be +inf (parity_tracker.compare.budget)
+    pa.field("golden_max_abs_err", _F64),
+    pa.field("twin_max_abs_err", _F64),
+    pa.field("error_ratio", _F64),
 )
 
 MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
@@ -151,8 +156,18 @@ def _migrate_v0(table: pa.Table) -> pa.Table:
     return table
 
 
+def _migrate_v1(table: pa.Table) -> pa.Table:
+    """Migrate a v1 table to v2: v2 adds the error-budget columns ``golden_max_abs_err``,
+    ``twin_max_abs_err`` and ``error_ratio`` (issue 15), null for every earlier run (no run
+    before v2 was compared by budget)."""
+    for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.float64()))
+    return table
+
+
 # Migrations: version -> function(table) returning the table at version + 1.
-MIGRATIONS: dict[int, Any] = {0: _migrate_v0}
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1}
 
 
 #: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),

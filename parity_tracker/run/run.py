@@ -28,7 +28,7 @@ from parity_tracker.run.histogram import histogram_from_dump
 from parity_tracker.run.mode import choose_mode
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import build_summary, worst_tensor
-from parity_tracker.statuses import is_failing
+from parity_tracker.statuses import BUDGET, is_failing
 
 # ---------------------------------------------------------------------------------------------
 # running both sides
@@ -229,12 +229,12 @@ def _with_isolation(
 def _retention(dump_mode: Any, mode: str) -> Any:
     """The dump mode the checker plans for (which tensors it keeps after comparing them).
 
-    The requested one, widened to every failing tag in allclose mode, so the worst tensor's
+    The requested one, widened to every failing tag in allclose/budget mode, so the worst tensor's
     histogram can always be computed (``_histogram``).
     """
     from parity_tracker.tensor_checker import DumpMode
 
-    if mode == "allclose" and dump_mode in (DumpMode.NOT, DumpMode.FIRST_NOT_EQUAL):
+    if mode != "equal" and dump_mode in (DumpMode.NOT, DumpMode.FIRST_NOT_EQUAL):
         return DumpMode.NOT_EQUAL
     return dump_mode
 
@@ -353,6 +353,8 @@ def run_parity(
     align: Callable[[str, Any, Any], Any] | None = None,
     seed: int = 0,
     environment: Mapping[str, Any] | None = None,
+    twin: Any = None,
+    budgets: Mapping[str, float] | None = None,
 ) -> RunResult:
     """Run reference then candidate with every module hooked, compare, and build the tables.
 
@@ -373,7 +375,9 @@ def run_parity(
         candidate_drive: a separate driver for the candidate (default: ``drive``).
         settings: the run's settings (target, candidate, quantization, cache, device, dtype,
             distributed, ...), logged as MLflow params and used by ``mode="auto"``.
-        mode: ``"auto"`` (``choose_mode``), ``"equal"`` or ``"allclose"``.
+        mode: ``"auto"`` (``choose_mode``), ``"equal"``, ``"allclose"`` or ``"budget"`` (error
+            budget, issue 15: golden and twin passes first, ``parity_tracker.run.budget``;
+            ``auto`` falls back to allclose with the reason when the budget cannot run).
         capture_ops: also record every aten op of both forwards (``parity_tracker.ops``) and
             build the ``ops`` table and root causes (seed §4 step 2).
         isolate: re-run each failing candidate module on the reference's inputs
@@ -387,6 +391,10 @@ def run_parity(
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
         environment: the recorded environment (default: ``env.collect_environment()`` now).
+        twin: budget mode: the caller's twin (PyTorch at the candidate's precision, e.g. a
+            fake-quantized reference); default: the reference cast to the candidate's
+            compute dtype (``capture.twin.make_twin``), or the reference itself.
+        budgets: budget mode: per-tag ``{glob: k}`` (default k = 2 for every tag).
 
     Returns:
         The ``RunResult``. A forward that raises does not propagate: everything compared so far
@@ -397,7 +405,8 @@ def run_parity(
 
     Raises:
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
-            reference that is not an ``nn.Module``; a non-module candidate without a drive.
+            reference that is not an ``nn.Module``; a non-module candidate without a drive;
+            an explicit ``budget`` that cannot run (``run.budget.prepare`` names why).
     """
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
@@ -420,11 +429,22 @@ def run_parity(
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
+    ops = passes = None
+    if chosen == BUDGET:
+        try:
+            passes = _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill,
+                                    capture_ops, isolate)  # fmt: skip
+        except BaseException:
+            spill.cleanup()
+            raise
+        if passes.sides is None:
+            chosen, reason = "allclose", f"{reason}; {passes.reason}"
+            settings["mode"] = chosen
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=_retention(dump_mode, chosen), spill_dir=spill.name,
+        budget=passes.sides if chosen == BUDGET else None,
     )  # fmt: skip
-    ops = None
     if capture_ops:
         from parity_tracker.ops import OpSession
 
@@ -450,6 +470,8 @@ def run_parity(
     finally:
         spill.cleanup()
     durations["compare"] = time.perf_counter() - t0
+    if chosen == BUDGET:
+        durations.update(passes.durations_s or {})
     if isolate and status == "completed" and cand_is_module:
         t0 = time.perf_counter()
         with _eval_mode(reference, candidate):
@@ -464,6 +486,20 @@ def run_parity(
     )  # fmt: skip
     dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)
+
+
+def _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill, ops, isolate):
+    """The golden and twin passes (``run.budget.prepare``) for the reference's plan."""
+    import sys
+
+    from parity_tracker.run.budget import prepare
+
+    ref, cand = plans
+    return prepare(
+        sys.modules[__name__], ref.model, cand.model, ref.inputs, drive=ref.drive,
+        explicit=requested == BUDGET, twin=twin, budgets=budgets, k=None, align=align,
+        settings=settings, seed=seed, spill=spill.name, capture_ops=ops, isolate=isolate,
+    )  # fmt: skip
 
 
 def _root_cause_record(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -484,6 +520,8 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
         "settings": dict(case.settings),
         "tolerances": case.tolerances,
         "align": case.align,
+        "twin": case.twin,
+        "budgets": case.budgets,
     }
     kw.update(kwargs)
     return run_parity(case.reference, case.candidate, case.inputs, **kw)
