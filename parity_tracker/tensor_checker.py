@@ -329,31 +329,18 @@ class TensorChecker(SpillCounters):
     ) -> CheckResult:
         """Compare every tag by error budget (issue 15; :mod:`parity_tracker.compare.budget`).
 
-        Three checkers, one per extra side, hooked on models with the same module names::
-
-            golden_model = golden_copy(torch_model)           # capture.golden
-            twin_model = make_twin(torch_model, torch.bfloat16)  # capture.twin
-            module_register_tensor_checker(torch_model, tc)   # side 0: reference
-            module_register_tensor_checker(engine_model, tc)  # side 1: candidate
-            module_register_tensor_checker(golden_model, golden_tc)
-            module_register_tensor_checker(twin_model, twin_tc)
-            with torch.no_grad():
-                torch_model(x); engine_model(x.bfloat16()); twin_model(x.bfloat16())
-                with golden_mode():
-                    golden_model(x.double())
-            tc.check_budget(golden_tc, twin_tc)   # TensorChecker: ... within budget ...
-
-        A tag is within budget when ``max|cand − golden| ≤ k · max(max|twin − golden|,
-        eps · max|golden|)``; statuses ``equal`` (bitwise the reference), ``close``,
-        ``mismatch``, and the columns ``golden_max_abs_err``, ``twin_max_abs_err``,
-        ``error_ratio``.
+        The golden and the twin are captured by two more checkers hooked on models with the
+        reference's module names: ``golden_copy(torch_model)`` run under ``golden_mode()`` on
+        float64 inputs, and ``make_twin(torch_model, dtype)`` on inputs cast to ``dtype``
+        (``parity_tracker.capture.golden`` / ``.twin``; README "Error budgets" shows the
+        calls). Statuses: ``equal`` (bitwise the reference), ``close`` (``error_ratio ≤ k``),
+        ``mismatch``; columns ``golden_max_abs_err``, ``twin_max_abs_err``, ``error_ratio``.
 
         Args:
             golden: the checker holding the float64 golden's captures.
-            twin: the checker holding the twin's captures (tensors, or ErrorScans of a
-                ``reduce_to`` checker); ``None``: the reference is the twin (a candidate of
-                the reference's dtype).
-            k: the budget factor of tags without an override (default 2, FlashAttention's).
+            twin: the twin's checker; ``None``: the reference is the twin (a candidate of the
+                reference's dtype).
+            k: the factor of tags without an override (default 2, FlashAttention's tests).
             budgets: per-tag ``{glob: k}`` (first matching glob wins).
             dump_mode: which tensors to dump (see :class:`DumpMode`).
             dump_path: the dump folder.

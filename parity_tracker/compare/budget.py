@@ -403,6 +403,7 @@ def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorSc
         base.message if status == "mismatch" else "",
     )
     message = "; ".join(p for p in parts if p)
+    columns = dict(golden_max_abs_err=e_c, twin_max_abs_err=e_t, error_ratio=ratio)
     return BudgetComparison(
         status=status,
         k=k,
@@ -411,10 +412,7 @@ def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorSc
         floor=floor,
         error_ratio=ratio,
         compared_dtype=dtype,
-        comparison=replace(
-            base, status=status, mode=MODE, message=message,
-            golden_max_abs_err=e_c, twin_max_abs_err=e_t, error_ratio=ratio,
-        ),  # fmt: skip
+        comparison=replace(base, status=status, mode=MODE, message=message, **columns),
         message=message,
     )
 

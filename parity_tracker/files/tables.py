@@ -157,9 +157,11 @@ def _migrate_v0(table: pa.Table) -> pa.Table:
 
 
 def _migrate_v1(table: pa.Table) -> pa.Table:
-    """Migrate a v1 table to v2: v2 adds the error-budget columns ``golden_max_abs_err``,
-    ``twin_max_abs_err`` and ``error_ratio`` (issue 15), null for every earlier run (no run
-    before v2 was compared by budget)."""
+    """Migrate a v1 table to v2: the error-budget columns added, null.
+
+    v2 adds ``golden_max_abs_err``, ``twin_max_abs_err`` and ``error_ratio`` (issue 15); no run
+    before v2 was compared by budget, so they are null for every earlier row.
+    """
     for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
         if name not in table.column_names:
             table = table.append_column(name, pa.nulls(table.num_rows, pa.float64()))

@@ -61,9 +61,9 @@ def _golden_pass(run: Any, reference: Any, drive: Any, inputs: Any, seed: int, s
     )
     model = golden_copy(reference)
     plan = run._Plan(0, model, drive, None if inputs is None else promote(inputs))
-    with run._eval_mode(model), module_register_tensor_checker(model, checker, side=0):
-        with golden_mode() as mode, torch.no_grad():
-            run._run_side(plan, checker, None, seed)
+    hooks = module_register_tensor_checker(model, checker, side=0)
+    with run._eval_mode(model), hooks, golden_mode() as mode, torch.no_grad():
+        run._run_side(plan, checker, None, seed)
     return checker, list(mode.random_ops)
 
 
@@ -91,9 +91,7 @@ def _twin_model(reference: Any, candidate: Any, twin: Any, settings: Mapping[str
         return twin, None
     override = settings.get("compute_dtype")
     cand_dtype = (
-        compute_dtype(candidate, override)
-        if hasattr(candidate, "parameters") or override
-        else None
+        compute_dtype(candidate, override) if hasattr(candidate, "parameters") or override else None
     )
     model = make_twin(reference, cand_dtype)
     return (None, None) if model is reference else (model, cand_dtype)
@@ -121,10 +119,21 @@ def prepare(
 
     Args:
         run: the ``parity_tracker.run.run`` module (its side runner, shared, not copied).
+        reference: the reference model.
+        candidate: the candidate (its compute dtype gives the twin's).
+        inputs: the run's inputs, or ``None`` with ``drive`` (the reference's driver).
+        drive: the reference's ``drive(model, rec)``.
         explicit: ``mode="budget"`` was requested (refuse) rather than chosen by ``auto``
             (fall back to allclose with the reason).
         twin: the caller's twin model (``ParityCase.twin``), or ``None`` to make one.
-        budgets: per-tag ``{glob: k}``; ``k``: the default factor (2).
+        budgets: per-tag ``{glob: k}``.
+        k: the default factor (``None``: 2, ``compare.budget.DEFAULT_K``).
+        align: the run's ``align`` (the twin is then kept whole, aligned when judged).
+        settings: the run's settings (``compute_dtype`` overrides the candidate's dtype).
+        seed: the run's seed (both passes are seeded like the sides).
+        spill: the run's spill folder.
+        capture_ops: op capture requested (refused: not supported with a budget yet).
+        isolate: isolation requested (refused likewise).
 
     Raises:
         InputError: (exit 2) with ``explicit``: op capture or isolation asked for (not
@@ -170,4 +179,3 @@ def prepare(
     sides = BudgetSides(golden._log, twin_log, table, align, release=True)
     sides.owner = golden  # the golden checker owns its snapshots' spill folder: keep it alive
     return Passes(sides, "", durations)
-
