@@ -20,6 +20,7 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
+from parity_tracker.statuses import BUDGET, RUN_MODES
 
 EXIT_INTERRUPTED = 130
 DEFAULT_CONFIG = "pipelines/nightly.toml"
@@ -118,10 +119,12 @@ def targets(as_json: bool) -> None:
 @click.option("--cache", default=None, help="Shortcut for --set cache=VALUE.")
 @click.option(
     "--mode",
-    type=click.Choice(["auto", "equal", "allclose"]),
+    type=click.Choice(["auto", *RUN_MODES]),
     default="auto",
     show_default=True,
-    help="Comparison mode; auto follows the seed's section 2.",
+    help="Comparison mode; auto follows the seed's section 2, with budget (error against a "
+    "float64 golden, at most k=2x PyTorch's own at the candidate's precision) for casts and "
+    "other implementations.",
 )
 @click.option("--rtol", type=float, default=None, help="allclose rtol for every tag.")
 @click.option("--atol", type=float, default=None, help="allclose atol for every tag.")
@@ -163,8 +166,8 @@ def run(
 
     shortcuts = {"quantization": quantization, "cache": cache}
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
-    if rtol is not None and mode == "equal":
-        click.echo("warning: --rtol/--atol have no effect with --mode equal", err=True)
+    if rtol is not None and mode in ("equal", BUDGET):
+        click.echo(f"warning: --rtol/--atol have no effect with --mode {mode}", err=True)
     outcome = run_target(
         target,
         settings,

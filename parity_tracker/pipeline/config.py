@@ -5,7 +5,7 @@ Format (also documented at the top of ``pipelines/nightly.toml``)::
     [[matrix]]
     target = "digits-cnn"                       # a target name or module:function spec
     quantization = ["none", "fp16", "bf16"]     # each list is one axis; a scalar is one value
-    # optional per-entry options: mode = "auto" | "equal" | "allclose", ops = true,
+    # optional per-entry options: mode = "auto" | "equal" | "allclose" | "budget", ops = true,
     # rtol = 1e-3, atol = 1e-5 (both or neither), dump_mode = "NOT_EQUAL"
 
 Each ``[[matrix]]`` entry expands to the cartesian product of its axes (``pipeline.matrix``);
@@ -21,13 +21,14 @@ from typing import Any
 from parity_tracker.errors import InputError
 from parity_tracker.files.toml import load_toml
 from parity_tracker.pipeline.matrix import DEFAULT_DUMP_MODE, Cell, expand
+from parity_tracker.statuses import BUDGET, RUN_MODES
 
 #: Keys of a ``[[matrix]]`` entry that are options, not setting axes.
 OPTION_KEYS = ("target", "mode", "ops", "rtol", "atol", "dump_mode")
 #: The ``DumpMode`` names a cell may ask for.
 DUMP_MODES = ("NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL")
 #: The comparison modes of a cell.
-CELL_MODES = ("auto", "equal", "allclose")
+CELL_MODES = ("auto", *RUN_MODES)
 
 
 def _axes(entry: Mapping[str, Any], where: str) -> dict[str, list[str]]:
@@ -59,6 +60,11 @@ def _options(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
     dump_mode = str(entry.get("dump_mode", DEFAULT_DUMP_MODE)).upper()
     if dump_mode not in DUMP_MODES:
         raise InputError(f"{where}: dump_mode = {dump_mode!r}; allowed: {', '.join(DUMP_MODES)}")
+    if mode == BUDGET and pair is not None:
+        raise InputError(
+            f"{where}: mode = 'budget' takes no rtol/atol (the budget is PyTorch's own error at "
+            "the candidate's precision); remove them"
+        )
     rtol, atol = pair if pair is not None else (None, None)
     ops = bool(entry.get("ops", False))
     return {"mode": mode, "ops": ops, "rtol": rtol, "atol": atol, "dump_mode": dump_mode}

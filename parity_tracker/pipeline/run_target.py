@@ -83,7 +83,7 @@ def run_target(
     Args:
         spec: a target name or ``module:function``.
         settings: setting overrides (``{"quantization": "int8"}``), validated.
-        mode: ``auto`` | ``equal`` | ``allclose``.
+        mode: ``auto`` | ``equal`` | ``allclose`` | ``budget``.
         rtol: allclose rtol for every tag (None: the case's overrides, else the per-dtype
             defaults of torch.testing.assert_close); give both rtol and atol or neither.
         atol: allclose atol for every tag.
