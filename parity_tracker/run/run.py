@@ -25,7 +25,7 @@ from typing import Any
 
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.run.histogram import histogram_from_dump
-from parity_tracker.run.mode import choose_mode
+from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import build_summary, worst_tensor
 from parity_tracker.statuses import BUDGET, is_failing
@@ -438,7 +438,7 @@ def run_parity(
             spill.cleanup()
             raise
         if passes.sides is None:
-            chosen, reason = "allclose", f"{reason}; {passes.reason}"
+            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
