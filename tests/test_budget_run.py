@@ -169,3 +169,44 @@ def test_check_budget_facade_with_three_checkers():
     assert row.golden_max_abs_err == pytest.approx(e_c, rel=1e-9)
     assert row.error_ratio > 2 and math.isfinite(row.error_ratio)
     assert tc.check_budget(golden_tc, twin_tc, k=1000).passed  # repeatable, k applies
+
+
+def test_diff_worse_also_triggers_on_the_ratio():
+    from parity_tracker.analysis.diff import decide
+
+    def one(base_ratio, head_ratio, base_mad=0.1, head_mad=0.1):
+        args = dict(base_present=np.array([True]), head_present=np.array([True]),
+                    base_pass=np.array([True]), head_pass=np.array([True]),
+                    base_mad=np.array([base_mad]), head_mad=np.array([head_mad]),
+                    eps=np.array([1e-3]), hash_changed=np.array([False]))  # fmt: skip
+        return str(decide(**args, base_ratio=np.array([base_ratio]),
+                          head_ratio=np.array([head_ratio]))[0])  # fmt: skip
+
+    assert one(0.9, 1.7) == "unchanged"  # not more than 2x
+    assert one(0.8, 1.7) == "worse"  # > 2x and above PyTorch's own error (1)
+    assert one(0.2, 0.9) == "unchanged"  # growth below PyTorch's own error is noise
+    assert one(1.0, math.inf) == "worse" and one(3.0, 1.0) == "better"
+    assert one(np.nan, 5.0) == "unchanged"  # no base ratio: the mad rule alone
+    assert one(np.nan, np.nan, 0.1, 0.3) == "worse"
+
+
+def test_summary_and_diff_json_map_an_infinite_ratio_strictly():
+    import json
+
+    from parity_tracker.analysis.diff import diff_tables
+    from parity_tracker.analysis.render import to_json
+    from parity_tracker.files.tables import MODULES_SCHEMA, rows_to_table
+    from parity_tracker.run.summary import ratio_metrics
+
+    rows = [{"tag": "a", "status": "close", "error_ratio": 1.5},
+            {"tag": "b", "status": "mismatch", "error_ratio": math.inf},
+            {"tag": "c", "status": "equal", "error_ratio": None}]  # fmt: skip
+    table = rows_to_table(rows, MODULES_SCHEMA)
+    assert ratio_metrics(table) == {"worst_error_ratio": None, "worst_error_ratio_tag": "b",
+                                    "error_ratio_infinite": True}  # fmt: skip
+    assert ratio_metrics(rows_to_table(rows[:1], MODULES_SCHEMA))["worst_error_ratio"] == 1.5
+    base = rows_to_table([{**r, "error_ratio": 1.0} for r in rows], MODULES_SCHEMA)
+    text = to_json(diff_tables(base, table))
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+    b = next(r for r in data["rows"] if r["tag"] == "b")
+    assert b["head_error_ratio"] is None and b["infinite"] == ["head_error_ratio"]

@@ -175,8 +175,9 @@ MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1}
 #: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),
 #: kept here beside the tables' version so every on-disk format is versioned in one place.
 #: v0: the untyped dict of before issue 12 (no ``schema_version`` key); v1 adds
-#: ``schema_version``, ``worst_tensor`` and makes ``worst_tensor_histogram`` a field.
-SUMMARY_SCHEMA_VERSION = 1
+#: ``schema_version``, ``worst_tensor`` and makes ``worst_tensor_histogram`` a field; v2 adds
+#: ``worst_error_ratio``, ``worst_error_ratio_tag`` and ``error_ratio_infinite`` (issue 15).
+SUMMARY_SCHEMA_VERSION = 2
 
 
 def _migrate_summary_v0(data: dict[str, Any]) -> dict[str, Any]:
@@ -189,8 +190,15 @@ def _migrate_summary_v0(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _migrate_summary_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 → v2: the worst error ratio fields (issue 15) added, None (no budget before v2)."""
+    for key in ("worst_error_ratio", "worst_error_ratio_tag", "error_ratio_infinite"):
+        data.setdefault(key, None)
+    return data
+
+
 #: Summary migrations: version -> function(dict) returning the dict at version + 1.
-SUMMARY_MIGRATIONS: dict[int, Any] = {0: _migrate_summary_v0}
+SUMMARY_MIGRATIONS: dict[int, Any] = {0: _migrate_summary_v0, 1: _migrate_summary_v1}
 
 
 def migrate_summary(data: Mapping[str, Any]) -> dict[str, Any]:

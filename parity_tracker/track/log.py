@@ -10,7 +10,8 @@ and batched calls:
   ``parity.config_fingerprint``; ``parity.complete`` = ``true`` last, once everything is stored;
 - metrics (step 0): ``tensors_compared``, ``tensors_passing``, ``tensors_failing``,
   ``first_divergence_order``, ``output_max_abs_diff``, ``output_sqnr_db``, plus
-  ``tensors_skipped``, ``ops_compared`` and ``ops_failing``. A metric whose value is None is
+  ``tensors_skipped``, ``ops_compared``, ``ops_failing`` and ``worst_error_ratio`` (budget
+  runs, issue 15; None when infinite: see ``summary.json``). A metric whose value is None is
   not logged: ``first_divergence_order`` when nothing diverged, ``output_*`` when no root
   output was compared, and ``output_sqnr_db`` when the outputs are identical (infinite SQNR;
   MLflow's SQL store cannot keep inf — the summary says ``output_equal: true``);
@@ -69,7 +70,7 @@ CONTRACT_METRICS = (
     "output_max_abs_diff",
     "output_sqnr_db",
 )
-EXTRA_METRICS = ("tensors_skipped", "ops_compared", "ops_failing")
+EXTRA_METRICS = ("tensors_skipped", "ops_compared", "ops_failing", "worst_error_ratio")
 #: Params derived by the run, logged next to the settings and environment.
 DERIVED_PARAMS = ("mode", "mode_reason", "config_fingerprint")
 _PARAM_MAX = 6000  # MLflow's limit on a param value's length
