@@ -210,3 +210,22 @@ def test_summary_and_diff_json_map_an_infinite_ratio_strictly():
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     b = next(r for r in data["rows"] if r["tag"] == "b")
     assert b["head_error_ratio"] is None and b["infinite"] == ["head_error_ratio"]
+
+
+def test_report_draws_both_errors_and_states_the_budget(net_and_input):
+    from dashboards.report import render_run_report
+
+    reference, x = net_and_input
+    bad = _run(reference, _cast_inputs(engine(reference, norm2_eps=5e-3), torch.bfloat16), x)
+    page = render_run_report(bad)
+    ratio = _rows(bad)["checker_norm2"]["error_ratio"]
+    assert bad.summary["worst_error_ratio_tag"] in page
+    assert "worst error_ratio" in page and "PyTorch at this precision (twin) vs golden" in page
+    assert "candidate leaves PyTorch&#39;s error: checker_norm2" in page or (
+        "candidate leaves PyTorch's error: checker_norm2" in page
+    )
+    assert bad.summary["worst_error_ratio"] >= ratio > 2
+    good = _run(reference, _cast_inputs(copy.deepcopy(reference).bfloat16(), torch.bfloat16), x)
+    assert "within 2× PyTorch&#39;s own error" in render_run_report(good) or (
+        "within 2× PyTorch's own error" in render_run_report(good)
+    )
