@@ -73,9 +73,13 @@ def test_run_failure_exits_1_and_prints_summary(env):
 
 def test_run_shortcut_options_and_allclose(env):
     res, out = run_json("--quantization", "bf16")
-    assert out["summary"]["mode"] == "allclose"
+    assert out["summary"]["mode"] == "budget"  # a cast: error budget (issue 15)
     assert out["summary"]["settings"]["quantization"] == "bf16"
-    assert res.exit_code in (0, 1)
+    assert res.exit_code == 0 and out["summary"]["worst_error_ratio"] <= 2.0
+    # a 1e-3 fp32 weight shift is about half a bf16 ULP of the weights (2**-9 at 0.25..0.5):
+    # rounding, within PyTorch's own bf16 error
+    res, out = run_json("--quantization", "bf16", "--mode", "budget", perturb=True)
+    assert res.exit_code == 0 and out["summary"]["mode"] == "budget"
     res, out = run_json("--mode", "allclose", "--rtol", "0", "--atol", "0.01", perturb=True)
     assert res.exit_code == 0, out["summary"]["counts"]  # 1e-3 shifts are within atol 0.01
 
