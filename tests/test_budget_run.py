@@ -229,3 +229,13 @@ def test_report_draws_both_errors_and_states_the_budget(net_and_input):
     assert "within 2× PyTorch&#39;s own error" in render_run_report(good) or (
         "within 2× PyTorch's own error" in render_run_report(good)
     )
+
+
+def test_summary_v1_migrates_with_null_ratio_fields():
+    from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
+
+    old = {"schema_version": 1, "run_id": "r", "worst_tensor": None}
+    new = migrate_summary(old)
+    assert SUMMARY_SCHEMA_VERSION == 2
+    assert new["worst_error_ratio"] is None and new["worst_error_ratio_tag"] is None
+    assert new["error_ratio_infinite"] is None and new["run_id"] == "r"
