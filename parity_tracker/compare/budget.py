@@ -156,15 +156,26 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
     worst, lost = 0.0, 0
     for lo in range(0, s.numel(), CHUNK):
         a, b = s[lo : lo + CHUNK].to(wide), g[lo : lo + CHUNK].to(wide)
-        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-        d = torch.where(same, 0.0, (a - b).abs().to(torch.float64))
-        bad = ~torch.isfinite(d)
-        lost += int(bad.sum())
-        if lost:
-            d = d.masked_fill(bad, math.inf)
-        if d.numel():
-            worst = max(worst, float(d.max()))
+        d = (a - b).abs().to(torch.float64)
+        top = float(d.max()) if d.numel() else 0.0
+        if not math.isfinite(top):  # rare: a non-finite element on either side
+            top, bad = _non_finite(a, b)
+            lost += bad
+        worst = max(worst, top)
     return ErrorScan(worst, lost, side.dtype)
+
+
+def _non_finite(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
+    """``(max error, elements lost)`` of a chunk holding a non-finite element.
+
+    Equal elements (NaN matching NaN, ±inf the same inf) have error 0; any other non-finite
+    difference counts as lost, error ``+inf`` (module docstring).
+    """
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    d = torch.where(same, 0.0, (a - b).abs().to(torch.float64))
+    bad = ~torch.isfinite(d)
+    lost = int(bad.sum())
+    return (math.inf if lost else float(d.max())), lost
 
 
 def _golden64(golden: Any) -> torch.Tensor | str:
@@ -228,9 +239,11 @@ def budget_floor(golden: torch.Tensor, eps: float) -> float:
     g, top = flat(golden), 0.0
     for lo in range(0, g.numel(), CHUNK):
         a = g[lo : lo + CHUNK].abs()
-        a = a[torch.isfinite(a)]
-        if a.numel():
-            top = max(top, float(a.max()))
+        m = float(a.max()) if a.numel() else 0.0
+        if not math.isfinite(m):  # rare: keep the finite elements only
+            a = a[torch.isfinite(a)]
+            m = float(a.max()) if a.numel() else 0.0
+        top = max(top, m)
     return eps * top
 
 
