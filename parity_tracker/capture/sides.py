@@ -18,12 +18,14 @@ is built with :func:`twin_reducer`, so each twin value is reduced to its
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from parity_tracker.compare.budget import Budgets, ErrorScan, budget_compare, side_error
+from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import RELEASED, leaf_desc, load
 
@@ -82,6 +84,7 @@ class BudgetSides:
         self.golden_log, self.twin_log, self.release = golden_log, twin_log, release
         #: whatever must outlive the check with the logs (the golden checker and its store)
         self.owner: Any = None
+        self._cache: dict[tuple, tuple] = {}
         self.budgets = budgets or Budgets()
         self.align = align
 
@@ -121,17 +124,36 @@ class BudgetSides:
             twin = self._twin(tag, step, cand)
             if twin is None:
                 return _no_side(tag, step, "twin", ref, cand)
-            out = budget_compare(
-                golden, ref if twin is _SELF else twin, cand,
-                reference=None if twin is _SELF else ref, tag=tag, budgets=self.budgets,
-            )  # fmt: skip
+            out = self._judged(tag, golden, twin, ref, cand)
         except Exception as exc:  # a pair that cannot be judged never aborts the check
             return Comparison(
                 status="error", mode=MODE, message=f"{tag}: {type(exc).__name__}: {exc}"
             )
         if self.release:
             gcap.value = RELEASED
-        return out.comparison
+        return out
+
+    def _judged(self, tag: str, golden: Any, twin: Any, ref: Any, cand: Any) -> Comparison:
+        """``budget_compare`` of one pair, reusing the verdict of the same objects judged already.
+
+        A module's input is the previous module's output: the same reference, candidate and
+        golden tensors (and the same twin error), judged again under another tag. Reused only
+        for the very same objects, unchanged since (version counters), the same twin error and
+        the same ``k``, and never with ``align``.
+        """
+        k = self.budgets.resolve(tag)
+        key = _key(golden, twin, ref, cand, k) if self.align is None else None
+        held = (golden, ref, cand, *([twin] if isinstance(twin, torch.Tensor) else []))
+        hit = self._cache.get(key) if key is not None else None
+        if hit is not None and all(w() is t for w, t in zip(hit[0], held, strict=True)):
+            return hit[1]
+        out = budget_compare(
+            golden, ref if twin is _SELF else twin, cand,
+            reference=None if twin is _SELF else ref, k=k,
+        ).comparison  # fmt: skip
+        if key is not None:
+            self._cache[key] = (tuple(weakref.ref(t) for t in held), out)
+        return out
 
     def _twin(self, tag: str, step: int, cand: Any) -> Any:
         """The twin's value (tensor or ErrorScan), ``_SELF`` for the reference, or None."""
@@ -145,6 +167,16 @@ class BudgetSides:
 
 
 _SELF = object()
+
+
+def _key(golden: Any, twin: Any, ref: Any, cand: Any, k: float) -> tuple | None:
+    """Cache key of a judged pair, or None when a tensor has no version counter."""
+    tensors = (golden, ref, cand)
+    versions = tuple(tensor_version(t) for t in tensors)
+    if None in versions:
+        return None
+    twin_key = twin if isinstance(twin, ErrorScan) else id(twin)
+    return (*(id(t) for t in tensors), versions, twin_key, k)
 
 
 def _no_side(tag: str, step: int, side: str, ref: Any, cand: Any) -> Comparison:
