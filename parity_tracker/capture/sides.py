@@ -48,12 +48,21 @@ def twin_reducer(golden_log: Any) -> Callable[[str, int, torch.Tensor], Any]:
     kept only as an :class:`ErrorScan` (a few numbers). A tag the golden lacks keeps no value
     (its budget becomes ``error`` with the golden named).
     """
+    seen: dict[tuple, tuple] = {}  # a module's input is the previous module's output
 
     def reduce(tag: str, step: int, value: torch.Tensor) -> Any:
         cap = _captured(golden_log, tag, step)
         if cap is None:
             return ErrorScan(None, problem=f"golden: no value captured for {tag} at step {step}")
-        return side_error(load(cap.value), value, "twin")
+        golden = load(cap.value)
+        key = _key(golden, None, value, value, 0.0)
+        hit = seen.get(key) if key is not None else None
+        if hit is not None and hit[0]() is golden and hit[1]() is value:
+            return hit[2]
+        scan = side_error(golden, value, "twin")
+        if key is not None:
+            seen[key] = (weakref.ref(golden), weakref.ref(value), scan)
+        return scan
 
     return reduce
 
