@@ -77,7 +77,7 @@ def test_write_is_zstd_versioned_and_round_trips(tmp_path):
     t = rows_to_table(rows, MODULES_SCHEMA)
     path = write_table(t, tmp_path / "sub" / "modules.parquet")
     meta = pq.ParquetFile(path).metadata
-    assert pq.read_schema(path).metadata[b"schema_version"] == b"2"
+    assert pq.read_schema(path).metadata[b"schema_version"] == str(tables.SCHEMA_VERSION).encode()
     codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
     assert codecs == {"ZSTD"}
     back = read_table(path, "modules")
@@ -121,6 +121,16 @@ def test_v0_file_is_migrated():
     assert rows[0]["ref_shape"] == [2, 4]
 
 
+def test_v1_file_gets_null_ranks(tmp_path):
+    """v1 had no ``ranks`` (sharded runs, v2): a v1 run was not sharded, so ranks is null."""
+    t = pa.table({"tag": ["a", "b"], "status": ["equal", "mismatch"], "step": [0, 1]})
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"1"}), tmp_path / "v1.parquet")
+    back = read_table(tmp_path / "v1.parquet", "modules")
+    assert back.column("ranks").to_pylist() == [None, None]
+    assert back.column("status").to_pylist() == ["equal", "mismatch"]
+    assert back.column("step").to_pylist() == [0, 1]
+
+
 def test_newer_version_is_refused_with_the_fix(tmp_path):
     t = rows_to_table([{"tag": "a", "status": "equal"}], MODULES_SCHEMA)
     t = t.replace_schema_metadata({b"schema_version": b"99"})
@@ -139,7 +149,7 @@ def test_nan_in_foreign_file_is_read_as_null(tmp_path):
 
 
 def test_v1_file_gains_the_budget_columns_as_null():
-    """tests/golden/modules_v1.parquet: written before issue 15 (no error-budget columns)."""
+    """tests/golden/modules_v1.parquet (v1 → v2 → v3): no error-budget columns before v3."""
     path = GOLDEN / "modules_v1.parquet"
     assert tables.schema_version_of(path) == 1
     assert "error_ratio" not in pq.read_schema(path).names
@@ -152,6 +162,15 @@ def test_v1_file_gains_the_budget_columns_as_null():
     ]
     budget = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
     assert all(r[c] is None for r in rows for c in budget)
+
+
+def test_v2_file_gains_the_budget_columns_as_null(tmp_path):
+    budget = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+    v2 = pa.schema([f for f in MODULES_SCHEMA if f.name not in budget])
+    t = rows_to_table([{"tag": "a", "status": "close", "ranks": [1]}], v2)
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"2"}), tmp_path / "v2.parquet")
+    (row,) = read_table(tmp_path / "v2.parquet", "modules").to_pylist()
+    assert row["ranks"] == [1] and all(row[c] is None for c in budget)
 
 
 def test_infinite_error_ratio_round_trips(tmp_path):

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from parity_tracker.files.atomic import atomic_write
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _SHAPE = pa.list_(pa.int64())
@@ -70,7 +70,14 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("error_ratio", _F64),
 )
 
-MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
+MODULES_SCHEMA = pa.schema(
+    [
+        *COMMON_FIELDS,
+        # v2, sharded runs (parity_tracker.distributed): the ranks whose part differs, [] when
+        # all agree, null when not sharded or no rank can be named (a partial sum)
+        pa.field("ranks", pa.list_(_I32)),
+    ]
+)
 
 OPS_SCHEMA = pa.schema(
     [
@@ -157,10 +164,19 @@ def _migrate_v0(table: pa.Table) -> pa.Table:
 
 
 def _migrate_v1(table: pa.Table) -> pa.Table:
-    """Migrate a v1 table to v2: the error-budget columns added, null.
+    """Migrate a v1 table to v2: v2 adds the modules table's ``ranks`` column.
 
-    v2 adds ``golden_max_abs_err``, ``twin_max_abs_err`` and ``error_ratio`` (issue 15); no run
-    before v2 was compared by budget, so they are null for every earlier row.
+    A v1 run was never sharded, so its ``ranks`` is null (``conform`` fills the missing column
+    with nulls; "not sharded" is what null means). No other column changed.
+    """
+    return table
+
+
+def _migrate_v2(table: pa.Table) -> pa.Table:
+    """Migrate a v2 table to v3: the error-budget columns added, null.
+
+    v3 adds ``golden_max_abs_err``, ``twin_max_abs_err`` and ``error_ratio`` (issue 15); no run
+    before v3 was compared by budget, so they are null for every earlier row.
     """
     for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
         if name not in table.column_names:
@@ -169,7 +185,7 @@ def _migrate_v1(table: pa.Table) -> pa.Table:
 
 
 # Migrations: version -> function(table) returning the table at version + 1.
-MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1}
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1, 2: _migrate_v2}
 
 
 #: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from parity_tracker.adapters import MEASURED_PARAMS
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.statuses import BUDGET, RUN_MODES
 
@@ -14,8 +15,11 @@ from parity_tracker.statuses import BUDGET, RUN_MODES
 BUDGET_BLOCKERS = frozenset({"cache", "random"})
 BUDGET_NOTE = "; error budget against a float64 golden (issue 15) instead of a tolerance"
 
-#: Settings keys that are not part of the configuration fingerprint.
-NOT_FINGERPRINTED = frozenset({*ENV_KEYS, "mode", "mode_reason", "config_fingerprint"})
+#: Settings keys that are not part of the configuration fingerprint (run params measured by
+#: the adapters, e.g. graph breaks, are facts of the run, not configuration).
+NOT_FINGERPRINTED = frozenset(
+    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint"), *MEASURED_PARAMS}
+)
 
 
 def _off(value: Any, *off_values: str) -> bool:
