@@ -239,3 +239,20 @@ def test_summary_v1_migrates_with_null_ratio_fields():
     assert SUMMARY_SCHEMA_VERSION == 2
     assert new["worst_error_ratio"] is None and new["worst_error_ratio_tag"] is None
     assert new["error_ratio_infinite"] is None and new["run_id"] == "r"
+
+
+def test_drive_with_float32_inputs_into_a_conv_runs_the_golden():
+    """A drive's own float32 tensors meet the golden's float64 conv weights (conv2d checks
+    dtypes before any dispatch mode): golden_copy promotes each module's inputs."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 3)).eval()
+    x = torch.randn(2, 1, 8, 8)
+
+    def drive(m, rec):
+        rec(0)
+        m(x)
+
+    result = run_parity(model, copy.deepcopy(model), drive=drive, mode="budget",
+                        environment=ENV, dump_mode=DumpMode.NOT)  # fmt: skip
+    assert result.summary["mode"] == "budget" and result.passed
+    assert {r["status"] for r in result.modules.to_pylist()} == {"equal"}

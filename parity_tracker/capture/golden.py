@@ -86,9 +86,22 @@ def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     original module is untouched. Costs twice the module's float32 memory. Safe to call
     inside :func:`golden_mode`: the copy runs with dispatch modes disabled (``deepcopy``
     rebuilds tensors with ``new_empty`` + ``set_``, which a float64 rewrite would break).
+
+    Every submodule of the copy also promotes its floating inputs to float64 (a forward
+    pre-hook): composite ops such as ``conv2d`` check their argument dtypes before a dispatch
+    mode sees them, so a float32 tensor from outside (a drive's inputs, a closure) must be
+    promoted before the module runs.
     """
     with _disable_current_modes():
-        return copy.deepcopy(module).double()
+        golden = copy.deepcopy(module).double()
+    for sub in golden.modules():
+        if not isinstance(sub, torch.jit.ScriptModule):
+            sub.register_forward_pre_hook(_promote_inputs, with_kwargs=True)
+    return golden
+
+
+def _promote_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return promote(args), promote(kwargs)
 
 
 def _value(arg, i: int, args: tuple, kwargs: dict) -> Any:
