@@ -354,7 +354,7 @@ def test_golden_stays_float64_through_in_forward_casts():
     # the model as written rounds: far from float64, and a plain .double() copy crashes
     assert np.abs(model(x, idx)[0].detach().double().numpy() - want).max() > 1e-4
     with pytest.raises(RuntimeError):
-        golden_copy(model)(x.double(), idx)
+        copy.deepcopy(model).double()(x.double(), idx)
     assert torch.get_default_dtype() == torch.float32
 
 
