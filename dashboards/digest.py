@@ -21,9 +21,8 @@ def _fmt(x: Any) -> str:
 
 def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
     """The markdown digest: verdict, one line per cell, the regressions, expected and expired."""
-    verdict = "FAIL" if result.exit_code else "PASS"
     lines = [
-        f"# Parity nightly — {verdict}",
+        f"# Parity nightly — {result.headline}",
         "",
         f"commit `{result.commit or 'unknown'}` · shard {result.shard[0]}/{result.shard[1]} · "
         f"{len(result.cells)} cells · {result.regressions} regressions · "
