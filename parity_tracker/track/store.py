@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
