@@ -13,6 +13,9 @@ from parity_tracker.statuses import BUDGET, RUN_MODES
 #: Settings whose allclose the error budget cannot replace (issue 15): a cache skips or reuses
 #: computation and random ops draw differently in float64, so a float64 golden says nothing.
 BUDGET_BLOCKERS = frozenset({"cache", "random"})
+#: Settings the error budget does not support yet: a sharded run is compared per rank by
+#: ``parity_tracker.distributed`` (its own pairing), which has no golden side.
+BUDGET_NOT_YET = frozenset({"distributed"})
 BUDGET_NOTE = "; error budget against a float64 golden (issue 15) instead of a tolerance"
 
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
@@ -48,8 +51,8 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
     ``random`` (truthy: dropout, sampling) or ``implementation`` (present and not ``same``).
 
     Where approximate arithmetic alone calls for it (a cast or other quantization, another
-    implementation, sharding: no cache and no random ops), ``auto`` picks ``budget`` (issue
-    15) instead; ``run_parity`` still falls back to ``allclose``, with the reason recorded,
+    implementation: no cache, no random ops; sharding is not supported yet), ``auto`` picks
+    ``budget`` (issue 15) instead; ``run_parity`` still falls back to ``allclose``, with the reason recorded,
     when the budget cannot run (int8 weights without a twin, random ops in the golden, a
     golden that cannot run in float64: ``parity_tracker.run.budget``).
 
@@ -85,6 +88,8 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
     ]
     text = "; ".join(why for _, _, why in reasons)
     blocked = [key for key, _, _ in reasons if key in BUDGET_BLOCKERS]
+    if reasons and not blocked and any(key in BUDGET_NOT_YET for key, _, _ in reasons):
+        return "allclose", text + "; no error budget: not supported for sharded runs yet"
     if reasons and not blocked and not _integer_without_twin(settings):
         return BUDGET, text + BUDGET_NOTE
     if reasons and not blocked:
