@@ -139,6 +139,9 @@ class TensorChecker(SpillCounters):
         reduce_to: ``reduce(tag, step, tensor) -> value`` kept instead of each captured tensor
             (a twin's checker: :func:`parity_tracker.capture.sides.twin_reducer`); such a
             checker only feeds a budget and cannot ``check`` its own pairs.
+        on_compared: ``on_compared(tag, step, reference, candidate, comparison)`` after every
+            comparison of two tensors, eager or in ``check`` (``compare.pairing.PairComparer``);
+            the tensors are the checker's and must not be written.
 
     Raises:
         InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"``, ``"budget"`` or
@@ -159,6 +162,7 @@ class TensorChecker(SpillCounters):
         spill_dir: Any = None,
         budget: BudgetSides | None = None,
         reduce_to: Callable[[str, int, torch.Tensor], Any] | None = None,
+        on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
     ) -> None:
         if eager_mode is not None and eager_mode not in RUN_MODES:
             raise InputError(
@@ -184,13 +188,15 @@ class TensorChecker(SpillCounters):
         self.dump_mode = DumpMode(dump_mode)
         self._hold = _Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
-        self._pairs = PairComparer(align)
+        self._snap = Snapshotter()
+        self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
+        if budget is not None:
+            budget.on_compared = on_compared
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
         #: Run params a drive recorded (``StepRecorder.note``), merged into the run's settings.
         self.run_notes: dict[str, Any] = {}
-        self._snap = Snapshotter()
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -459,8 +465,8 @@ class TensorChecker(SpillCounters):
         ref_side = self._log.reference_side()
         out = []
         for g in self._log.groups.values():
-            if not any(c.is_tensor for c in g.captures):
-                continue  # None / non-tensor leaves on every side: nothing to compare
+            if all(c.value is None for c in g.captures):
+                continue  # None on every side: no value, nothing to compare or to report
             pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
             out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
         return out
@@ -517,7 +523,7 @@ class _Holder:
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
         budget = self.c.eager_mode == BUDGET
         pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
-        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
+        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):

@@ -7,14 +7,13 @@ Kept apart from the decision (``analysis.diff``), in the pattern of asv's
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from parity_tracker.analysis.diff import count_changes, interesting
+from parity_tracker.files import jsonio
 
 
 def _fmt(value: Any) -> str:
@@ -72,19 +71,7 @@ def to_markdown(diff: pa.Table, *, limit: int = 50) -> str:
     return text
 
 
-def _strict(row: dict[str, Any]) -> dict[str, Any]:
-    """A row for strict JSON: a non-finite float becomes None, named in ``"infinite"``.
-
-    (An ``error_ratio`` may be +inf: a candidate that loses values PyTorch keeps.)
-    """
-    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
-    if not bad:
-        return row
-    return {**{k: None if k in bad else v for k, v in row.items()}, "infinite": bad}
-
-
 def to_json(diff: pa.Table, **extra: Any) -> str:
-    """Strict JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
-    rows = [_strict(r) for r in interesting(diff).to_pylist()]
-    payload = {"counts": count_changes(diff), "rows": rows, **extra}
-    return json.dumps(payload, default=str, allow_nan=False)
+    """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
+    payload = {"counts": count_changes(diff), "rows": interesting(diff).to_pylist(), **extra}
+    return jsonio.dumps(payload, default=str)

@@ -19,7 +19,8 @@ from parity_tracker.capture.tags import (
     module_display_name,
     output_tag,
 )
-from parity_tracker.compare.convert import as_tensor  # noqa: F401  (re-exported: capture.as_tensor)
+from parity_tracker.compare.convert import as_tensor  # re-exported: capture.as_tensor
+from parity_tracker.errors import InputError
 
 _MAX_DEPTH = 32
 
@@ -27,8 +28,10 @@ _MAX_DEPTH = 32
 class NonTensor:
     """A leaf of an input or output structure that is neither a tensor nor ``None``.
 
-    Kept only so that a tensor on one side against something else on the other is reported as
-    a structure difference. Two non-tensor leaves are not compared.
+    A tensor on one side against something else on the other is a structure difference; two
+    non-tensor leaves are not compared but get a ``skipped`` row naming both types; one present
+    on one side only is a structure difference (``missing_*``). Numbers are not NonTensor: they
+    are compared as 0-d tensors.
 
     Attributes:
         type_name: the leaf's type name, e.g. ``"int"`` or ``"DynamicCache"``.
@@ -43,6 +46,24 @@ class NonTensor:
         return f"<{self.type_name}>"
 
 
+def is_scalar(obj: Any) -> bool:
+    """True for Python ``bool``/``int``/``float``/``complex`` and numpy scalars (0-d values)."""
+    return isinstance(obj, bool | int | float | complex | np.generic)
+
+
+def scalar_leaf(obj: Any) -> Any:
+    """A scalar as the 0-d tensor it is compared as, or a :class:`NonTensor` when it has none.
+
+    Python numbers keep their exact value (``compare.convert.scalar_tensor``: float64 for a
+    float); numpy scalars keep their dtype. An int outside int64, or a numpy scalar without a
+    torch dtype (``numpy.str_``, datetimes), is a non-tensor leaf named with its type.
+    """
+    try:
+        return as_tensor(obj)
+    except (InputError, TypeError, ValueError, RuntimeError):
+        return NonTensor(f"{type(obj).__name__} (no torch dtype holds {obj!r})")
+
+
 def is_tensor_like(obj: Any) -> bool:
     """True for torch tensors, numpy arrays and objects exposing ``__dlpack__``."""
     return isinstance(obj, (torch.Tensor, np.ndarray)) or hasattr(obj, "__dlpack__")
@@ -53,7 +74,8 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
 
     Tuples and lists are keyed by index, mappings by ``str(key)`` (insertion order), dataclass
     instances (Hugging Face ``ModelOutput`` included, so ``None`` fields are kept) by field
-    name. A leaf is a tensor-like object, ``None``, or a :class:`NonTensor` marker.
+    name. A leaf is a tensor-like object, ``None``, a number or numpy scalar as a 0-d tensor
+    (:func:`scalar_leaf`), or a :class:`NonTensor` marker naming any other type.
 
     Args:
         obj: the structure (an output, an input, a keyword argument).
@@ -66,6 +88,8 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
     key = ".".join(path)
     if obj is None or is_tensor_like(obj):
         yield key, obj
+    elif is_scalar(obj):
+        yield key, scalar_leaf(obj)
     elif depth >= _MAX_DEPTH:
         yield key, NonTensor(type(obj).__name__)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -89,6 +113,8 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
     """
     if output is None or is_tensor_like(output):
         return [(output_tag(base), "output", output)]
+    if is_scalar(output):
+        return [(output_tag(base), "output", scalar_leaf(output))]
     return [(output_tag(base, p), f"output.{p}", leaf) for p, leaf in flatten(output)]
 
 

@@ -36,6 +36,7 @@ from parity_tracker.capture.tags import (
     param_tag,
     root_name,
 )
+from parity_tracker.capture.training import training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
 
 
@@ -286,15 +287,20 @@ class HookHandle:
         self._model_name = type(model).__name__
 
     def warn_training(self, model: torch.nn.Module) -> None:
-        """Warn once when the hooked model is in training mode."""
-        if self._warned or not any(m.training for m in model.modules()):
+        """Warn once when the hooked model runs mode-dependent modules in training mode."""
+        if self._warned:
+            return
+        found = training_mode_dependent(model)
+        if not found:
             return
         self._warned = True
         role = "reference" if self.side == 0 else f"candidate (side {self.side})"
+        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         warnings.warn(
-            f"TensorChecker: the {role} model {self._model_name} is in training mode; dropout "
-            "and batch-norm statistics make the comparison meaningless. Call model.eval() "
-            "before the forward.",
+            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
+            f"modules that compute differently in it ({shown}{more}); the comparison is "
+            "meaningless. Call model.eval() before the forward.",
             UserWarning,
             stacklevel=4,
         )

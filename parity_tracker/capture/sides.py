@@ -94,6 +94,9 @@ class BudgetSides:
         #: whatever must outlive the check with the logs (the golden checker and its store)
         self.owner: Any = None
         self._cache: dict[tuple, tuple] = {}
+        #: ``on_compared(tag, step, reference, candidate, comparison)`` after each judged pair
+        #: (the checker's callback: the run's worst-pair histogram), or None
+        self.on_compared: Callable[..., None] | None = None
         self.budgets = budgets or Budgets()
         self.align = align
 
@@ -134,6 +137,8 @@ class BudgetSides:
             if twin is None:
                 return _no_side(tag, step, "twin", ref, cand)
             out = self._judged(tag, golden, twin, ref, cand)
+            if self.on_compared is not None:
+                self.on_compared(tag, step, ref, cand, out)
         except Exception as exc:  # a pair that cannot be judged never aborts the check
             return Comparison(
                 status="error", mode=MODE, message=f"{tag}: {type(exc).__name__}: {exc}"
@@ -212,7 +217,9 @@ class _StepComparer:
     def __init__(self, sides: BudgetSides, step: int) -> None:
         self.sides, self.step = sides, step
 
-    def compare(self, tag: str, ref: Any, cand: Any, mode: str, tol: Any) -> Comparison:
+    def compare(
+        self, tag: str, ref: Any, cand: Any, mode: str, tol: Any, step: int | None = None
+    ) -> Comparison:
         """Judge one pair by budget; ``mode`` and ``tol`` are ignored (budget has no rtol)."""
-        del mode, tol
+        del mode, tol, step  # the step is this comparer's own
         return self.sides.judge(tag, self.step, ref, cand)

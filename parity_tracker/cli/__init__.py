@@ -10,7 +10,6 @@ hints go to stderr).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.errors import EXIT_INFRA, EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
+from parity_tracker.files import jsonio
 from parity_tracker.statuses import BUDGET, RUN_MODES
 
 EXIT_INTERRUPTED = 130
@@ -60,7 +60,7 @@ class ParityGroup(click.Group):
 
 
 def _emit_json(payload: Any) -> None:
-    click.echo(json.dumps(payload, indent=2, default=str, allow_nan=False))
+    click.echo(jsonio.dumps(payload, indent=2, default=str))
 
 
 tracking_uri_option = click.option(
@@ -401,7 +401,7 @@ def diff(
         click.echo(
             R.to_json(shown, base=base, head=head)
             if not show_all
-            else json.dumps(
+            else jsonio.dumps(
                 {"counts": result.counts, "rows": shown.to_pylist(), "base": base, "head": head},
                 default=str,
             )

@@ -109,6 +109,67 @@ def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
     return byte_view(tensor)
 
 
+def dense_span(tensor: torch.Tensor) -> bool:
+    """True when the tensor's elements fill exactly ``numel`` consecutive storage slots.
+
+    Contiguous, channels-last and any other permuted dense layout qualify; slices with gaps
+    and broadcast (stride-0) views do not. Size-1 dimensions are ignored (their stride is
+    arbitrary).
+    """
+    expected = 1
+    dims = sorted((st, n) for n, st in zip(tensor.shape, tensor.stride(), strict=True) if n != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def digestible(t: torch.Tensor) -> bool:
+    """Whether :func:`storage_digest` reads ``t`` (cheap check, nothing is hashed)."""
+    return (
+        type(t) in _PLAIN_TYPES
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and dense_span(t)
+    )
+
+
+def storage_digest(tensor: torch.Tensor) -> int | None:
+    """xxh3-64 of the raw bytes a dense CPU tensor occupies, as an int; None when not cheap.
+
+    The "same bytes as before?" check of ``capture.snapshot.Snapshotter`` and
+    ``compare.pairing.PairComparer`` (writes through ``.data``, numpy or DLPack views bump no
+    version counter). The bytes are the ``numel`` storage slots from the storage offset on, in
+    storage order, read without a copy; two reads of tensors with one dtype, shape and strides
+    give equal digests exactly when their bytes are equal (up to a 2**-64 collision). No
+    dtype/shape header: not a :func:`content_hash`.
+
+    Args:
+        tensor: any tensor.
+
+    Returns:
+        The digest, or None when not :func:`digestible`: anything that is not a plain (not a
+        subclass), non-quantized, strided CPU tensor whose elements fill a dense span
+        (:func:`dense_span`), or that has a conjugate/negative bit. Those are never re-checked
+        (the caller copies or compares again).
+    """
+    if not digestible(tensor):
+        return None
+    t = tensor
+    if t.numel() == 0:
+        return xxhash.xxh3_64_intdigest(b"")
+    t = t.detach()
+    flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
+    return xxhash.xxh3_64_intdigest(raw_buffer(flat))
+
+
 class StreamHasher:
     """Incremental content hash of one tensor fed in consecutive flat chunks.
 

@@ -110,12 +110,22 @@ def first_divergence(rows: Iterable[Row] | Any) -> Row | None:
     return None if i is None else rows[i]
 
 
-def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
-    i, row = item
+def worst_key(row: Row) -> tuple[int, float, float]:
+    """How bad a failing row is, as a sort key (smaller is worse); ties: row order decides.
+
+    ``(0 for a value mismatch else 1, sqnr_db (missing or non-finite: +inf), -max_abs_diff)``:
+    the ordering of :func:`worst_tensors`, usable on one comparison at a time (the run stage
+    keeps only the worst pair seen so far).
+    """
     sqnr = _finite(row.get("sqnr_db"))
     diff = _finite(row.get("max_abs_diff"))
     values = 0 if row.get("status") == "mismatch" else 1
-    return (values, math.inf if sqnr is None else sqnr, -(diff or 0.0), i)
+    return (values, math.inf if sqnr is None else sqnr, -(diff or 0.0))
+
+
+def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
+    i, row = item
+    return (*worst_key(row), i)
 
 
 def worst_tensors(rows: Iterable[Row] | Any, n: int | None = None) -> list[Row]:

@@ -6,7 +6,6 @@ Also the cell verdict (:func:`cell_status`, the matrix colour) and the table of 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import pyarrow as pa
 from parity_tracker.analysis.diff import interesting
 from parity_tracker.analysis.expected import ExpectedEntry
 from parity_tracker.errors import EXIT_INFRA
+from parity_tracker.files import jsonio
 from parity_tracker.pipeline.matrix import Cell
 
 #: What makes the nightly's exit code 1 (see ``NightlyResult.exit_code``).
@@ -150,7 +150,7 @@ def regressions_table(cells: Sequence[CellResult]) -> pa.Table:
         meta = {
             "cell": [c.cell.name] * n,
             "target": [c.cell.target] * n,
-            "settings": [json.dumps(dict(c.cell.settings))] * n,
+            "settings": [jsonio.dumps(dict(c.cell.settings))] * n,
             "run_id": [c.run_id] * n,
             "baseline_run_id": [c.baseline_run_id] * n,
         }

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parity_tracker.compare import verdict
+from parity_tracker.files import jsonio
 from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
 from parity_tracker.run.mode import config_fingerprint
 from parity_tracker.statuses import (
@@ -208,7 +209,7 @@ class RunSummary(Mapping[str, Any]):
         Raises:
             ValueError: a NaN or infinity somewhere in the record (strict JSON has neither).
         """
-        return json.dumps(json.loads(self._json), indent=indent, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(json.loads(self._json), indent=indent, sort_keys=True)
 
     @cached_property
     def _json(self) -> str:
@@ -221,7 +222,7 @@ class RunSummary(Mapping[str, Any]):
         data["root_causes"] = [dict(r) for r in self.root_causes]
         data["structure_differences"] = [dict(r) for r in self.structure_differences]
         data = {**self.extra, **data}
-        return json.dumps(data, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(data, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
@@ -396,7 +397,10 @@ def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
     return {
         "output_max_abs_diff": _finite(max(diffs)) if diffs else None,
         "output_sqnr_db": _finite(min(sqnrs)) if sqnrs else None,
-        "output_equal": all(r["status"] == "equal" for r in rows),
+        # leaves not compared (non-tensor outputs, issue 13) neither make nor break equality
+        "output_equal": all(r["status"] == "equal" for r in rows if r["status"] not in NEUTRAL)
+        if any(r["status"] not in NEUTRAL for r in rows)
+        else None,
     }
 
 
