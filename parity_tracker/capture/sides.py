@@ -27,7 +27,7 @@ import torch
 from parity_tracker.compare.budget import Budgets, ErrorScan, budget_compare, side_error
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
-from parity_tracker.compare.pairing import RELEASED, leaf_desc, load
+from parity_tracker.compare.pairing import RELEASED, PairComparer, load
 
 MODE = "budget"
 
@@ -116,14 +116,8 @@ class BudgetSides:
         With ``release``, the golden capture of the tag is released afterwards.
         """
         if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
-            return Comparison(
-                status="shape_mismatch",
-                mode=MODE,
-                message=(
-                    f"structure differs at {tag}: the reference has {leaf_desc(ref)}, "
-                    f"the candidate has {leaf_desc(cand)}"
-                ),
-            )
+            # the pairing's one rule for leaves that are not two tensors (skipped/structure)
+            return PairComparer().compare(tag, ref, cand, MODE, None, step)
         gcap = _captured(self.golden_log, tag, step)
         if gcap is None:
             return _no_side(tag, step, "golden", ref, cand)
