@@ -9,6 +9,8 @@ each name it uses:
 - an experiment opens in the classic runs view when its tag ``mlflow.experimentKind`` is
   ``custom_model_development`` (else MLflow 3 may open the GenAI overview; the UI's
   "GenAI | Model training" switch changes it by hand);
+- the UI's "GenAI | Model training" switch follows the URL parameter
+  ``workflowType=machine_learning`` (else the browser's stored choice, GenAI by default);
 - routes (hash router): ``#/experiments`` (list), ``#/experiments/<id>/runs`` (runs table),
   ``#/experiments/<id>/runs/<run id>`` (run page), ``.../artifacts/<path>`` (artifact viewer);
 - a saved view is the experiment tag ``mlflow.sharedViewState.<key>`` holding
@@ -49,6 +51,14 @@ TAG_VALUE_MAX = 8000
 FAILING_CSV, REPORT_FILE = "tables/failing.csv", "report.html"
 #: The metrics shown as columns of the parity view, in order.
 VIEW_METRICS = ("tensors_failing", "output_max_abs_diff", "output_sqnr_db", "regressions")
+
+#: The parity view's search filter: runs with a ``target`` param (parity runs, not parents).
+VIEW_FILTER = "params.target LIKE '%'"
+#: The parity view's order, newest first. Not ``attributes.start_time``: with that key the UI
+#: also fetches the parents of the runs found and folds the cells under them.
+VIEW_ORDER_BY = "attributes.end_time"
+#: The UI's mode switch as a URL parameter (``workflowType``; else the browser's last choice).
+WORKFLOW_PARAM = "workflowType=machine_learning"
 
 #: ``(mlflow.source.name, mlflow.source.type)`` of what produced a run.
 Source = tuple[str, str]
@@ -142,9 +152,10 @@ def describe_run(
 ) -> str:
     """The run's markdown description (tag ``mlflow.note.content``), from its ``RunSummary``.
 
-    Verdict and settings, counts, output error, first divergence (tag, place, status, max |Δ|),
-    first divergent op, up to 3 root causes, the error of a failed run, and where the failing
-    rows (``tables/failing.csv``) and the full report (``report.html``) are.
+    Most telling first (the run page folds all but the first lines): verdict and settings, the
+    error of a failed run, the first divergence (tag, place, status, max |Δ|), the output's
+    max |Δ| and SQNR, counts, the first divergent op, up to 3 root causes, and where the
+    failing rows (``tables/failing.csv``) and the full report (``report.html``) are.
 
     Args:
         record: the run's ``RunSummary``.
@@ -157,26 +168,26 @@ def describe_run(
     """
     r = record
     verdict = run_verdict(r)
-    settings = ", ".join(f"{k}={v}" for k, v in r.settings.items() if k not in ("target", "mode"))
+    skip = ("target", "mode")
+    settings = ", ".join(f"{k}={v}" for k, v in r.settings.items() if k not in skip)
     target = r.settings.get("target")
     lines = [
-        f"{_HEADLINE[verdict]} · verdict {_code(verdict)}"
-        + (f" · target {_code(target)}" if target else "")
-        + (f" · {settings}" if settings else "")
+        f"{_HEADLINE[verdict]} (verdict {_code(verdict)})"
+        + (f" · {_code(target)}" if target else "")
+        + (f" {settings}" if settings else "")
         + f" · mode {r.mode}",
         "",
-        _counts(r),
-        _output(r),
     ]
-    if r.first_divergence is not None:
-        lines.append(_divergence("first divergence", r.first_divergence))
-    if r.first_divergent_op is not None:
-        lines.append(_divergence("first divergent op", r.first_divergent_op))
-    lines += _root_causes(r)
     if r.error is not None:
         lines.append(
             f"- error ({r.error.side or '?'}): {r.error.type}: {str(r.error.message)[:300]}"
         )
+    if r.first_divergence is not None:
+        lines.append(_divergence("first divergence", r.first_divergence))
+    lines += [_output(r), _counts(r)]
+    if r.first_divergent_op is not None:
+        lines.append(_divergence("first divergent op", r.first_divergent_op))
+    lines += _root_causes(r)
     lines.append("")
     if failing_csv_rows:
         part = "all" if failing_csv_rows >= failing_total else f"the first {failing_csv_rows} of"
@@ -237,12 +248,16 @@ def view_columns(settings: Iterable[str] = ()) -> list[str]:
 def saved_view(settings: Iterable[str] = (), *, now_ms: int | None = None) -> str:
     """The value of the tag ``mlflow.sharedViewState.parity``: the runs table with parity columns.
 
-    Newest runs first. ``settings`` are the setting param names to show after ``target``.
+    Newest runs first (:data:`VIEW_ORDER_BY`), filtered on :data:`VIEW_FILTER`: the parity
+    runs (the cells) are listed flat instead of folded under their nightly parent (clear the
+    search box to see the parents). ``settings`` are the setting param names shown after
+    ``target``.
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     state = {
         "selectedColumns": view_columns(settings),
-        "orderByKey": "attributes.start_time",
+        "searchFilter": VIEW_FILTER,
+        "orderByKey": VIEW_ORDER_BY,
         "orderByAsc": False,
     }
     envelope = {"name": "parity", "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
@@ -262,24 +277,25 @@ def experiment_tags(settings: Iterable[str] = ()) -> dict[str, str]:
 
 
 def experiments_url(base: str) -> str:
-    """The experiments list of the UI at ``base`` (``http://host:port``)."""
-    return f"{base.rstrip('/')}/#/experiments"
+    """The experiments list of the UI at ``base`` (``http://host:port``), in classic ML mode."""
+    return f"{base.rstrip('/')}/#/experiments?{WORKFLOW_PARAM}"
 
 
 def runs_url(base: str, experiment_id: str, *, view: bool = True) -> str:
-    """The runs table of an experiment, with the parity view's columns when ``view``."""
-    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
-    return url + (f"?viewStateShareKey={SAVED_VIEW_KEY}" if view else "")
+    """The runs table of an experiment in classic ML mode, with the parity view when ``view``."""
+    url = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{WORKFLOW_PARAM}"
+    return url + (f"&viewStateShareKey={SAVED_VIEW_KEY}" if view else "")
 
 
 def run_url(base: str, experiment_id: str, run_id: str) -> str:
-    """A run's page (its description, params, metrics, tags, artifacts)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    """A run's page (its description, params, metrics, tags, artifacts), classic ML mode."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_PARAM}"
 
 
 def artifact_url(base: str, experiment_id: str, run_id: str, path: str) -> str:
     """A run's artifact in the UI's artifact viewer (e.g. ``tables/failing.csv``)."""
-    return run_url(base, experiment_id, run_id) + f"/artifacts/{path}"
+    page = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{page}/artifacts/{path}?{WORKFLOW_PARAM}"
 
 
 def server_base(uri: str) -> str | None:
