@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast demo bench bench-quick lint format browser clean
+.PHONY: install test test-fast demo ui bench bench-quick lint format browser clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ test-fast: install
 
 demo: install
 	$(VENV)/bin/parity-tracker nightly --config pipelines/nightly.toml
+
+# The MLflow UI on ./.parity (after make demo): prints and opens the parity runs view.
+ui: install
+	$(VENV)/bin/parity-tracker ui
 
 bench: install
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"
