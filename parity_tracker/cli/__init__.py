@@ -512,8 +512,13 @@ def _ui_urls(uri: str, base: str, experiment: str, explicit: bool) -> dict[str, 
     from parity_tracker.track.query import RunStore
 
     store = RunStore(uri, experiment)
-    exp_id = store.prepare_ui()
-    names = store.experiment_names()
+    try:
+        exp_id = store.prepare_ui()
+        names = store.experiment_names()
+    except ParityTrackerError as exc:  # e.g. a server store not up yet: its front page
+        click.echo(f"warning: {exc}", err=True)
+        return {"url": base, "runs_url": None, "experiments_url": browse.experiments_url(base),
+                "open": base, "experiments": []}  # fmt: skip
     runs = browse.runs_url(base, exp_id) if exp_id is not None else None
     listing = browse.experiments_url(base)
     several = len(names) > 1
