@@ -1,8 +1,8 @@
 """``parity-tracker ui``: the ``mlflow server`` child, the addresses to open, and a clean stop.
 
 The server runs in its own process group (``start_new_session``), so a signal reaches all of it
-(``mlflow server`` starts uvicorn workers): SIGTERM and SIGINT received by ``parity-tracker
-ui`` are forwarded to the group, and the command returns only when the group's leader exited
+(``mlflow server`` starts uvicorn and huey job consumers): SIGTERM or SIGINT received by
+``parity-tracker ui`` is passed on to the group as SIGTERM, and the command returns only when the group's leader exited
 and the port accepts a new bind (SIGKILL to the group after :data:`STOP_GRACE_S`).
 """
 
@@ -88,7 +88,9 @@ class _Forwarder:
 
     def __call__(self, signum: int, frame: object) -> None:
         self.received.append(signum)
-        _killpg(self.pid, signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
+        # SIGTERM for both: on SIGINT the server's huey job consumers wait for their workers
+        # (a graceful stop of many seconds); on SIGTERM every process of the group exits at once.
+        _killpg(self.pid, signal.SIGTERM)
 
 
 def _stop(proc: subprocess.Popen, host: str, port: int) -> None:
