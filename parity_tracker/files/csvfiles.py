@@ -23,11 +23,12 @@ from parity_tracker.statuses import failing_mask
 
 #: Rows kept in ``failing.csv`` (modules rows first, then ops rows, each in table order).
 FAILING_CSV_MAX_ROWS = 200
-#: Columns of ``failing.csv``: ``table`` (modules | ops), then these of the row (``op`` and
-#: ``op_index`` empty for modules rows).
+#: Columns of ``failing.csv``: ``table`` (modules | ops), then these of the row, the telling
+#: ones first (the artifact viewer shows the left columns); ``op``/``op_index`` empty for
+#: modules rows.
 FAILING_COLUMNS = (
-    "tag", "module", "kind", "op", "op_index", "step", "exec_order", "status", "max_abs_diff",
-    "max_rel_diff", "mismatch_count", "numel", "sqnr_db", "cosine", "ref_shape", "cand_shape",
+    "tag", "status", "max_abs_diff", "max_rel_diff", "sqnr_db", "cosine", "mismatch_count",
+    "numel", "module", "kind", "step", "exec_order", "op", "op_index", "ref_shape", "cand_shape",
     "ref_dtype", "cand_dtype", "message",
 )  # fmt: skip
 
