@@ -130,7 +130,7 @@ def _divergence(label: str, fd: Any) -> str:
     )
     text = f"- {label}: {_code(fd.tag)} ({where}): {fd.status}, max |Δ| {_num(fd.max_abs_diff)}"
     if fd.message:
-        text += f" — {str(fd.message)[:200]}"
+        text += f" — {str(fd.message)[:120]}"
     return text
 
 
