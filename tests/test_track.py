@@ -112,7 +112,7 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
     assert dumped <= arts
     assert {a for a in arts if not a.startswith("tensors/")} == {
         "tables/modules.parquet", "tables/ops.parquet", "summary.json", "report.html",
-        "tables/failing.csv"}  # fmt: skip  (failing.csv: tiny_pair diverges)
+        "tables/failing.csv"}  # fmt: skip
     assert not (in_tmp_cwd / "mlruns").exists()
     loaded = load_run(run_id, tracking_uri=store_uri)
     # log_run stores a new record naming the overridden commit/branch; the result is not edited

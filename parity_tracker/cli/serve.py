@@ -2,8 +2,9 @@
 
 The server runs in its own process group (``start_new_session``), so a signal reaches all of it
 (``mlflow server`` starts uvicorn and huey job consumers): SIGTERM or SIGINT received by
-``parity-tracker ui`` is passed on to the group as SIGTERM, and the command returns only when the group's leader exited
-and the port accepts a new bind (SIGKILL to the group after :data:`STOP_GRACE_S`).
+``parity-tracker ui`` is passed on to the group as SIGTERM, and the command returns only when
+the group's leader exited and the port accepts a new bind (SIGKILL to the group after
+:data:`STOP_GRACE_S`).
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ def print_run(
         con.print(
             f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
             f"{fd.get('status')}, max abs diff {fmt_n(fd.get('max_abs_diff'))})"
+            + (f" on rank(s) {', '.join(map(str, fd['ranks']))}" if fd.get("ranks") else "")
         )
     op = s.get("first_divergent_op")
     if op:
