@@ -146,7 +146,9 @@ def _free_port() -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a new server could bind the port (``SO_REUSEADDR``, as servers bind)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -22,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: Seconds the server group gets to exit after a forwarded signal before SIGKILL.
-STOP_GRACE_S = 8.0
+STOP_GRACE_S = 5.0
+#: Seconds the group may linger once its port is free (shutdown chores) before SIGKILL.
+LINGER_S = 1.0
 #: Seconds ``serve`` waits for the port to be free once the group is gone.
-PORT_FREE_WAIT_S = 10.0
+PORT_FREE_WAIT_S = 8.0
 #: The line printed with the URLs: how to leave MLflow 3's GenAI mode by hand.
 MODE_HINT = (
     "If MLflow shows a GenAI overview (traces) instead of the runs table, pick "
@@ -43,8 +45,13 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
 
 
 def port_free(host: str, port: int) -> bool:
-    """True when ``(host, port)`` can be bound now (no server holds it)."""
+    """True when a new server could bind ``(host, port)`` now (nothing listens on it).
+
+    Binds with ``SO_REUSEADDR``, as servers do, so connections left in TIME_WAIT by the
+    stopped server do not count as holding the port.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -95,10 +102,19 @@ class _Forwarder:
 
 
 def _stop(proc: subprocess.Popen, host: str, port: int) -> None:
-    """Wait for the group to exit (SIGKILL after the grace), then for the port to be free."""
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
+    """Wait for the group to exit and the port to be free; SIGKILL the group when it lingers.
+
+    The group gets :data:`STOP_GRACE_S` to exit, or :data:`LINGER_S` once the port is free
+    (its listening socket closed, only shutdown chores left); then SIGKILL.
+    """
+    deadline, freed = time.monotonic() + STOP_GRACE_S, None
+    while proc.poll() is None and time.monotonic() < deadline:
+        if port_free(host, port):
+            freed = freed or time.monotonic()
+            if time.monotonic() - freed > LINGER_S:
+                break
+        time.sleep(0.1)
+    if proc.poll() is None:
         _killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     if not wait_port_free(host, port, PORT_FREE_WAIT_S / 2):
