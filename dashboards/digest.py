@@ -28,9 +28,8 @@ def render_digest(
     to its run page when the store has addresses (an MLflow server).
     """
     urls = urls or {}
-    verdict = "FAIL" if result.exit_code else "PASS"
     lines = [
-        f"# Parity nightly — {verdict}",
+        f"# Parity nightly — {result.headline}",
         "",
         f"commit `{result.commit or 'unknown'}` · shard {result.shard[0]}/{result.shard[1]} · "
         f"{len(result.cells)} cells · {result.regressions} regressions · "

@@ -66,6 +66,7 @@ from parity_tracker.compare.pairing import (
     never_called,
     order_key,
     resolve,
+    structure_differences,
     tag_result,
 )
 from parity_tracker.compare.results import (
@@ -189,6 +190,7 @@ class TensorChecker(SpillCounters):
         """Forget every registered tensor and result, ready for the next round (hooks stay)."""
         live = {h.side for h in self._log.handles}
         self._log.hooked = {s: names for s, names in self._log.hooked.items() if s in live}
+        self._log.unhooked = {s: m for s, m in self._log.unhooked.items() if s in live}
         self._reset()
 
     # capture state, read by tests and by module_register_tensor_checker
@@ -364,6 +366,7 @@ class TensorChecker(SpillCounters):
             results=results,
             weights=weights,
             first_divergence=first,
+            structure_differences=structure_differences(results),
             passed=not any(r.failed for r in results),
             mode=mode,
             dump_dir=dump_dir,
@@ -565,6 +568,7 @@ def module_register_tensor_checker(
         handle.remove()
         raise
     log.hooked.setdefault(handle.side, set()).update(handle.module_names)
+    log.unhooked.setdefault(handle.side, {}).update(handle.unhooked)
     log.handles.append(handle)
     return handle
 

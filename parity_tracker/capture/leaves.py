@@ -128,11 +128,48 @@ def own_tensors(
     seen: set[str] = set()
     for mname, mod in model.named_modules(remove_duplicate=False):
         entries = table.setdefault(id(mod), [])
-        for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
-            for local, value in store.items():
+        stores = [("param", [k for k, _ in mod._parameters.items()])]
+        stores.append(("buffer", [k for k, _ in mod._buffers.items()]))
+        stores.append((PACKED, packed_names(mod)))
+        for kind, names in stores:
+            for local in names:
                 qname = f"{mname}.{local}" if mname else local
-                if value is None or qname in seen:
+                if qname in seen or (kind != PACKED and read_own(mod, local, kind) is None):
                     continue
                 seen.add(qname)
                 entries.append((qname, module_display_name(mname, root), local, kind))
     return table
+
+
+#: The ``own_tensors`` kind of a packed quantized weight/bias (captured as kind ``param``).
+PACKED = "packed"
+
+
+def packed_names(mod: torch.nn.Module) -> list[str]:
+    """``["weight", "bias"]`` for a packed quantized module, else ``[]``.
+
+    Packed modules (``torch.ao.nn.quantized`` and ``.dynamic`` Linear/Conv*, quantized
+    Embedding) keep their weight in a ``_packed_params`` object with no tensor attribute; they
+    expose it through the methods ``weight()`` / ``bias()`` (``torch/ao/nn/quantized/modules``).
+    Only modules whose class defines those as methods count, so the ``LinearPackedParams``
+    holder inside a quantized Linear is not reported twice.
+    """
+    if not hasattr(mod, "_packed_params"):
+        return []
+    return [n for n in ("weight", "bias") if callable(getattr(type(mod), n, None))]
+
+
+def read_own(mod: torch.nn.Module, local: str, kind: str) -> Any:
+    """The tensor ``local`` of ``mod`` for an ``own_tensors`` entry, or None.
+
+    ``param``/``buffer``: read from the module's store (TorchScript's store has no ``.get``).
+    ``packed``: unpacked by calling ``mod.weight()`` / ``mod.bias()``; the weight comes back as
+    a quantized tensor (compared dequantized, scale and zero point kept), the bias as float.
+    """
+    if kind == PACKED:
+        try:
+            return getattr(mod, local)()
+        except Exception:  # a packed module that cannot unpack (backend missing): no tensor
+            return None
+    store = mod._parameters if kind == "param" else mod._buffers
+    return store[local] if local in store else None  # noqa: SIM401

@@ -20,7 +20,7 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.cli.serve import ui_command
-from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
+from parity_tracker.errors import EXIT_INFRA, EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
 
 EXIT_INTERRUPTED = 130
 DEFAULT_CONFIG = "pipelines/nightly.toml"
@@ -46,6 +46,17 @@ class ParityGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug or an unforeseen fault: never exit 1 (a parity verdict)
+            if os.environ.get("PARITY_TRACKER_DEBUG"):
+                raise
+            click.echo(
+                f"Error: internal error: {type(exc).__name__}: {str(exc)[:500]} "
+                "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
+                err=True,
+            )
+            ctx.exit(EXIT_INFRA)
 
 
 def _emit_json(payload: Any) -> None:
@@ -262,6 +273,13 @@ def run(
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
+@click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Refuse a matrix that expands to more cells (counted before expansion).",
+)
 @json_option
 @click.pass_context
 def nightly(
@@ -275,6 +293,7 @@ def nightly(
     experiment: str,
     commit: str | None,
     branch: str | None,
+    max_cells: int,
     as_json: bool,
 ) -> None:
     """Run the matrix, diff every cell against its baseline, print the digest."""
@@ -295,6 +314,7 @@ def nightly(
         reporter=None if as_json else T.RichReporter(),
         render=nightly_artifacts,
         render_run=report_files,
+        max_cells=max_cells,
     )
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
@@ -303,10 +323,7 @@ def nightly(
         click.echo(result.digest)
         url = _run_url(uri, experiment, result.parent_run_id)
         click.echo(
-            (f"The nightly run: {url}\n" if url else "")
-            + f"Browse the runs: parity-tracker ui --tracking-uri {uri}\n"
-            f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
-            f"nightly run {result.parent_run_id})"
+            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id)
         )
     if result.spooled:
         click.echo(
@@ -450,6 +467,12 @@ def history(
         tag=tag,
         last=last,
     )
+    if hist.skipped:
+        click.echo(
+            f"skipped {len(hist.skipped)} incomplete run(s) (writer stopped during the upload; "
+            f"`parity-tracker sync` finishes or marks them): {', '.join(hist.skipped[:5])}",
+            err=True,
+        )
     if as_json:
         _emit_json(hist.to_dict())
         return
@@ -522,17 +545,26 @@ def sync(tracking_uri: str | None, as_json: bool) -> None:
     """Upload the runs spooled while the tracking store was unreachable (exactly once).
 
     Without --tracking-uri each run goes to the store it was meant for (recorded when it was
-    spooled); --tracking-uri sends them all to that store instead.
+    spooled); --tracking-uri sends them all to that store instead. Runs whose writer was killed
+    mid-upload are finished from the spool; then every RUNNING run of the store whose writer
+    is gone (this host: no such process; another host: started over 24 h ago) is marked KILLED.
     """
-    from parity_tracker.track import sync_spool
+    from parity_tracker.errors import InfrastructureError
+    from parity_tracker.track import reap_stale_runs, sync_spool
 
     done = sync_spool(tracking_uri)
+    try:
+        killed = reap_stale_runs(tracking_uri)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot list RUNNING runs: {type(exc).__name__}: {exc}") from exc
     if as_json:
-        _emit_json({"uploaded": done})
+        _emit_json({"uploaded": done, "killed": killed})
         return
     for parity_id, run_id in done.items():
         click.echo(f"uploaded {parity_id} as run {run_id}")
-    click.echo(f"{len(done)} spooled run(s) uploaded")
+    for run_id in killed:
+        click.echo(f"marked run {run_id} KILLED (its writer is gone)")
+    click.echo(f"{len(done)} spooled run(s) uploaded, {len(killed)} stale run(s) marked KILLED")
 
 
 def _ui_urls(uri: str, base: str, experiment: str, explicit: bool) -> dict[str, Any]:

@@ -27,6 +27,32 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def flat_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as a 1-D view with stride 1 (no copy), for dtype-reinterpreting views.
+
+    PyTorch calls a tensor contiguous when its size-1 dimensions have any stride, so
+    ``torch.randn(1, 3)[:, 0]`` is "contiguous" with stride ``(3,)`` and ``reshape(-1)`` keeps
+    that stride; ``Tensor.view(dtype)`` with another element size then refuses it. Elements of
+    a contiguous tensor lie at consecutive storage offsets, so ``as_strided((numel,), (1,))``
+    addresses exactly them.
+
+    Args:
+        tensor: a contiguous tensor (any dtype, any shape, 0-d too).
+
+    Returns:
+        A 1-D view of ``tensor.numel()`` elements with stride ``(1,)`` sharing its memory.
+
+    Raises:
+        ValueError: the tensor is not contiguous.
+    """
+    if not tensor.is_contiguous():
+        raise ValueError("flat_view needs a contiguous tensor; call .contiguous() first")
+    flat = tensor.reshape(-1)
+    if flat.numel() > 0 and flat.stride(0) != 1:
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat
+
+
 def byte_view(tensor: torch.Tensor) -> np.ndarray:
     """The raw bytes of a contiguous CPU tensor as a 1-D ``uint8`` numpy array (no copy).
 
@@ -44,7 +70,7 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
         raise ValueError("byte_view needs a contiguous CPU tensor; call .contiguous().cpu() first")
     if tensor.numel() == 0:
         return np.empty(0, dtype=np.uint8)
-    flat = tensor.reshape(-1)
+    flat = flat_view(tensor)
     if flat.is_conj():
         flat = flat.resolve_conj()
     if flat.is_neg():

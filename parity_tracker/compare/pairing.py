@@ -22,6 +22,7 @@ from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.results import DumpMode, TagResult
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
+from parity_tracker.compare.verdict import structure_differences as verdict_structure
 from parity_tracker.statuses import WEIGHT_KINDS, is_failing, is_passing
 
 
@@ -187,6 +188,9 @@ def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Compari
             f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
             f"the {absent} has no tensor for {g.tag}"
         )
+    elif (reason := unhooked_reason(log, g, absent_sides)) is not None:
+        status = "skipped"
+        message = not_captured_message(log, g, absent, reason)
     else:
         structure = structure_gap(log, g, present)
         status = "shape_mismatch" if structure else f"missing_{absent}"
@@ -237,6 +241,59 @@ def missing_message(log: Any, g: Any, absent: str, present: int) -> str:
     if any(g.module in log.hooked[s] for s in other):
         return f"{msg}: module {g.module!r} exists on the {absent} but was not called there"
     return f"{msg}: the {absent} has no module named {g.module!r} (one-sided name)"
+
+
+def unhooked_reason(log: Any, g: Any, absent: set[int]) -> str | None:
+    """Why ``g``'s module (or a module enclosing it) takes no hooks on an absent side, or None.
+
+    ``log.unhooked`` maps side -> {module display name: reason} (TorchScript submodules,
+    modules whose hook registration raised): such a module exists but is not captured.
+    """
+    if g.module is None or g.kind in WEIGHT_KINDS:
+        return None
+    for side in absent:
+        for name, reason in getattr(log, "unhooked", {}).get(side, {}).items():
+            if g.module == name or g.module.startswith(name + "."):
+                return f"is inside {name!r}, which {reason}" if name != g.module else reason
+    return None
+
+
+def not_captured_message(log: Any, g: Any, absent: str, reason: str) -> str:
+    """The message of a tag whose module exists on ``absent`` but takes no hooks.
+
+    For an output, names the next captured boundary (the first paired input, in the
+    reference's execution order, of a module called after this one at the same step): the
+    module's output is compared there as that module's input.
+    """
+    msg = (
+        f"not captured: module {g.module!r} exists on the {absent} but {reason}; "
+        f"{g.tag} is not compared"
+    )
+    if g.kind != "output":
+        return msg
+    nxt = next_boundary(log, g)
+    if nxt is None:
+        return msg + " (no captured boundary follows it)"
+    return msg + f"; its output is read at the next captured boundary, {nxt.tag}"
+
+
+def next_boundary(log: Any, g: Any) -> Any:
+    """The first input group captured on both sides after ``g`` (reference order), or None."""
+    after = g.captures[0].exec_order
+    best = None
+    for other in log.groups.values():
+        if other.step != g.step or other.kind != "input" or len(other.captures) < 2:
+            continue
+        if len({c.side for c in other.captures}) < 2 or not any(
+            c.is_tensor for c in other.captures
+        ):
+            continue
+        if other.module == g.module or (other.module or "").startswith(g.module + "."):
+            continue
+        order = other.captures[reference_index(other)].exec_order
+        if order > after and (best is None or order < best[0]):
+            best = (order, other)
+    return None if best is None else best[1]
 
 
 def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
@@ -316,20 +373,30 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def first_divergence(results: list[TagResult]) -> TagResult | None:
-    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
-    rows = [
+def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
+    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
+    return [
         {
             "status": r.status,
             "kind": r.kind,
             "cache_hit": r.cache_hit,
             "step": r.step,
             "exec_order": r.exec_order,
+            "index": i,
         }
-        for r in results
+        for i, r in enumerate(results)
     ]
-    i = first_divergence_index(rows)
+
+
+def first_divergence(results: list[TagResult]) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
+    i = first_divergence_index(_verdict_rows(results))
     return None if i is None else results[i]
+
+
+def structure_differences(results: list[TagResult]) -> list[TagResult]:
+    """The one-sided results by :func:`parity_tracker.compare.verdict.structure_differences`."""
+    return [results[r["index"]] for r in verdict_structure(_verdict_rows(results))]
 
 
 def dump_plan(mode: DumpMode, ordered: list[tuple[Any, Comparison, int]]) -> list[Any]:

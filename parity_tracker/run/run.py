@@ -26,6 +26,7 @@ from typing import Any
 from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
+from parity_tracker.localize.root_cause import fallback_root_causes
 from parity_tracker.run.histogram import histogram_from_dump
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import choose_mode
@@ -469,7 +470,7 @@ def run_parity(
         op_rows, root_causes, kept = [], [], ([], [])
         if ops is not None:
             op_rows = _with_unreached_named([{**r, "run_id": run_id} for r in ops.rows()], error)
-            root_causes = ops.root_causes()
+            root_causes = ops.root_causes() or fallback_root_causes(op_rows, rows)
             kept = ops.kept()
             ops.close()
     finally:

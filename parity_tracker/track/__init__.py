@@ -22,6 +22,7 @@ from parity_tracker.track.log import (
     stage_run,
     sync_spool,
 )
+from parity_tracker.track.owner import STALE_RUN_TIMEOUT_S, reap_stale_runs
 from parity_tracker.track.parents import (
     end_run,
     log_artifact_files,
@@ -43,6 +44,7 @@ __all__ = [
     "CONTRACT_METRICS",
     "DERIVED_PARAMS",
     "EXTRA_METRICS",
+    "STALE_RUN_TIMEOUT_S",
     "TAG_COMPLETE",
     "TAG_RUN_ID",
     "RunHead",
@@ -55,6 +57,7 @@ __all__ = [
     "load_run",
     "log_artifact_files",
     "log_run",
+    "reap_stale_runs",
     "record_diff",
     "run_metrics",
     "run_params",

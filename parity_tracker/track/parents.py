@@ -50,6 +50,7 @@ def start_parent_run(
     from mlflow.entities import Param, RunTag
 
     from parity_tracker.run.environment import git_info
+    from parity_tracker.track.owner import current_owner
 
     git = git_info()
     all_tags = {
@@ -57,6 +58,7 @@ def start_parent_run(
         "mlflow.source.git.branch": branch or git["git_branch"],
         "parity.kind": "parent",
         **({TAG_SOURCE_NAME: source[0], TAG_SOURCE_TYPE: source[1]} if source else {}),
+        **current_owner().tags(),  # sync marks it KILLED if this process dies (track.owner)
         **{k: str(v) for k, v in (tags or {}).items()},
     }
     try:
