@@ -230,6 +230,11 @@ def test_ui_dry_run_binds_loopback(env):
     assert res.exit_code == 0
     out = json.loads(res.stdout)
     assert out["url"] == "http://127.0.0.1:5123"
+    assert out["open"] == out["experiments_url"]  # no parity experiment yet: the list
+    assert (
+        out["experiments_url"]
+        == "http://127.0.0.1:5123/#/experiments?workflowType=machine_learning"
+    )
     cmd = out["command"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--backend-store-uri") + 1] == env["uri"]
@@ -383,7 +388,9 @@ def test_ui_on_a_server_store_just_prints_its_url(env):
     assert res.exit_code == 0
     assert json.loads(res.stdout) == {
         "url": "http://127.0.0.1:5999", "command": None,
-        "note": "the store is already an MLflow server",
+        "note": "the store is already an MLflow server", "open": "http://127.0.0.1:5999",
+        "runs_url": None, "experiments": [],
+        "experiments_url": "http://127.0.0.1:5999/#/experiments?workflowType=machine_learning",
     }  # fmt: skip
 
 
