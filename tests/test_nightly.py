@@ -91,7 +91,10 @@ def test_builtin_matrix_chooses_no_tolerance_and_casts_run_in_budget_mode():
     [
         ('[[matrix]]\ntarget = "x"\nfoo = [\n', "m.toml:3"),
         ('[[matrix]]\nperturb = "none"\n', "needs target"),
-        (f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n', "allowed: auto, equal, allclose, budget"),
+        (
+            f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n',
+            "allowed: auto, equal, allclose, budget",
+        ),
         (f'[[matrix]]\ntarget = "{TINY}"\nmode = "budget"\nrtol = 1\natol = 1\n', "no rtol/atol"),
         (f'[[matrix]]\ntarget = "{TINY}"\nperturb = []\n', "non-empty list"),
         (f'[[matrix]]\ntarget = "{TINY}"\n[[matrix]]\ntarget = "{TINY}"\nx = "1"\n', "#2"),

@@ -207,7 +207,7 @@ def cells_table(cells: Sequence[CellResult]) -> pa.Table:
     """
     rows = [
         {"cell": c.cell.name, "target": c.cell.target,
-         "settings": json.dumps(dict(c.cell.settings), sort_keys=True), "status": cell_status(c),
+         "settings": jsonio.dumps(dict(c.cell.settings), sort_keys=True), "status": cell_status(c),
          "run_id": c.run_id, "tensors_failing": c.tensors_failing,
          "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
          "regressions": c.changes.get("regression", 0), "baseline_run_id": c.baseline_run_id,

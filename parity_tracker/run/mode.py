@@ -52,9 +52,9 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
 
     Where approximate arithmetic alone calls for it (a cast or other quantization, another
     implementation: no cache, no random ops; sharding is not supported yet), ``auto`` picks
-    ``budget`` (issue 15) instead; ``run_parity`` still falls back to ``allclose``, with the reason recorded,
-    when the budget cannot run (int8 weights without a twin, random ops in the golden, a
-    golden that cannot run in float64: ``parity_tracker.run.budget``).
+    ``budget`` (issue 15) instead; ``run_parity`` still falls back to ``allclose``, with the
+    reason recorded, when the budget cannot run (int8 weights without a twin, random ops in the
+    golden, a golden that cannot run in float64: ``parity_tracker.run.budget``).
 
     Args:
         settings: the run's settings.
