@@ -51,7 +51,8 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.modules import Capture, CaptureLog, Group, HookHandle, install
+from parity_tracker.capture.holder import Holder
+from parity_tracker.capture.modules import CaptureLog, Group, HookHandle, install
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.sides import BudgetSides
 from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter
@@ -186,7 +187,7 @@ class TensorChecker(SpillCounters):
         self.rtol, self.atol = _fill_pair(rtol, atol)
         self._eager_tol = Tolerances(self.tolerances, rtol=self.rtol, atol=self.atol)
         self.dump_mode = DumpMode(dump_mode)
-        self._hold = _Holder(self)
+        self._hold = Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
         self._snap = Snapshotter()
         self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
@@ -415,7 +416,7 @@ class TensorChecker(SpillCounters):
         resolved = self._resolve_all(mode, tol)
         ordered = sorted(resolved, key=lambda x: order_key(x[0]))
         plan = dump_plan(DumpMode(dump_mode), ordered)
-        paths, dump_dir = self._hold.write_dumps(plan, dump_path) if plan else ({}, None)
+        paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
         results = [
             tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered
         ]
@@ -472,114 +473,34 @@ class TensorChecker(SpillCounters):
         return out
 
 
-class _Holder:
-    """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
+def _write_dumps(checker: TensorChecker, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
+    """Write the planned dumps of a check (``DumpWriter``); warn about tags already released."""
+    from parity_tracker.dump import DumpWriter
 
-    Deferred path: a counted snapshot (parameters by reference). Eager path: when the second
-    side's tensor of a tag arrives it is compared with the held one and both are released,
-    unless the planned dump needs them. Also writes the dumps of a check.
-    """
-
-    def __init__(self, checker: TensorChecker) -> None:
-        self.c = checker
-        self.eager_first: dict[bool, Group] = {}
-
-    def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        if self.c.reduce_to is not None:
-            cap.value = self.c.reduce_to(g.tag, g.step, value)
-            return
-        ref_i = self._eager_reference(g, cap.side)
-        if ref_i is None:
-            self._keep(cap, value, alias)
-            return
-        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
-
-    def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
-        if alias:
-            cap.value = value.detach()
-            return
-        cap.value = copy = self.c._snap.take(value)
-        self.c._store.admit(copy, cap)
-
-    def _eager_reference(self, g: Group, side: int) -> int | None:
-        """Index of the capture the new one is compared against now, or None to hold it."""
-        if self.c.eager_mode is None:
-            return None
-        i = g.ref_index if g.ref_index is not None else 0
-        if len(g.captures) < 2:
-            return None
-        held = g.captures[i]
-        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
-            return None
-        return i
-
-    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
-        held = g.captures[held_i]
-        new = g.captures[new_i]
-        new_is_ref = new.side < held.side
-        ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = load(held.value)
-        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        budget = self.c.eager_mode == BUDGET
-        pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
-        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
-        g.ref_index = ref_i
-        g.pairs[cand_i] = comp
-        if self._eager_keep(g, comp):
-            self._keep(new, value, alias)
-        else:
-            new.value = held.value = RELEASED
-
-    def _eager_keep(self, g: Group, comp: Comparison) -> bool:
-        """Whether the planned dump needs this group's tensors after an eager comparison."""
-        mode = self.c.dump_mode
-        failed = is_failing(comp.status)
-        if mode is DumpMode.ALL:
-            return True
-        if mode is DumpMode.NOT_EQUAL:
-            return failed
-        if mode is DumpMode.FIRST_NOT_EQUAL and failed:
-            weight = g.kind in WEIGHT_KINDS
-            best = self.eager_first.get(weight)
-            key = (g.captures[g.ref_index].exec_order, g.step)
-            if best is not None and (best.captures[best.ref_index].exec_order, best.step) <= key:
-                return False
-            if best is not None:
-                for c in best.captures:
-                    if c.is_tensor:
-                        c.value = RELEASED
-            self.eager_first[weight] = g
-            return True
-        return False
-
-    def write_dumps(self, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
-        from parity_tracker.dump import DumpWriter
-
-        writer = DumpWriter(dump_path)
-        paths: dict[int, tuple[str, ...]] = {}
-        ref_side = self.c._log.reference_side()
-        for g in plan:
-            written = []
-            for cap in g.captures:
-                if not isinstance(cap.value, (torch.Tensor, Spilled)):
-                    continue
-                role = _ROLE[cap.side == ref_side]
-                written.append(
-                    writer.write(g.tag, load(cap.value), side=cap.side, role=role, step=g.step)
-                )
-            paths[id(g)] = tuple(p for p in written if p is not None)
-        writer.close()
-        released = [g.tag for g in plan if any(c.value is RELEASED for c in g.captures)]
-        if released:
-            warnings.warn(
-                f"TensorChecker: the eager path already released the tensors of "
-                f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
-                "dump_mode=... to TensorChecker(...) so it keeps them",
-                UserWarning,
-                stacklevel=4,
+    writer = DumpWriter(dump_path)
+    paths: dict[int, tuple[str, ...]] = {}
+    ref_side = checker._log.reference_side()
+    for g in plan:
+        written = []
+        for cap in g.captures:
+            if not isinstance(cap.value, (torch.Tensor, Spilled)):
+                continue
+            role = _ROLE[cap.side == ref_side]
+            written.append(
+                writer.write(g.tag, load(cap.value), side=cap.side, role=role, step=g.step)
             )
-        return paths, writer.subdir
+        paths[id(g)] = tuple(p for p in written if p is not None)
+    writer.close()
+    released = [g.tag for g in plan if any(c.value is RELEASED for c in g.captures)]
+    if released:
+        warnings.warn(
+            f"TensorChecker: the eager path already released the tensors of "
+            f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
+            "dump_mode=... to TensorChecker(...) so it keeps them",
+            UserWarning,
+            stacklevel=4,
+        )
+    return paths, writer.subdir
 
 
 def _fill_pair(rtol: float | None, atol: float | None) -> tuple[float | None, float | None]:
