@@ -27,6 +27,7 @@ from parity_tracker.track.parents import (
     end_run,
     log_artifact_files,
     record_diff,
+    set_description,
     start_parent_run,
 )
 from parity_tracker.track.query import (
@@ -61,6 +62,7 @@ __all__ = [
     "run_metrics",
     "run_params",
     "run_tags",
+    "set_description",
     "spool_root",
     "stage_run",
     "start_parent_run",
