@@ -185,7 +185,7 @@ def test_inductor_copy_is_close_module_by_module():
         warnings.simplefilter("ignore")
         result = run_parity(ref, compiled.compile_model(cand, "inductor"), (x,), dump_mode="not")
     rows = _rows(result)
-    assert result.mode == "allclose"  # implementation=inductor: another implementation
+    assert result.mode == "budget"  # implementation=inductor: another implementation (issue 15)
     assert result.settings["compile_backend"] == "inductor"
     assert _leaf_outputs(ref) <= set(rows)
     assert result.passed

@@ -78,7 +78,8 @@ def test_quantized_cells_report_the_output_error(settings, dtype):
     assert cand_out.dtype == dtype
     expected = float(np.abs(cand_out.float().numpy().astype(np.float64) - expected_ref).max())
     s = run(case).summary
-    assert s["mode"] == "allclose"
+    # a cast is judged against PyTorch's own error (budget, issue 15); int8 weights have no twin
+    assert s["mode"] == ("allclose" if settings["quantization"] == "int8" else "budget")
     assert "quantization" in s["mode_reason"]
     got = s["output_max_abs_diff"]
     assert got is not None and not math.isnan(got)

@@ -75,7 +75,7 @@ def test_sdpa_cell_reports_the_output_error():
     assert case.reference.config._attn_implementation == "eager"
     assert case.settings["implementation"] == "sdpa"
     result = run(case)
-    assert result.summary["mode"] == "allclose"
+    assert result.summary["mode"] == "budget"  # another implementation: error budget (issue 15)
     got = max(r["max_abs_diff"] for r in logits_rows(result))
     assert not math.isnan(got) and 0 < got < 1e-4
 
@@ -96,7 +96,7 @@ def test_bf16_cell_reports_the_output_error():
             full_ref.append(case.reference(input_ids=ids[:, :n], use_cache=False).logits.double())
     expected = [float((c.double() - r).abs().max()) for c, r in zip(cand, full_ref, strict=True)]
     result = run(case)
-    assert result.summary["mode"] == "allclose"
+    assert result.summary["mode"] == "budget"  # a cast: error budget (issue 15)
     rows = logits_rows(result)
     assert [r["max_abs_diff"] for r in rows] == pytest.approx(expected, rel=1e-6)
     assert all(0 < r["max_abs_diff"] < 0.5 and r["sqnr_db"] > 20 for r in rows)

@@ -37,7 +37,7 @@ def test_bf16_cell_reports_the_output_error():
     assert cand.dtype == torch.bfloat16
     expected = float(np.abs(cand.double().numpy() - ref).max())
     s = run(case).summary
-    assert s["mode"] == "allclose"
+    assert s["mode"] == "budget"  # a cast: error budget (issue 15)
     got = s["output_max_abs_diff"]
     assert got is not None and not math.isnan(got)
     assert got == pytest.approx(expected, rel=1e-6)
