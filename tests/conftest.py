@@ -37,6 +37,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Hypothesis keeps no example database: tests write nothing into the checkout (./.hypothesis).
+hypothesis_settings.register_profile("parity", database=None)
+hypothesis_settings.load_profile("parity")
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
