@@ -32,16 +32,20 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from hypothesis import settings as hypothesis_settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
-# Hypothesis keeps no example database: tests write nothing into the checkout (./.hypothesis).
+# Hypothesis keeps no example database and its caches in a temporary folder: tests write
+# nothing into the checkout (./.hypothesis).
 hypothesis_settings.register_profile("parity", database=None)
 hypothesis_settings.load_profile("parity")
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="parity-tests-hypothesis-"))
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
