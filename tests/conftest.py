@@ -26,6 +26,7 @@ that was not there before (``git status --porcelain --ignored``, tool caches asi
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -45,7 +46,9 @@ from hypothesis.configuration import set_hypothesis_home_dir
 # nothing into the checkout (./.hypothesis).
 hypothesis_settings.register_profile("parity", database=None)
 hypothesis_settings.load_profile("parity")
-set_hypothesis_home_dir(tempfile.mkdtemp(prefix="parity-tests-hypothesis-"))
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="parity-tests-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
