@@ -78,8 +78,19 @@ def report_files(result: Any) -> dict[str, str]:
 
 @click.group(cls=ParityGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="parity-tracker")
-def cli() -> None:
+@click.option(
+    "--store-retry-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="PARITY_TRACKER_STORE_RETRY_S",
+    show_envvar=True,
+    help="Seconds to keep retrying a tracking server that refuses or fails (restart, 5xx) "
+    "before spooling the run  [default: 90].",
+)
+def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
+    if store_retry_s is not None:  # read by track.store.retry_window_s
+        os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 
 
 # --------------------------------------------------------------------------- targets
@@ -237,6 +248,15 @@ def run(
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
+@click.option(
+    "--night",
+    default=None,
+    metavar="ID",
+    help="Night id shared by every shard (default: UTC date-commit[:12]-sha256(matrix)[:8]).",
+)
+@click.option(
+    "--allow-no-commit", is_flag=True, help="Run even when no commit is given or readable."
+)
 @json_option
 @click.pass_context
 def nightly(
@@ -250,12 +270,16 @@ def nightly(
     experiment: str,
     commit: str | None,
     branch: str | None,
+    night: str | None,
+    allow_no_commit: bool,
     as_json: bool,
 ) -> None:
-    """Run the matrix, diff every cell against its baseline, print the digest."""
+    """Run the matrix (or a --shard of it), diff each cell against its baseline, print the digest.
+
+    Shards of one night share --night; join them with `parity-tracker nightly-merge --night ID`.
+    """
     from parity_tracker.dashboards.digest import nightly_artifacts
     from parity_tracker.pipeline.nightly import run_nightly
-    from parity_tracker.track.store import resolve_tracking_uri
 
     result = run_nightly(
         config,
@@ -270,24 +294,12 @@ def nightly(
         reporter=None if as_json else T.RichReporter(),
         render=nightly_artifacts,
         render_run=report_files,
+        night=night,
+        allow_no_commit=allow_no_commit,
     )
-    uri = resolve_tracking_uri(tracking_uri)
-    if as_json:
-        _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
-    else:
-        click.echo(result.digest)
-        click.echo(
-            f"Browse the runs: parity-tracker ui --tracking-uri {uri}\n"
-            f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
-            f"nightly run {result.parent_run_id})"
-        )
-    if result.spooled:
-        click.echo(
-            "tracking store unreachable for some cells; spooled to "
-            + ", ".join(result.spooled) + "; upload them with `parity-tracker sync`",
-            err=True,
-        )  # fmt: skip
-    ctx.exit(result.exit_code)
+    from parity_tracker.cli.nights import nightly_output
+
+    nightly_output(ctx, result, tracking_uri, as_json)
 
 
 # --------------------------------------------------------------------------- diff
@@ -411,22 +423,17 @@ def history(
     current failing streak).
     """
     from parity_tracker.analysis.history import build_history
-    from parity_tracker.pipeline.targets import parse_assignments, resolve_target
+    from parity_tracker.pipeline.select import history_selection
+    from parity_tracker.pipeline.targets import parse_assignments
+    from parity_tracker.track.query import RunStore
 
-    resolved = resolve_target(target)
-    settings = resolved.validate(parse_assignments(sets))
-    hist = build_history(
-        resolved.name,
-        settings,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        tag=tag,
-        last=last,
-    )
+    store = RunStore(tracking_uri, experiment)
+    name, settings, heads = history_selection(target, parse_assignments(sets), store)
+    hist = build_history(name, settings, tag=tag, last=last, store=store, heads=heads)
     if as_json:
         _emit_json(hist.to_dict())
         return
-    T.print_history(hist, f"history of {resolved.name} {settings}", tag)
+    T.print_history(hist, f"history of {name} {settings}", tag)
 
 
 # --------------------------------------------------------------------------- report, sync, ui
@@ -449,10 +456,13 @@ def report(
 ) -> None:
     """Rebuild the HTML report of RUN_ID from its stored tables."""
     from parity_tracker.dashboards.report import render_run_report
-    from parity_tracker.track import load_run, log_artifact_files
+    from parity_tracker.track import log_artifact_files
+    from parity_tracker.track.query import RunStore
     from parity_tracker.track.store import parity_home
 
-    html = render_run_report(load_run(run_id, tracking_uri=tracking_uri))
+    store = RunStore(tracking_uri)
+    run_id = store.resolve_run_id(run_id)  # a unique prefix is enough
+    html = render_run_report(store.load(run_id))
     path = Path(output) if output else parity_home() / "reports" / run_id / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
@@ -542,6 +552,11 @@ def ui(
         return
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     ctx.exit(subprocess.call(command, env=env))
+
+
+from parity_tracker.cli.nights import nightly_merge  # noqa: E402  (uses the options above)
+
+cli.add_command(nightly_merge)
 
 
 def main(argv: list[str] | None = None) -> None:

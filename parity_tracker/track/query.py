@@ -13,12 +13,11 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.result import RunResult
 from parity_tracker.track.store import (
     TAG_RUN_ID,
     get_client,
@@ -27,6 +26,9 @@ from parity_tracker.track.store import (
     resolve_tracking_uri,
     retry,
 )
+
+if TYPE_CHECKING:
+    from parity_tracker.run.result import RunResult
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class RunInfo:
         status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
         parity_run_id: the ``parity.run_id`` tag (the ``run_id`` column of the tables).
         params: every param, as stored (strings).
+        artifact_uri: the run's artifact root (``mlflow-artifacts:/...``, ``s3://...``,
+            ``file:///...``), None when unknown.
+        tags: every tag, as stored.
     """
 
     run_id: str
@@ -57,6 +62,8 @@ class RunInfo:
     status: str
     parity_run_id: str | None = None
     params: dict[str, str] = field(default_factory=dict)
+    artifact_uri: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_mlflow(cls, run: Any) -> RunInfo:
@@ -74,6 +81,8 @@ class RunInfo:
             status=run.info.status,
             parity_run_id=tags.get(TAG_RUN_ID),
             params=params,
+            artifact_uri=run.info.artifact_uri,
+            tags=tags,
         )
 
 
@@ -106,7 +115,7 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
     return cache
 
 
-def load_run(run_id: str, *, tracking_uri: str | None = None) -> RunResult:
+def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     """The ``RunResult`` of a logged run, equal to the one logged (tables, summary, settings).
 
     Artifacts are downloaded once and cached under ``./.parity/cache/runs/<run_id>/``;
@@ -117,6 +126,8 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> RunResult:
         InfrastructureError: the store could not be reached.
     """
     from mlflow.exceptions import MlflowException
+
+    from parity_tracker.run.result import RunResult
 
     uri = resolve_tracking_uri(tracking_uri)
     try:
@@ -216,7 +227,7 @@ class RunHead:
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
-        """The head of a ``RunInfo`` (no artifact URI)."""
+        """The head of a ``RunInfo``."""
         return cls(
             run_id=info.run_id,
             start_time=info.start_time,
@@ -224,6 +235,7 @@ class RunHead:
             commit=info.commit,
             fingerprint=info.fingerprint,
             metrics=dict(info.metrics),
+            artifact_uri=info.artifact_uri,
         )
 
 
@@ -332,6 +344,21 @@ def find_run_heads(
 # the one read interface
 
 
+@dataclass(frozen=True)
+class StoredTables:
+    """A stored run's ``modules`` table and settings (``RunStore.load_tables``).
+
+    Attributes:
+        modules: the ``modules`` table (``files.tables.MODULES_SCHEMA``).
+        settings: the run's settings (``RunInfo.settings``).
+        tracking_run_id: the full MLflow run id.
+    """
+
+    modules: Any
+    settings: dict[str, str]
+    tracking_run_id: str
+
+
 class RunStore:
     """Every read of stored parity runs, over one tracking store and experiment.
 
@@ -362,7 +389,7 @@ class RunStore:
         Raises:
             InputError: no such run, or not a parity run. InfrastructureError: unreachable.
         """
-        return load_run(run_id, tracking_uri=self.uri)
+        return load_run(self.resolve_run_id(run_id), tracking_uri=self.uri)
 
     def _search(self, find: Any, max_results: int | None, settings: Mapping[str, Any]) -> list:
         try:
@@ -393,15 +420,17 @@ class RunStore:
         """
         return self._search(find_run_heads, max_results, settings)
 
-    def modules_tables(self, run_ids: list[str]) -> list[Any]:
-        """The ``modules`` table of each run (only that artifact), downloaded in 8 threads.
+    def modules_tables(
+        self, run_ids: list[str], artifact_uris: list[str | None] | None = None
+    ) -> list[Any]:
+        """The ``modules`` table of each run (only that artifact), through the run cache.
 
         Raises:
             InfrastructureError: the store could not be reached or a run has no modules table.
         """
         from parity_tracker.track.tag_status import modules_tables
 
-        return modules_tables(run_ids, self.uri)
+        return modules_tables(run_ids, self.uri, artifact_uris or ())
 
     def tag_statuses(self, heads: list[Any], tag: str) -> tuple[list[str | None], list[str]]:
         """``tag``'s status in each run, and sample tags when it is in none of them.
@@ -415,6 +444,60 @@ class RunStore:
         from parity_tracker.track.tag_status import tag_statuses
 
         return tag_statuses(heads, tag, self.uri)
+
+    def resolve_run_id(self, run_id: str) -> str:
+        """The full run id of ``run_id`` or of any unique prefix of it (``track.ids``).
+
+        Raises:
+            InputError: no run, or an ambiguous prefix (lists candidates).
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track.ids import resolve_run_id
+
+        return resolve_run_id(self.uri, run_id)
+
+    def load_tables(self, run_id: str) -> StoredTables:
+        """A stored run's modules table and settings, without building a ``RunResult``.
+
+        What ``diff`` needs; cheap to import (no torch). ``run_id`` may be a unique prefix.
+
+        Raises:
+            InputError: no such run (or ambiguous prefix). InfrastructureError: unreachable.
+        """
+        full = self.resolve_run_id(run_id)
+        info = self._one(full)
+        return StoredTables(self.modules_tables([full], [info.artifact_uri])[0],
+                            dict(info.settings), full)  # fmt: skip
+
+    def _one(self, run_id: str) -> RunInfo:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return RunInfo.from_mlflow(retry(get_client(self.uri).get_run, run_id))
+        except MlflowException as exc:
+            if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+                raise InputError(f"no run {run_id!r} in {self.uri}") from exc
+            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+
+    def fetch(self, runs: list[tuple[str, str | None]], path: str) -> list[Path]:
+        """Local copies of artifact ``path`` of each ``(run id, artifact uri)`` (``track.cache``).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a file is missing.
+        """
+        from parity_tracker.track.cache import fetch_files
+
+        return fetch_files(runs, path, self.uri)
+
+    def night(self, night: str) -> tuple[list[RunInfo], list[RunInfo]]:
+        """``(shard parent runs, their cell runs)`` of night ``night`` (``track.nights``).
+
+        Raises:
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track.nights import night_runs
+
+        return self._search(lambda **kw: night_runs(self.uri, self.experiment, night), None, {})
 
     def run_for_commit(self, commit: str, **settings: Any) -> RunInfo:
         """The newest run of ``commit`` matching ``settings``.
@@ -448,6 +531,7 @@ class RunStore:
         """
         from mlflow.exceptions import MlflowException
 
+        run_id = self.resolve_run_id(run_id)
         try:
             client = get_client(self.uri)
             run = retry(client.get_run, run_id)
