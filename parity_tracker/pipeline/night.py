@@ -67,14 +67,21 @@ def cells_json(cells: Sequence[Cell]) -> str:
 
 
 def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
-    """Every cell the night's shards planned (their ``cells.json``), shard order, no repeats."""
+    """Every cell the night's shards planned (their ``cells.json``), in matrix order.
+
+    Shard ``I/N`` ran cells ``k`` with ``k % N == I - 1`` (``matrix.shard_cells``), so its
+    ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell planned twice counts once.
+    """
+    from parity_tracker.pipeline.matrix import parse_shard
+
     paths = store.fetch([(p.run_id, p.artifact_uri) for p in parents], CELLS_FILE)
-    cells: dict[str, Cell] = {}
-    for path in paths:
-        for item in json.loads(Path(path).read_text()):
+    order: dict[str, tuple[tuple[int, int], Cell]] = {}
+    for parent, path in zip(parents, paths, strict=True):
+        index, count = parse_shard(parent.params.get("shard") or "1/1")
+        for j, item in enumerate(json.loads(Path(path).read_text())):
             cell = Cell(item["target"], tuple(item["settings"].items()))
-            cells.setdefault(cell.name, cell)
-    return list(cells.values())
+            order.setdefault(cell.name, ((j * count + index - 1, parent.start_time), cell))
+    return [cell for _, cell in sorted(order.values(), key=lambda kv: kv[0])]
 
 
 def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellResult:
