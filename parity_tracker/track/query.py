@@ -308,7 +308,9 @@ def find_run_heads(
     read-only SQL query (``runs``, ``tags``, ``params``, then ``latest_metrics``; schema of
     MLflow 3's ``mlflow/store/tracking/dbmodels/models.py``), which is about 100× faster than
     ``MlflowClient.search_runs`` building every param, tag and metric of each run. Any other
-    store — or a SQLite schema this query does not fit — goes through ``find_runs``.
+    store — or a SQLite schema this query does not fit — goes through ``find_runs``; on a
+    tracking server through ``heads_cache.server_run_infos`` (stored runs' heads kept locally,
+    only new runs searched).
 
     Args:
         tracking_uri: the store (default as in ``log_run``).
@@ -336,7 +338,14 @@ def find_run_heads(
             if is_locked_error(exc):
                 raise
             # a schema this query does not fit (another MLflow version): MLflow's own search
-    infos = find_runs(tracking_uri=uri, experiment=experiment, max_results=max_results, **settings)
+    if uri.startswith(("http://", "https://")) and max_results is None:
+        from parity_tracker.track.heads_cache import server_run_infos
+
+        infos = server_run_infos(uri, experiment, settings)  # stored runs' heads kept locally
+    else:
+        infos = find_runs(
+            tracking_uri=uri, experiment=experiment, max_results=max_results, **settings
+        )
     return [RunHead.from_info(info) for info in infos]
 
 
