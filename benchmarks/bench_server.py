@@ -126,10 +126,12 @@ def _measure(url: str, size: dict, tmp: Path, build_s: float, backend: str) -> l
     n = size["runs"]
     case = f"{n} runs × {size['rows']} rows, {backend}"
     note = f"wall clock, median of 3; storing the runs took {build_s:.0f} s (untimed)"
+    os.environ["PARITY_TRACKER_CACHE"] = str(tmp / "cache")  # never ./.parity of the cwd
     first = _wall(lambda: _history(url, None, n))  # empty heads cache: one full search
     plain = median(_wall(lambda: _history(url, None, n)) for _ in range(3))
     cold = []
-    for k in range(3):
+    for k in range(3):  # fresh run caches (the heads kept in tmp/cache are copied along)
+        shutil.copytree(tmp / "cache" / "heads", tmp / f"cache{k}" / "heads")
         os.environ["PARITY_TRACKER_CACHE"] = str(tmp / f"cache{k}")
         cold.append(_wall(lambda: _history(url, TAG, n)))
     warm = median(_wall(lambda: _history(url, TAG, n)) for _ in range(3))
@@ -165,7 +167,11 @@ def run(quick: bool) -> list[Row]:
         finally:
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)  # the group led by the server we started
-                proc.wait(timeout=30)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
             if pg is not None:
                 pg.cleanup()
                 shutil.rmtree(pg.bench_dir, ignore_errors=True)
