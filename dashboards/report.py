@@ -17,8 +17,10 @@ local dump (``dump_dir``), else the section says why it is missing and how to ge
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from parity_tracker.compare.verdict import first_divergence
@@ -115,6 +117,7 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
         header=_header(settings, summary),
         error=error_text(summary.get("error")),
         roots=roots,
+        repro=_repro(result, summary, tensor_base_url),
         chip_items=chip_items(counts, STATUS_ORDER),
         propagation=_propagation(modules, first, roots),
         ops=_ops(ops, first),
@@ -124,6 +127,22 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
         table_statuses=sorted({r.get("status") or "" for r in modules}, key=_status_rank),
         table_kinds=sorted({r.get("kind") or "" for r in modules} - {""}),
     )
+
+
+def _repro(result: Any, summary: dict[str, Any], base: str) -> dict[str, Any]:
+    """How to get the reproducer (issue 20) and links to the kept ones (``run.keep``).
+
+    ``repro/<dir>/test_repro.py`` is where ``parity-tracker repro --upload`` and the nightly
+    log a reproducer; ``tensors/repro/<dir>/`` is the material every run keeps.
+    """
+    run = summary.get("tracking_run_id") or "RUN_ID"
+    dump = getattr(result, "dump_dir", None)
+    kept = Path(dump) / "repro" / "kept.json" if dump else None
+    items = json.loads(kept.read_text()).get("items", []) if kept and kept.is_file() else []
+    for item in items:
+        item["test"] = f"{base}repro/{item['dir']}/test_repro.py"
+        item["material"] = f"{base}tensors/repro/{item['dir']}/repro.json"
+    return {"command": f"parity-tracker repro {run} --upload", "items": items}
 
 
 # ---------------------------------------------------------------------------------------------

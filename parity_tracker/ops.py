@@ -71,6 +71,7 @@ from torch.nn.modules.module import (
 )
 
 from parity_tracker.capture.ops import (
+    CaptureFailure,
     DispatchRecorder,
     OpFrame,
     OpStore,
@@ -82,6 +83,7 @@ from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.localize.op_compare import OpComparer
 from parity_tracker.localize.root_cause import LAYOUT_OPS
+from parity_tracker.statuses import STRUCTURAL
 
 __all__ = ["DEFAULT_MAX_RESIDENT_BYTES", "LAYOUT_OPS", "OpSession", "suspended"]
 
@@ -121,6 +123,8 @@ class OpSession(SpillCounters):
             inside it, deleted by ``close()``); default: the system temporary folder.
         max_resident_bytes: resident budget for captured storage, in bytes (default 512 MiB;
             0 spills every capture).
+        keep_bytes: size limit of the reproducer material kept for each of the first root
+            causes (``parity_tracker.localize.keep``; issue 20); 0 (the default) keeps none.
 
     Raises:
         InputError: ``max_resident_bytes`` is negative.
@@ -136,6 +140,7 @@ class OpSession(SpillCounters):
         step_getter: Callable[[], int] = lambda: 0,
         spill_dir: str | os.PathLike[str] | None = None,
         max_resident_bytes: int | None = None,
+        keep_bytes: int = 0,
     ):
         if max_resident_bytes is None:
             max_resident_bytes = DEFAULT_MAX_RESIDENT_BYTES
@@ -150,9 +155,22 @@ class OpSession(SpillCounters):
         self._step_getter = step_getter
         self._store = OpStore(max_resident_bytes, spill_dir)
         self._params: list[set[int]] = [set(), set()]  # storage pointers, per side
-        self._comparer = OpComparer(mode, self.tolerances, self._store, self._params)
+        self._comparer = OpComparer(
+            mode, self.tolerances, self._store, self._params, keep_bytes=keep_bytes
+        )
         self._recorded: set[int] = set()
         self._side: SideRecorder | None = None
+        self._failure = CaptureFailure()
+        self._marked = False
+
+    @property
+    def capture_error(self) -> str | None:
+        """``"Type: message"`` of the op recorder's own first failure, else None.
+
+        Op capture never fails the forward: after its first failure it stops recording, and
+        the rows it could not record become ``error`` (:meth:`rows`).
+        """
+        return self._failure.error
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -176,24 +194,30 @@ class OpSession(SpillCounters):
             )
         self._recorded.add(side)
         self._params[side].clear()
-        state = SideRecorder(
-            side,
-            model,
-            store=self._store,
-            params=self._params[side],
-            step_getter=self._step_getter,
-            on_close=self._close,
-        )
-        self._side = state
-        pre = register_module_forward_pre_hook(state.pre_hook)
-        post = register_module_forward_hook(state.post_hook, always_call=True)
+        failure = self._failure
         try:
-            with DispatchRecorder(state):
+            state = SideRecorder(
+                side,
+                model,
+                store=self._store,
+                params=self._params[side],
+                step_getter=self._step_getter,
+                on_close=self._close,
+            )
+        except Exception as exc:  # the recorder's own failure never fails the forward
+            failure.fail(exc)
+            yield self
+            return
+        self._side = state
+        pre = register_module_forward_pre_hook(failure.guard(state.pre_hook))
+        post = register_module_forward_hook(failure.guard(state.post_hook), always_call=True)
+        try:
+            with DispatchRecorder(state, failure):
                 yield self
         finally:
             pre.remove()
             post.remove()
-            state.finish()
+            failure.guard(state.finish)()
             self._side = None
 
     def record_manual(self, side: int, tag: str, tensor: torch.Tensor) -> None:
@@ -216,7 +240,25 @@ class OpSession(SpillCounters):
         """The ops table rows, in execution order (keys = ``tables.OPS_SCHEMA`` columns)."""
         if 1 in self._recorded and self._side is None:
             self._comparer.finalize()
+            if self.capture_error and not self._marked:
+                self._mark_capture_error()
         return [{k: v for k, v in r.items() if not k.startswith("_")} for r in self._comparer.rows]
+
+    def _mark_capture_error(self) -> None:
+        """Rows op capture could not record become ``error`` naming the failure (never a pass)."""
+        self._marked = True
+        rows = self._comparer.rows
+        note = f"op capture failed ({self.capture_error}), so this op was not recorded"
+        marked = False
+        for r in rows:
+            if r["status"] in STRUCTURAL:  # one-sided: the recorder stopped on one side
+                r["status"], marked = "error", True
+                r["message"] = f"{note}; {r.get('message') or ''}".rstrip("; ")
+        if not marked:
+            rows.append(
+                {"tag": "op_capture", "kind": "op", "status": "error", "mode": self.mode,
+                 "message": note, "exec_order": len(rows), "root_cause": False}
+            )  # fmt: skip
 
     def root_causes(self) -> list[dict[str, Any]]:
         """Root-cause rows, in execution order; the first answers the seed's step 2.
@@ -225,6 +267,15 @@ class OpSession(SpillCounters):
         that runs on one side only with no failing input.
         """
         return [r for r in self.rows() if r["root_cause"]]
+
+    def kept(self) -> tuple[list[Any], list[str]]:
+        """Reproducer material of the first root causes, and the tags not kept.
+
+        Returns:
+            ``(material, tags)``: ``localize.keep.KeptOp`` (CPU copies that outlive ``close``)
+            and the root-cause tags whose material exceeded ``keep_bytes``.
+        """
+        return list(self._comparer.kept), list(self._comparer.unkept)
 
     def close(self) -> None:
         """Release every capture and delete spilled files."""

@@ -172,6 +172,8 @@ class TensorChecker(SpillCounters):
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
+        #: Run params a drive recorded (``StepRecorder.note``), merged into the run's settings.
+        self.run_notes: dict[str, Any] = {}
         self._snap = Snapshotter()
         self._reset()
 
@@ -224,6 +226,21 @@ class TensorChecker(SpillCounters):
         if side is None:
             side = self._log.active_side()
         self._log.cache_hits.add((module, self._log.step, side))
+
+    def mark_not_observable(self, tag: str, reason: str, step: int | None = None) -> None:
+        """Record that the candidate cannot expose ``tag``'s value (a compiled or foreign engine).
+
+        If no candidate tensor arrives for ``tag`` at that step, the tag is ``skipped`` with
+        ``reason`` as its message (not ``missing_candidate``): nothing was compared, and
+        nothing passes (``parity_tracker.adapters``).
+
+        Args:
+            tag: the reference's tag, e.g. ``checker_encoder.mid_block.attentions.0``.
+            reason: why the candidate cannot show it (shown in the row's message).
+            step: the step (default: the current step).
+        """
+        log = self._log
+        log.not_observable[(tag, log.step if step is None else int(step))] = reason
 
     # --------------------------------------------------------------- capture
     def register_tensor(

@@ -1,11 +1,12 @@
 """The import DAG, enforced: import-linter's contracts of pyproject.toml on the installed layout.
 
 The contracts (``[tool.importlinter]``): layers ``cli > dashboards > pipeline > analysis > track >
-files/run > localize > capture > compare > statuses/errors``, and "only parity_tracker.track
-imports mlflow". grimp walks the ``parity_tracker/`` folder, but ``parity_tracker.dashboards`` and
-``parity_tracker.builtin_targets`` come from other folders (``[tool.setuptools.package-dir]``), so
-each test stages the wheel's layout in ``tmp_path`` first and runs ``lint-imports`` there (imports
-inside functions count: grimp reads every import statement).
+distributed > files/run > adapters > localize > capture > compare > statuses/errors``, and "only
+parity_tracker.track imports mlflow". grimp walks the ``parity_tracker/`` folder, but
+``parity_tracker.dashboards`` and ``parity_tracker.builtin_targets`` come from other folders
+(``[tool.setuptools.package-dir]``), so each test stages the wheel's layout in ``tmp_path``
+first and runs ``lint-imports`` there (imports inside functions count: grimp reads every import
+statement).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_write_is_zstd_versioned_and_round_trips(tmp_path):
     t = rows_to_table(rows, MODULES_SCHEMA)
     path = write_table(t, tmp_path / "sub" / "modules.parquet")
     meta = pq.ParquetFile(path).metadata
-    assert pq.read_schema(path).metadata[b"schema_version"] == b"1"
+    assert pq.read_schema(path).metadata[b"schema_version"] == str(tables.SCHEMA_VERSION).encode()
     codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
     assert codecs == {"ZSTD"}
     back = read_table(path, "modules")
@@ -119,6 +119,16 @@ def test_v0_file_is_migrated():
     assert rows[2]["max_abs_diff"] is None  # a NaN stand-in in the old file becomes null
     assert all(r["cache_hit"] is None and r["local_status"] is None for r in rows)
     assert rows[0]["ref_shape"] == [2, 4]
+
+
+def test_v1_file_gets_null_ranks(tmp_path):
+    """v1 had no ``ranks`` (sharded runs, v2): a v1 run was not sharded, so ranks is null."""
+    t = pa.table({"tag": ["a", "b"], "status": ["equal", "mismatch"], "step": [0, 1]})
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"1"}), tmp_path / "v1.parquet")
+    back = read_table(tmp_path / "v1.parquet", "modules")
+    assert back.column("ranks").to_pylist() == [None, None]
+    assert back.column("status").to_pylist() == ["equal", "mismatch"]
+    assert back.column("step").to_pylist() == [0, 1]
 
 
 def test_newer_version_is_refused_with_the_fix(tmp_path):

@@ -14,16 +14,22 @@ from parity_tracker.builtin_targets import _common
 from parity_tracker.errors import InputError
 from parity_tracker.targets import resolve_target, target_names
 
+ENGINE = {"candidate": ["torch", "onnxruntime"], "ort_optimization": ["disable_all", "enable_all"]}
+COMPILE = {"implementation": ["same", "inductor", "eager"]}
 SETTINGS_OF = {
     "digits-cnn": {
         "quantization": ["none", "fp16", "bf16", "int8"],
         "memory_format": ["contiguous", "channels_last"],
+        **ENGINE,
     },
-    "vae-tiny": {"quantization": ["none", "fp16", "bf16"]},
+    "vae-tiny": {"quantization": ["none", "fp16", "bf16"], **COMPILE, **ENGINE},
     "llama-tiny": {
         "cache": ["off", "kv"],
         "attention": ["eager", "sdpa"],
         "quantization": ["none", "bf16"],
+        **COMPILE,
+        **ENGINE,
+        "distributed": ["none", "tp2", "tp4"],
     },
     "flux-tiny": {"cache": ["off", "first_block"]},
     "silero-vad": {"candidate": ["onnx", "onnx-op15", "onnx-op18-ifless", "torchscript"]},

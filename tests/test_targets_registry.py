@@ -17,7 +17,10 @@ def test_builtin_resolves_by_name_with_schema():
     t = T.resolve_target("digits-cnn")
     assert t.name == "digits-cnn" and t.source == "builtin"
     assert t.settings["quantization"] == ["none", "fp16", "bf16", "int8"]
-    assert t.defaults() == {"quantization": "none", "memory_format": "contiguous"}
+    assert t.defaults() == {
+        "quantization": "none", "memory_format": "contiguous", "candidate": "torch",
+        "ort_optimization": "disable_all",
+    }  # fmt: skip
     assert set(T.target_names()) >= {"digits-cnn", "vae-tiny", "llama-tiny", "flux-tiny"}
 
 
@@ -35,7 +38,8 @@ def test_listing_builtins_imports_no_heavy_library():
 def test_validate_fills_defaults_and_names_allowed_values():
     t = T.resolve_target("digits-cnn")
     assert t.validate({"quantization": "int8"}) == {
-        "quantization": "int8", "memory_format": "contiguous"
+        "quantization": "int8", "memory_format": "contiguous", "candidate": "torch",
+        "ort_optimization": "disable_all",
     }  # fmt: skip
     with pytest.raises(InputError, match=r"quantization='fp8'.*none, fp16, bf16, int8"):
         t.validate({"quantization": "fp8"})

@@ -94,6 +94,9 @@ class CaptureLog:
         self.frames: dict[tuple[int, int], list[tuple[int, list[Group]]]] = {}
         self.stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self.cache_hits: set[tuple[str, int, int | None]] = set()
+        #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
+        #: foreign engines, ``parity_tracker.adapters``); such tags are ``skipped``, not missing.
+        self.not_observable: dict[tuple[str, int], str] = {}
 
     @property
     def roots(self) -> set[str]:
@@ -320,7 +323,17 @@ def _has_forward(mod: torch.nn.Module) -> bool:
 
 
 def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
-    """Add the pre/post hooks of every module with a forward to ``handle``."""
+    """Add the pre/post hooks of every module with a forward to ``handle``.
+
+    A ``torch.compile``-d module (``OptimizedModule``) is hooked by
+    :func:`parity_tracker.capture.compiled.install_compiled` (taps traced into its graph, tags
+    without ``_orig_mod``).
+    """
+    from parity_tracker.capture.compiled import install_compiled, is_compiled
+
+    if is_compiled(model):
+        install_compiled(model, log, handle)
+        return
     s = handle.side
     root = root_name(model)
     handle.root_name = root

@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode,
     _pop_mode_temporarily,
+    is_traceable_wrapper_subclass,
 )
 
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
@@ -67,6 +68,7 @@ def _is_suspended() -> bool:
 @dataclass(frozen=True)
 class _OpInfo:
     name: str
+    overload: str  # the schema's overload name ("default" when it has none)
     view_returns: tuple[bool, ...]  # return i aliases an input without writing (a view)
     written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
 
@@ -87,7 +89,8 @@ def _op_info(func: Any) -> _OpInfo:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         )
-        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", views, written)
+        overload = schema.overload_name or "default"
+        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", overload, views, written)
         _OP_INFO[func] = info
     return info
 
@@ -103,6 +106,31 @@ def _tensors_in(args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
     return out
 
 
+@dataclass(frozen=True)
+class TensorArg:
+    """Stands for the ``index``-th tensor argument (in :func:`_tensors_in` order) of an op."""
+
+    index: int
+
+
+def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` with each tensor replaced by a :class:`TensorArg`.
+
+    Tensors are numbered as :func:`_tensors_in` lists them (one level of lists), so a
+    reproducer can call the op again with its saved inputs.
+    """
+    counter = itertools.count()
+
+    def sub(value: Any, depth: int) -> Any:
+        if isinstance(value, torch.Tensor):
+            return TensorArg(next(counter))
+        if depth == 0 and isinstance(value, (list, tuple)):
+            return type(value)(sub(v, 1) for v in value)
+        return value
+
+    return tuple(sub(a, 0) for a in args), {k: sub(v, 0) for k, v in kwargs.items()}
+
+
 def _capturable(t: Any) -> bool:
     return (
         isinstance(t, torch.Tensor)
@@ -113,11 +141,28 @@ def _capturable(t: Any) -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor)."""
-    if not _capturable(t):
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor).
+
+    A wrapper tensor subclass (``DTensor``, ...) has no storage of its own (touching it raises
+    "invalid python storage"): 0, and its captures are private copies (:func:`_own`).
+    """
+    if not _capturable(t) or is_traceable_wrapper_subclass(t):
         return 0
     storage = t.untyped_storage()
     return storage.data_ptr() if storage.nbytes() else 0
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached; a private copy for a wrapper subclass, which copy-on-write cannot track."""
+    t = t.detach()
+    return t.clone() if is_traceable_wrapper_subclass(t) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
+    if is_traceable_wrapper_subclass(t):
+        return t.numel() * t.element_size()
+    return t.untyped_storage().nbytes()
 
 
 def _span(t: torch.Tensor) -> int:
@@ -147,7 +192,7 @@ class Held:
         self.spilled: Spilled | None = None
         self.size, self.stride = tuple(tensor.shape), tensor.stride()
         self.dtype, self.device = tensor.dtype, tensor.device
-        self.nbytes = tensor.untyped_storage().nbytes() if counted else 0
+        self.nbytes = _nbytes(tensor) if counted else 0
 
     def get(self) -> torch.Tensor:
         """The tensor, read back memory-mapped if it was spilled."""
@@ -171,7 +216,11 @@ class OpStore(BoundedStore):
         self._ids = itertools.count()
 
     def hold(self, tensor: torch.Tensor, *, counted: bool = True) -> Held:
-        """Keep a reference to ``tensor`` (counted captures may later be spilled)."""
+        """Keep a reference to ``tensor`` (counted captures may later be spilled).
+
+        A wrapper subclass (``DTensor``) is never spilled: kept resident, outside the budget.
+        """
+        counted = counted and not is_traceable_wrapper_subclass(tensor)
         h = Held(next(self._ids), tensor, counted)
         self._index(h)
         if counted:
@@ -184,13 +233,13 @@ class OpStore(BoundedStore):
 
     def _index(self, h: Held) -> None:
         assert h.tensor is not None
-        if h.tensor.untyped_storage().nbytes():
-            self._by_ptr.setdefault(h.tensor.untyped_storage().data_ptr(), []).append(h)
+        if _ptr(h.tensor):
+            self._by_ptr.setdefault(_ptr(h.tensor), []).append(h)
 
     def _unindex(self, h: Held) -> None:
-        if h.tensor is None or not h.tensor.untyped_storage().nbytes():
+        if h.tensor is None or not _ptr(h.tensor):
             return
-        ptr = h.tensor.untyped_storage().data_ptr()
+        ptr = _ptr(h.tensor)
         lst = self._by_ptr.get(ptr)
         if lst is not None:
             with contextlib.suppress(ValueError):
@@ -200,9 +249,9 @@ class OpStore(BoundedStore):
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
-        if not isinstance(tensor, torch.Tensor) or not _capturable(tensor):
+        if not isinstance(tensor, torch.Tensor) or not _ptr(tensor):
             return
-        holders = self._by_ptr.pop(tensor.untyped_storage().data_ptr(), None)
+        holders = self._by_ptr.pop(_ptr(tensor), None)
         for h in holders or ():
             assert h.tensor is not None
             copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
@@ -273,6 +322,8 @@ class OpEvent:
     outs: list[tuple[int, Held, int]]  # (output index, capture, storage offset at capture)
     inputs: list[OpInput]
     tag: str | None = None  # manual registrations only
+    overload: str = "default"  # the aten overload (``Tensor``, ``dim_IntList``, ...)
+    args: tuple[tuple, dict[str, Any]] | None = None  # ``arg_spec`` of the call
 
 
 @dataclass
@@ -291,28 +342,71 @@ class OpFrame:
         return (self.step, self.module, self.call)
 
 
-class DispatchRecorder(TorchDispatchMode):
-    """The dispatch mode: runs each op, then hands it to the side being recorded."""
+class CaptureFailure:
+    """The op recorder's own first failure; once set, recording stops and the forward goes on.
 
-    def __init__(self, side: SideRecorder):
+    Op capture must never turn its own failure into "the forward raised": the forward runs on,
+    and the ops rows it could not record become ``error`` (``parity_tracker.ops.OpSession``).
+    """
+
+    def __init__(self) -> None:
+        #: ``"Type: message"`` of the first failure, else None.
+        self.error: str | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` unless a failure is already recorded."""
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}"[:500]
+
+    def guard(self, fn: Callable[..., Any]) -> Callable[..., None]:
+        """``fn`` made harmless: skipped after a failure, its exception recorded, not raised."""
+
+        def guarded(*args: Any) -> None:
+            if self.error is not None:
+                return None
+            try:
+                fn(*args)
+            except Exception as exc:
+                self.fail(exc)
+            return None
+
+        return guarded
+
+
+class DispatchRecorder(TorchDispatchMode):
+    """The dispatch mode: runs each op, then hands it to the side being recorded.
+
+    Args:
+        side: the side being recorded.
+        failure: where the recorder's own failure goes (default: a fresh one); the op always
+            runs, whatever the recorder does.
+    """
+
+    def __init__(self, side: SideRecorder, failure: CaptureFailure | None = None):
         super().__init__()
         self.side = side
+        self.failure = failure if failure is not None else CaptureFailure()
+        self._on_op = self.failure.guard(side.on_op)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _is_suspended():
+        if _is_suspended() or self.failure.error is not None:
             return func(*args, **kwargs)
-        info = _op_info(func)
-        before = None
-        if info.written_args:
-            # Describe (and pin) the inputs before the write, then copy-on-write every held
-            # tensor the op is about to overwrite, so inputs keep their pre-write values.
-            before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
-            for pos, name in info.written_args:
-                target = args[pos] if pos < len(args) else kwargs.get(name)
-                self.side.store.before_write(target)
+        try:
+            info = _op_info(func)
+            before = None
+            if info.written_args:
+                # Describe (and pin) the inputs before the write, then copy-on-write every held
+                # tensor the op is about to overwrite, so inputs keep their pre-write values.
+                before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
+                for pos, name in info.written_args:
+                    target = args[pos] if pos < len(args) else kwargs.get(name)
+                    self.side.store.before_write(target)
+        except Exception as exc:  # the recorder's own failure never fails the forward
+            self.failure.fail(exc)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self.side.on_op(info, args, kwargs, out, before)
+        self._on_op(info, args, kwargs, out, before)
         return out
 
 
@@ -449,20 +543,20 @@ class SideRecorder:
         seq = next(self.seq)
         held = []
         for i, t in new:
-            t = t.detach()
+            t = _own(t)
             held.append((i, self.store.hold(t), t.storage_offset()))
-            if t.untyped_storage().nbytes():
-                ptr = t.untyped_storage().data_ptr()
-                self.producers[ptr] = (seq, i, t.storage_offset())
+            if _ptr(t):
+                self.producers[_ptr(t)] = (seq, i, t.storage_offset())
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
-        frame.events.append(OpEvent(seq, info.name, k, held, inputs))
+        spec = arg_spec(args, kwargs)
+        frame.events.append(OpEvent(seq, info.name, k, held, inputs, None, info.overload, spec))
 
     def describe(self, t: torch.Tensor) -> OpInput:
         """Where an op input comes from (producer or external) and its layout; pins it."""
         src, rel = None, 0
-        if _capturable(t) and t.untyped_storage().nbytes():
-            prod = self.producers.get(t.untyped_storage().data_ptr())
+        if _ptr(t):
+            prod = self.producers.get(_ptr(t))
             if prod is not None:
                 src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
         d = OpInput(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
@@ -473,7 +567,7 @@ class SideRecorder:
             # parameter/buffer of the model or a storage a counted capture already holds.
             ptr = _ptr(t)
             counted = ptr not in self.params and not self.store.counts(ptr)
-            d.held = self.store.hold(t.detach(), counted=counted)
+            d.held = self.store.hold(_own(t), counted=counted)
         return d
 
     def manual(self, tag: str, tensor: torch.Tensor) -> OpEvent:

@@ -139,6 +139,14 @@ def targets(as_json: bool) -> None:
 @click.option("--ops", is_flag=True, help="Also capture and compare every aten op output.")
 @click.option("--isolate", is_flag=True, help="Re-run failing modules on the reference inputs.")
 @click.option(
+    "--keep-repro",
+    type=click.FloatRange(min=0),
+    default=64,
+    show_default=True,
+    metavar="MIB",
+    help="Keep what `parity-tracker repro` needs, up to MIB per reproducer (0: nothing).",
+)
+@click.option(
     "--dump-mode",
     type=click.Choice(["NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL"], case_sensitive=False),
     default="NOT_EQUAL",
@@ -161,6 +169,7 @@ def run(
     atol: float | None,
     ops: bool,
     isolate: bool,
+    keep_repro: float,
     dump_mode: str,
     tracking_uri: str | None,
     experiment: str,
@@ -189,6 +198,7 @@ def run(
         experiment=experiment,
         commit=commit,
         render=report_files,
+        keep_repro=int(keep_repro * (1 << 20)),
     )
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
@@ -472,6 +482,30 @@ def report(
         _emit_json({"run_id": run_id, "path": str(path.resolve()), "uploaded": upload})
     else:
         click.echo(f"report written to {path.resolve()}" + (" and uploaded" if upload else ""))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--tag", default=None, help="An op or module tag (default: the first root cause).")
+@click.option("--out", type=click.Path(), default=None, help="Folder (default ./.parity/repro/).")
+@click.option("--upload", is_flag=True, help="Also log the folder under the run's repro/.")
+@tracking_uri_option
+@json_option
+def repro(
+    run_id: str, tag: str | None, out: str | None, upload: bool, tracking_uri: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Write a standalone failing test (op or module) for RUN_ID's divergence."""
+    from parity_tracker.repro import reproduce_run
+
+    rep = reproduce_run(run_id, tag=tag, out=out, upload=upload, tracking_uri=tracking_uri)
+    if as_json:
+        _emit_json({"run_id": run_id, "path": str(rep.path.resolve()), "item": rep.item,
+                    "artifact": rep.artifact})  # fmt: skip
+    else:
+        click.echo(f"reproducer of {rep.item['tag']} written to {rep.path.resolve()}"
+                   + (f" and uploaded as {rep.artifact}" if rep.artifact else ""))  # fmt: skip
+        click.echo(f"run it: cd {rep.path.resolve()} && pytest -q")
 
 
 @cli.command()

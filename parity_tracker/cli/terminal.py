@@ -58,6 +58,7 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
         con.print(
             f"first divergence: [bold]{escape(str(fd.get('tag')))}[/] (step {fd.get('step')}, "
             f"{fd.get('status')}, max abs diff {fmt_n(fd.get('max_abs_diff'))})"
+            + (f" on rank(s) {', '.join(map(str, fd['ranks']))}" if fd.get("ranks") else "")
         )
     op = s.get("first_divergent_op")
     if op:

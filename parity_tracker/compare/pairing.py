@@ -2,8 +2,8 @@
 
 Pure functions over capture records (``parity_tracker.capture.modules``: groups with their
 captures, and the capture log's bookkeeping — ``groups``, ``sides``, ``hooked``, ``calls``,
-``called``, ``ran``, ``cache_hits``, ``roots``, ``output_tag``), duck-typed so this layer
-imports nothing from capture: which capture is the reference, comparing a pair
+``called``, ``ran``, ``cache_hits``, ``not_observable``, ``roots``, ``output_tag``), duck-typed
+so this layer imports nothing from capture: which capture is the reference, comparing a pair
 (:class:`PairComparer`, with its cache of pairs already compared), the diagnosis of one-sided
 tags (missing, structure difference, cache hit, never-called module) and the dump plan.
 """
@@ -178,7 +178,10 @@ def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Compari
     )
     numel = None if shape is None else math.prod(shape)
     absent_sides = {ref_side} if absent == "reference" else (log.sides - {present}) or {1}
-    if cache_hit(log, g, absent_sides):
+    hidden = log.not_observable.get((g.tag, g.step))
+    if absent == "candidate" and hidden is not None:  # a compiled/foreign engine (adapters)
+        status, message = "skipped", f"not observable: {hidden}"
+    elif cache_hit(log, g, absent_sides):
         status = "skipped"
         message = (
             f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "

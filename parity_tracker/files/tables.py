@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from parity_tracker.files.atomic import atomic_write
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _SHAPE = pa.list_(pa.int64())
@@ -65,7 +65,14 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("local_max_abs_diff", _F64),
 )
 
-MODULES_SCHEMA = pa.schema(list(COMMON_FIELDS))
+MODULES_SCHEMA = pa.schema(
+    [
+        *COMMON_FIELDS,
+        # v2, sharded runs (parity_tracker.distributed): the ranks whose part differs, [] when
+        # all agree, null when not sharded or no rank can be named (a partial sum)
+        pa.field("ranks", pa.list_(_I32)),
+    ]
+)
 
 OPS_SCHEMA = pa.schema(
     [
@@ -151,8 +158,17 @@ def _migrate_v0(table: pa.Table) -> pa.Table:
     return table
 
 
+def _migrate_v1(table: pa.Table) -> pa.Table:
+    """Migrate a v1 table to v2: v2 adds the modules table's ``ranks`` column.
+
+    A v1 run was never sharded, so its ``ranks`` is null (``conform`` fills the missing column
+    with nulls; "not sharded" is what null means). No other column changed.
+    """
+    return table
+
+
 # Migrations: version -> function(table) returning the table at version + 1.
-MIGRATIONS: dict[int, Any] = {0: _migrate_v0}
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1}
 
 
 #: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),

@@ -14,6 +14,7 @@ fails, else ``unknown``.
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, suspended
 from parity_tracker.compare import passes
@@ -110,7 +111,7 @@ class InputJudge:
         return status
 
     def _value_status(self, rd: OpInput, cd: OpInput) -> str:
-        ref_t = self._rebuild_reference(rd)
+        ref_t = self.rebuild_reference(rd)
         cand_t = cd.held.get() if cd.held is not None else None
         if ref_t is None or cand_t is None:
             return "unknown"
@@ -122,9 +123,13 @@ class InputJudge:
         A dtype difference alone is layout (case B) evidence, not a value difference, so both
         are first cast to their promoted dtype.
         """
-        if ref_t.device != cand_t.device:
-            ref_t = ref_t.to(cand_t.device)
         with suspended():
+            if is_traceable_wrapper_subclass(ref_t) or is_traceable_wrapper_subclass(cand_t):
+                ref_t, cand_t = _dense(ref_t), _dense(cand_t)  # DTensor: its full tensor
+                if ref_t is None or cand_t is None:
+                    return "unknown"
+            if ref_t.device != cand_t.device:
+                ref_t = ref_t.to(cand_t.device)
             return self._verdict(ref_t, cand_t)
 
     def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
@@ -135,8 +140,8 @@ class InputJudge:
         ok = passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances, ignore_dtype=True)
         return "passing" if ok else "failing"
 
-    def _rebuild_reference(self, rd: OpInput) -> torch.Tensor | None:
-        """The reference op's input as it saw it, from its producer's capture."""
+    def rebuild_reference(self, rd: OpInput) -> torch.Tensor | None:
+        """The reference op's input as it saw it, from its producer's capture (None: gone)."""
         if rd.src is None:
             return rd.held.get() if rd.held is not None else None
         ev = self.ref_events.get(rd.src[0])
@@ -146,6 +151,9 @@ class InputJudge:
             if i != rd.src[1]:
                 continue
             base = h.get()
+            if is_traceable_wrapper_subclass(base):  # no storage to view: the whole output only
+                same = rd.rel_off == 0 and tuple(base.shape) == tuple(rd.shape)
+                return base if same and base.stride() == tuple(rd.stride) else None
             offset = base.storage_offset() + rd.rel_off
             need = span_elements(rd.shape, rd.stride)
             if offset < 0 or (
@@ -155,6 +163,15 @@ class InputJudge:
                 return None
             return torch.as_strided(base, rd.shape, rd.stride, offset)
         return None
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor | None:
+    """A plain tensor for ``t`` (``compare.convert.to_tensor``: DTensor → ``full_tensor()``)."""
+    if not is_traceable_wrapper_subclass(t):
+        return t
+    from parity_tracker.compare.convert import to_tensor
+
+    return to_tensor(t).tensor
 
 
 def _passfail(status: str) -> str:

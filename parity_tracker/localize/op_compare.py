@@ -26,6 +26,7 @@ from parity_tracker.compare import Comparison, compare_tensors
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
+from parity_tracker.localize.keep import MAX_KEPT_OPS, KeptOp, keep_op
 from parity_tracker.localize.root_cause import explain, op_root_cause
 
 
@@ -37,10 +38,22 @@ class OpComparer:
         tolerances: per-tag tolerance table (op tags).
         store: the recorder's store (candidate captures are released once compared).
         params: per side, storage pointers of the models' parameters and buffers.
+        keep_bytes: size limit of the reproducer material kept for each of the first
+            ``MAX_KEPT_OPS`` root causes present on both sides (``localize.keep``); 0 keeps none.
     """
 
-    def __init__(self, mode: str, tolerances: Tolerances, store: OpStore, params: list[set[int]]):
+    def __init__(
+        self,
+        mode: str,
+        tolerances: Tolerances,
+        store: OpStore,
+        params: list[set[int]],
+        keep_bytes: int = 0,
+    ):
         self.mode, self.tolerances, self._store = mode, tolerances, store
+        self.keep_bytes = keep_bytes
+        self.kept: list[KeptOp] = []
+        self.unkept: list[str] = []  # root-cause tags whose material did not fit
         self._reference: dict[tuple[int, str, int], OpFrame] = {}
         self._ref_events: dict[int, OpEvent] = {}
         self._manual_ref: dict[str, list[OpEvent]] = {}
@@ -147,6 +160,7 @@ class OpComparer:
             for i, cmp in results
             if cmp.ref_dtype and cmp.cand_dtype and cmp.ref_dtype != cmp.cand_dtype
         ]
+        kept = False
         for i, cmp in results:
             root, cause = op_root_cause(ev.op, present, cmp, inputs_status, layout, out_diffs)
             message = cmp.message
@@ -172,6 +186,19 @@ class OpComparer:
                     "_out": i,
                 }
             )
+            if root and not kept and r is not None and c is not None:
+                kept = True
+                self._keep(self.rows[-1], r, c)
+
+    def _keep(self, row: dict[str, Any], r: OpEvent, c: OpEvent) -> None:
+        """Keep the reproducer material of a root cause (the first ``MAX_KEPT_OPS``)."""
+        if self.keep_bytes <= 0 or len(self.kept) + len(self.unkept) >= MAX_KEPT_OPS:
+            return
+        material = keep_op(row, r, c, self._inputs.rebuild_reference, self.keep_bytes)
+        if material is None:
+            self.unkept.append(row["tag"])
+        else:
+            self.kept.append(material)
 
     def _compare_outputs(
         self, base: str, r: OpEvent | None, c: OpEvent | None

@@ -190,6 +190,13 @@ def _cell(
                            branch=plan.branch, render_run=render_run)  # fmt: skip
     if result is None or res.run_id is None:
         return res
+    if not res.passed:  # the first root cause's reproducer, under the run's repro/ (issue 20)
+        try:
+            from parity_tracker.repro import upload_first_reproducer
+
+            upload_first_reproducer(result, res.run_id, tracking_uri=store.uri)
+        except Exception as exc:
+            warnings.warn(f"reproducer not uploaded: {exc!r}", RuntimeWarning, stacklevel=2)
     try:
         _diff_cell(res, result, plan, store)
     except Exception as exc:

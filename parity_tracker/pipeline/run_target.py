@@ -15,6 +15,32 @@ from parity_tracker.errors import InputError, ParityTrackerError
 from parity_tracker.pipeline.targets import resolve_target
 
 
+def run_case(case: Any, **kwargs: Any) -> Any:
+    """Run a ``ParityCase``, in this process or, for a sharded candidate, on its ranks.
+
+    A ``parity_tracker.distributed.ShardedCandidate`` is launched (ranks spawned, their
+    captures merged against one unsharded reference run: ``distributed.launch``); any other
+    candidate goes to ``parity_tracker.run.run_case``. The dispatch lives here, above both the
+    run and distributed layers, so the run layer never imports the distributed one.
+
+    Args:
+        case: the ``ParityCase``.
+        **kwargs: override the case's ``run_parity`` keywords (``mode``, ``dump_mode``, ...).
+
+    Returns:
+        The ``RunResult``.
+    """
+    from parity_tracker.distributed.launch import ShardedCandidate, launch
+    from parity_tracker.run.run import case_kwargs
+    from parity_tracker.run.run import run_case as run_here
+
+    if not isinstance(case.candidate, ShardedCandidate):
+        return run_here(case, **kwargs)
+    kw = case_kwargs(case, **kwargs)
+    kw.pop("candidate_drive", None)  # each rank's drive comes from its RankCase
+    return launch(case.reference, case.candidate, case.inputs, **kw)
+
+
 class TargetBuildError(InputError):
     """A target's ``build(settings)`` raised; the message names the target and settings."""
 
@@ -77,6 +103,7 @@ def run_target(
     branch: str | None = None,
     log: bool = True,
     render: Callable[[Any], Mapping[str, str]] | None = None,
+    keep_repro: int | None = None,
 ) -> TargetRun:
     """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
 
@@ -99,12 +126,12 @@ def run_target(
         log: False to run without logging.
         render: ``render(result) -> {artifact path: text}``, the files the logged run gets
             (the CLI passes the dashboards' report renderer); None: ``log_run``'s default.
+        keep_repro: bytes kept per reproducer (``run_parity``; None: its default, 0: none).
 
     Raises:
         InputError: bad target or settings; TargetBuildError: the build raised.
         KeyboardInterrupt: when interrupted before a result existed.
     """
-    from parity_tracker.run import run_case
     from parity_tracker.tensor_checker import DumpMode
     from parity_tracker.tolerances import check_pair
     from parity_tracker.track import SpooledError, log_run
@@ -114,6 +141,8 @@ def run_target(
     extra: dict[str, Any] = {}
     if pair is not None:  # one (rtol, atol) for every tag, replacing the case's overrides
         extra["tolerances"] = {"*": pair}
+    if keep_repro is not None:
+        extra["keep_repro"] = keep_repro
     try:
         dump = DumpMode[dump_mode.upper()]
     except KeyError:

@@ -6,10 +6,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from parity_tracker.adapters import MEASURED_PARAMS
 from parity_tracker.run.environment import ENV_KEYS
 
-#: Settings keys that are not part of the configuration fingerprint.
-NOT_FINGERPRINTED = frozenset({*ENV_KEYS, "mode", "mode_reason", "config_fingerprint"})
+#: Settings keys that are not part of the configuration fingerprint (run params measured by
+#: the adapters, e.g. graph breaks, are facts of the run, not configuration).
+NOT_FINGERPRINTED = frozenset(
+    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint"), *MEASURED_PARAMS}
+)
 
 
 def _off(value: Any, *off_values: str) -> bool:

@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.run.histogram import histogram_from_dump
+from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import choose_mode
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import build_summary, worst_tensor
@@ -87,6 +90,14 @@ class StepRecorder:
     def mark_cache_hit(self, module: str) -> None:
         """A cache skipped ``module`` (display name, ``model`` for the root) at this step."""
         self.checker.mark_cache_hit(module, side=self.side)
+
+    def mark_not_observable(self, tag: str, reason: str) -> None:
+        """This side's engine cannot expose ``tag`` at this step: ``skipped`` with ``reason``."""
+        self.checker.mark_not_observable(tag, reason)
+
+    def note(self, key: str, value: Any) -> None:
+        """Record a run param measured while driving (``summary["settings"]``, MLflow params)."""
+        self.checker.run_notes[key] = value
 
 
 def _clone_inputs(inputs: Any) -> Any:
@@ -353,6 +364,7 @@ def run_parity(
     align: Callable[[str, Any, Any], Any] | None = None,
     seed: int = 0,
     environment: Mapping[str, Any] | None = None,
+    keep_repro: int = DEFAULT_REPRO_BYTES,
 ) -> RunResult:
     """Run reference then candidate with every module hooked, compare, and build the tables.
 
@@ -387,6 +399,10 @@ def run_parity(
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
         environment: the recorded environment (default: ``env.collect_environment()`` now).
+        keep_repro: size limit in bytes of each reproducer kept for the first divergence and
+            the first root causes (``run.keep``; default 64 MiB; 0 keeps none), written under
+            the dump folder as ``repro/`` (logged as ``tensors/repro/``); nothing is kept when
+            there is no dump folder (``dump_mode=NOT`` without ``dump_path``).
 
     Returns:
         The ``RunResult``. A forward that raises does not propagate: everything compared so far
@@ -399,11 +415,16 @@ def run_parity(
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
             reference that is not an ``nn.Module``; a non-module candidate without a drive.
     """
+    from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
     from parity_tracker.tensor_checker import DumpMode, TensorChecker
 
     settings = dict(settings or {})
+    compiled = CompileStats(candidate) if is_compiled(candidate) else None
+    if compiled is not None:  # before any side runs: a missing C++ compiler stops here
+        compiled.start()
+        settings.setdefault("implementation", compiled.implementation())
     requested = settings.get("mode", mode) if mode == "auto" else mode
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
@@ -430,22 +451,26 @@ def run_parity(
 
         ops = OpSession(
             mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step,
-            spill_dir=spill.name,
+            spill_dir=spill.name, keep_bytes=keep_repro,
         )  # fmt: skip
     start_ms = int(time.time() * 1000)
     try:
         status, error, durations = _run_both(
             plans, checker, ops, seed, hook_candidate=cand_is_module
         )
+        if compiled is not None:  # torch.compile: backend, graph breaks, graphs (run params)
+            settings.update(compiled.params())
+        settings.update(checker.run_notes)  # rec.note(...) of the drives
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]
         hist = _histogram(checker, check, rows, chosen, dump_path)
         rows = _with_unreached_named(_with_artifact_paths(rows), error)
-        op_rows, root_causes = [], []
+        op_rows, root_causes, kept = [], [], ([], [])
         if ops is not None:
             op_rows = _with_unreached_named([{**r, "run_id": run_id} for r in ops.rows()], error)
             root_causes = ops.root_causes()
+            kept = ops.kept()
             ops.close()
     finally:
         spill.cleanup()
@@ -455,6 +480,12 @@ def run_parity(
         with _eval_mode(reference, candidate):
             rows = _with_isolation(rows, _isolate(plans, rows, chosen, tolerances, seed))
         durations["isolate"] = time.perf_counter() - t0
+    dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
+    failing = kept[0] or kept[1] or any(is_failing(r["status"]) for r in rows)
+    if keep_repro > 0 and dump_path is not None and failing and status != "killed":
+        t0 = time.perf_counter()
+        dump_dir = _keep(plans, rows, kept, run_id, keep_repro, seed, dump_path, dump_dir)
+        durations["keep_repro"] = time.perf_counter() - t0
     modules, ops_table = rows_to_table(rows, MODULES_SCHEMA), rows_to_table(op_rows, OPS_SCHEMA)
     summary = build_summary(
         modules, ops_table, run_id=run_id, status=status, mode=chosen, mode_reason=reason,
@@ -462,8 +493,35 @@ def run_parity(
         root_causes=[_root_cause_record(r) for r in root_causes], durations_s=durations,
         start_time_ms=start_ms, root=root_name(reference), worst_tensor_histogram=hist,
     )  # fmt: skip
-    dump_dir = Path(dump_path) / check.dump_dir if check.dump_dir else None
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)
+
+
+def _keep(plans, rows, kept, run_id, limit, seed, dump_path, dump_dir) -> Path | None:
+    """Write the reproducer material (``run.keep``) into the dump folder; warn on failure."""
+    import warnings
+
+    from parity_tracker.files.dump import new_check_dir
+    from parity_tracker.run.keep import catch_call
+
+    def run_module(side: int, module: str, step: int, call: int) -> Any:
+        plan = plans[side]
+        mods = named_modules(plan.model) if hasattr(plan.model, "named_modules") else {}
+        if module not in mods:
+            return None, None
+        with _eval_mode(plan.model):
+            runner = lambda stepper: _run_side(plan, stepper, None, seed)  # noqa: E731
+            return catch_call(plan.model, module, step, call, runner), mods[module]
+
+    try:
+        folder = dump_dir or new_check_dir(dump_path)
+        keep_for_run(
+            folder, run_id=run_id, rows=rows, kept_ops=kept[0], unkept_ops=kept[1],
+            run_module=run_module, limit_bytes=limit,
+        )  # fmt: skip
+        return folder
+    except Exception as exc:  # never lose the run for its reproducer
+        warnings.warn(f"reproducer material not kept: {exc!r}", RuntimeWarning, stacklevel=3)
+        return dump_dir
 
 
 def _root_cause_record(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -476,7 +534,17 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
     """``run_parity`` on a ``parity_tracker.case.ParityCase`` (its settings, tolerances, align).
 
     Keyword arguments override the case's and are passed through (``mode``, ``capture_ops``,
-    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...).
+    ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...). A sharded candidate
+    (``parity_tracker.distributed.ShardedCandidate``) runs on ranks: use
+    ``parity_tracker.pipeline.run_target.run_case``, which launches them.
+    """
+    return run_parity(case.reference, case.candidate, case.inputs, **case_kwargs(case, **kwargs))
+
+
+def case_kwargs(case: Any, **kwargs: Any) -> dict[str, Any]:
+    """The ``run_parity`` keywords of a ``ParityCase`` (drives, settings, tolerances, align).
+
+    Keyword arguments override the case's.
     """
     kw: dict[str, Any] = {
         "drive": case.drive,
@@ -486,4 +554,4 @@ def run_case(case: Any, **kwargs: Any) -> RunResult:
         "align": case.align,
     }
     kw.update(kwargs)
-    return run_parity(case.reference, case.candidate, case.inputs, **kw)
+    return kw

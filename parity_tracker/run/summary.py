@@ -60,7 +60,9 @@ class FirstDivergence(_Record):
         tag: the row's tag; module: its module display name (None for a manual tag);
         kind: param | buffer | input | output | op | manual; step, exec_order: its place in
         execution order; status: its failing status; max_abs_diff: max |candidate −
-        reference| (None when not computable); message: the comparison's message.
+        reference| (None when not computable); message: the comparison's message;
+        ranks: a sharded run's ranks whose part differs (the modules row's ``ranks``; None
+        when not sharded or no rank can be named, ``parity_tracker.distributed``).
     """
 
     tag: str
@@ -71,6 +73,7 @@ class FirstDivergence(_Record):
     status: str | None = None
     max_abs_diff: float | None = None
     message: str | None = None
+    ranks: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,15 @@ class RunError(_Record):
     """A forward that raised.
 
     Attributes: type (exception class name), message, traceback (formatted), side
-    (``reference`` or ``candidate``).
+    (``reference`` or ``candidate``), rank (a sharded run: the rank that raised first,
+    ``parity_tracker.distributed``; None otherwise).
     """
 
     type: str
     message: str
     traceback: str | None = None
     side: str | None = None
+    rank: int | None = None
 
 
 _NESTED = {"first_divergence": FirstDivergence, "first_divergent_op": FirstDivergence,
@@ -314,11 +319,13 @@ def first_divergence(table: pa.Table) -> dict[str, Any] | None:
     rows left out (they are counted in ``weights_failing`` / ``cache_hits_failing``).
 
     Returns:
-        ``{tag, module, kind, step, exec_order, status, max_abs_diff, message}``, or None.
+        ``{tag, module, kind, step, exec_order, status, max_abs_diff, message}`` (plus
+        ``ranks`` for a modules table), or None.
     """
-    rows = _failing_rows(table, [*_FD_KEYS, "cache_hit"])
+    ranks = ["ranks"] if "ranks" in table.column_names else []  # modules table: sharded runs
+    rows = _failing_rows(table, [*_FD_KEYS, "cache_hit", *ranks])
     row = verdict.first_divergence(rows)
-    return None if row is None else {k: row[k] for k in _FD_KEYS}
+    return None if row is None else {k: row[k] for k in [*_FD_KEYS, *ranks]}
 
 
 def worst_tensor(table: pa.Table | list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -243,3 +243,73 @@ def nudge_one_ulp(tensor: torch.Tensor, index: int | None = None) -> int:
         i = int(flat.abs().argmax()) if index is None else int(index)
         flat[i] = torch.nextafter(flat[i], torch.tensor(float("inf"), dtype=flat.dtype))
     return i
+
+
+#: ``implementation`` setting of the targets that can compile their candidate: ``same`` (the
+#: copy runs eagerly), ``inductor`` / ``eager`` (``torch.compile`` backend; eager = Dynamo's
+#: capture only, the backend sanity check). See ``parity_tracker.adapters.compiled``.
+IMPLEMENTATIONS = ["same", "inductor", "eager"]
+#: ``candidate`` setting of the targets that can run their ONNX export in onnxruntime.
+ENGINES = ["torch", "onnxruntime"]
+#: ``ort_optimization`` setting: onnxruntime's graph optimisation level for the export.
+ORT_OPTIMIZATIONS = ["disable_all", "enable_all"]
+
+
+def compile_candidate(candidate: torch.nn.Module, implementation: str, **options: Any) -> Any:
+    """``torch.compile`` the candidate for ``implementation`` (``same``: returned unchanged).
+
+    Raises:
+        InputError: ``inductor`` without a C++ compiler (the message names what to install).
+    """
+    if implementation == "same":
+        return candidate
+    from parity_tracker.adapters.compiled import compile_model
+
+    return compile_model(candidate, implementation, **options)
+
+
+def engine_settings(
+    target: str, chosen: dict[str, str], **exclusive: str
+) -> tuple[bool, dict[str, str]]:
+    """Check the ``candidate`` / ``ort_optimization`` combination; the settings to record.
+
+    ``candidate=onnxruntime`` exports the fp32 reference itself, so it combines with no other
+    candidate change (``exclusive``: each such setting's default, e.g. ``quantization="none"``).
+    ``ort_optimization`` is recorded only with ``candidate=onnxruntime`` (so the fingerprints
+    of the torch cells are those they had before the setting existed).
+
+    Returns:
+        ``(onnx, chosen_to_record)``.
+
+    Raises:
+        InputError: ``candidate=onnxruntime`` with a non-default value of an exclusive setting.
+    """
+    onnx = chosen.get("candidate") == "onnxruntime"
+    clash = [f"{k}={chosen[k]}" for k, default in exclusive.items() if chosen.get(k) != default]
+    if onnx and clash:
+        raise InputError(
+            f"target {target!r}: candidate=onnxruntime runs the export of the fp32 reference and "
+            f"cannot be combined with {', '.join(clash)}; use the defaults "
+            + ", ".join(f"{k}={v}" for k, v in exclusive.items())
+        )
+    record = dict(chosen)
+    if not onnx:
+        record.pop("ort_optimization", None)
+    return onnx, record
+
+
+def onnx_drives(
+    reference: torch.nn.Module, steps: list[tuple[Any, ...]], chosen: Mapping[str, str]
+) -> Any:
+    """The onnxruntime candidate of a target: export, name map, both drives.
+
+    Returns:
+        A ``parity_tracker.adapters.foreign.ForeignCandidate`` (``reference_drive`` for the
+        reference, ``drive`` for the candidate).
+
+    Raises:
+        InfrastructureError: onnx, onnxscript or onnxruntime is missing.
+    """
+    from parity_tracker.adapters.onnx import onnx_candidate
+
+    return onnx_candidate(reference, steps, ort_optimization=chosen["ort_optimization"])

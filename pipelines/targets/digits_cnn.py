@@ -35,6 +35,8 @@ DESCRIPTION = (
 SETTINGS: dict[str, list[str]] = {
     "quantization": ["none", "fp16", "bf16", "int8"],
     "memory_format": ["contiguous", "channels_last"],
+    "candidate": _common.ENGINES,
+    "ort_optimization": _common.ORT_OPTIMIZATIONS,
 }
 
 #: The training recipe; its hash (with the data's and torch's version) keys the checkpoint cache.
@@ -167,7 +169,12 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         InputError: an unknown setting or value.
     """
     chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    onnx, chosen_rec = _common.engine_settings(
+        NAME, chosen, quantization="none", memory_format="contiguous"
+    )
     reference, x_test, accuracy = trained_model()
+    if onnx:
+        return _onnx_case(reference, x_test[:EVAL_BATCH].clone(), chosen, chosen_rec, accuracy)
     candidate = _common.frozen_copy(reference)
     quant, layout = chosen["quantization"], chosen["memory_format"]
     channels_last = layout == "channels_last"
@@ -197,7 +204,7 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         )
     recorded = _common.recorded_settings(
         NAME,
-        chosen,
+        chosen_rec,
         candidate=names[quant] + ("+channels_last" if channels_last else ""),
         dtype={"fp16": "float16", "bf16": "bfloat16", "int8": "qint8"}.get(quant, "float32"),
         implementation="same",
@@ -208,4 +215,26 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         inputs=(x_test[:EVAL_BATCH].clone(),),
         settings=recorded,
         notes="; ".join(notes),
+    )
+
+
+def _onnx_case(
+    reference: nn.Module, x: torch.Tensor, chosen: dict, record: dict, accuracy: float
+) -> ParityCase:
+    """``candidate=onnxruntime``: the reference exported to ONNX, run in onnxruntime."""
+    cand = _common.onnx_drives(reference, [(x,)], chosen)
+    return ParityCase(
+        reference=reference,
+        candidate=cand,
+        drive=cand.reference_drive,
+        candidate_drive=cand.drive,
+        settings=_common.recorded_settings(
+            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
+        ),
+        notes=(
+            f"held-out accuracy of the reference: {accuracy:.4f}; candidate: "
+            "torch.onnx.export(dynamo=True) in onnxruntime (CPU, 1 thread, "
+            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
+            "graph are diagnostic, the output verdict is the deployed graph's"
+        ),
     )

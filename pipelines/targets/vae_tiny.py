@@ -26,7 +26,12 @@ DESCRIPTION = (
     "diffusers AutoencoderKL (2 down/up blocks, 16/32 channels, seeded init) encoding and "
     "decoding three scikit-image photographs at 64x64; candidate = a copy cast to fp16/bf16"
 )
-SETTINGS: dict[str, list[str]] = {"quantization": ["none", "fp16", "bf16"]}
+SETTINGS: dict[str, list[str]] = {
+    "quantization": ["none", "fp16", "bf16"],
+    "implementation": _common.IMPLEMENTATIONS,
+    "candidate": _common.ENGINES,
+    "ort_optimization": _common.ORT_OPTIMIZATIONS,
+}
 
 #: AutoencoderKL config (diffusers' argument names); the smallest that keeps the real structure:
 #: two down blocks (so one downsampler), a mid block with attention, two up blocks. Every
@@ -92,18 +97,24 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         InputError: an unknown setting or value.
     """
     chosen = _common.resolve_settings(NAME, SETTINGS, settings)
+    onnx, record = _common.engine_settings(NAME, chosen, quantization="none", implementation="same")
     reference = make_model()
+    if onnx:
+        return _onnx_case(reference, photographs(), chosen, record)
     candidate = _common.frozen_copy(reference)
     cast = _common.CAST_DTYPES.get(chosen["quantization"])
     if cast is not None:
         # nn.Module.to: diffusers' ModelMixin.to warns about fp32-kept modules (there are none here)
         candidate = _common.cast_inputs(torch.nn.Module.to(candidate, cast), dtype=cast)
+    impl = chosen["implementation"]
+    candidate = _common.compile_candidate(candidate, impl)
+    name = "copy" if cast is None else f"{chosen['quantization']}-cast"
     recorded = _common.recorded_settings(
         NAME,
-        chosen,
-        candidate="copy" if cast is None else f"{chosen['quantization']}-cast",
+        record,
+        candidate=name if impl == "same" else f"{name}+compile-{impl}",
         dtype=str(cast or torch.float32).removeprefix("torch."),
-        implementation="same",
+        implementation=impl,
     )
     return ParityCase(
         reference=reference,
@@ -111,4 +122,24 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         inputs=(photographs(),),
         settings=recorded,
         notes=f"seeded AutoencoderKL {CONFIG['block_out_channels']}; images: {', '.join(IMAGES)}",
+    )
+
+
+def _onnx_case(reference: torch.nn.Module, images: torch.Tensor, chosen: dict, record: dict):
+    """``candidate=onnxruntime``: the reference exported to ONNX, run in onnxruntime."""
+    cand = _common.onnx_drives(reference, [(images,)], chosen)
+    return ParityCase(
+        reference=reference,
+        candidate=cand,
+        drive=cand.reference_drive,
+        candidate_drive=cand.drive,
+        settings=_common.recorded_settings(
+            NAME, record, candidate="onnxruntime", dtype="float32", implementation="onnxruntime"
+        ),
+        notes=(
+            f"seeded AutoencoderKL {CONFIG['block_out_channels']}; candidate: "
+            "torch.onnx.export(dynamo=True) in onnxruntime (CPU, 1 thread, "
+            f"ort_optimization={chosen['ort_optimization']}); module values from the marked "
+            "graph are diagnostic, the output verdict is the deployed graph's"
+        ),
     )
