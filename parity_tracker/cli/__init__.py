@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from parity_tracker.cli import terminal as T
+from parity_tracker.cli.options import allow_no_commit_option, night_option, store_retry_option
 from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
 
 EXIT_INTERRUPTED = 130
@@ -78,15 +79,7 @@ def report_files(result: Any) -> dict[str, str]:
 
 @click.group(cls=ParityGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="parity-tracker")
-@click.option(
-    "--store-retry-s",
-    type=click.FloatRange(min=0),
-    default=None,
-    envvar="PARITY_TRACKER_STORE_RETRY_S",
-    show_envvar=True,
-    help="Seconds to keep retrying a tracking server that refuses or fails (restart, 5xx) "
-    "before spooling the run  [default: 90].",
-)
+@store_retry_option
 def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
     if store_retry_s is not None:  # read by track.store.retry_window_s
@@ -258,15 +251,8 @@ def run(
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
-@click.option(
-    "--night",
-    default=None,
-    metavar="ID",
-    help="Night id shared by every shard (default: UTC date-commit[:12]-sha256(matrix)[:8]).",
-)
-@click.option(
-    "--allow-no-commit", is_flag=True, help="Run even when no commit is given or readable."
-)
+@night_option
+@allow_no_commit_option
 @json_option
 @click.pass_context
 def nightly(
@@ -497,7 +483,9 @@ def repro(
 ) -> None:  # fmt: skip
     """Write a standalone failing test (op or module) for RUN_ID's divergence."""
     from parity_tracker.repro import reproduce_run
+    from parity_tracker.track.query import RunStore
 
+    run_id = RunStore(tracking_uri).resolve_run_id(run_id)  # a unique prefix is enough
     rep = reproduce_run(run_id, tag=tag, out=out, upload=upload, tracking_uri=tracking_uri)
     if as_json:
         _emit_json({"run_id": run_id, "path": str(rep.path.resolve()), "item": rep.item,
