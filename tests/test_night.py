@@ -201,3 +201,41 @@ def test_json_is_one_document_against_a_real_server(mlflow_server, tmp_path, req
     hist = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert hist.returncode == 0, hist.stderr
     assert json.loads(hist.stdout)["points"][0]["run_id"] == doc["run_id"]
+
+
+@pytest.mark.server
+def test_kept_heads_equal_a_full_search_and_drop_deleted_runs(mlflow_server, tmp_path, request,
+                                                              monkeypatch):  # fmt: skip
+    from parity_tracker.track.query import RunHead, find_run_heads, find_runs
+    from parity_tracker.track.store import get_client
+
+    monkeypatch.setenv("PARITY_TRACKER_CACHE", str(tmp_path / "cache"))
+    client = get_client(mlflow_server)
+    exp = client.create_experiment(request.node.name[:60])
+    name = client.get_experiment(exp).name
+
+    def log(i, complete=True, target="t"):
+        rid = client.create_run(exp, start_time=1_000 + i).info.run_id
+        client.log_param(rid, "target", target)
+        client.log_metric(rid, "tensors_failing", float(i % 2))
+        if complete:
+            client.set_tag(rid, "parity.complete", "true")
+        return rid
+
+    def both():
+        full = [RunHead.from_info(i) for i in find_runs(tracking_uri=mlflow_server,
+                                                         experiment=name, target="t")]  # fmt: skip
+        kept = find_run_heads(tracking_uri=mlflow_server, experiment=name, target="t")
+        return full, kept
+
+    ids = [log(i) for i in range(5)] + [log(5, complete=False), log(6, target="other")]
+    full, kept = both()
+    assert kept == full and len(kept) == 6
+    (heads_file,) = (tmp_path / "cache" / "heads").iterdir()
+    assert len(json.loads(heads_file.read_text())) == 5  # the incomplete run is not kept
+    client.delete_run(ids[1])
+    client.set_tag(ids[5], "parity.complete", "true")
+    ids.append(log(7))
+    full, kept = both()
+    assert kept == full and len(kept) == 6 and ids[1] not in {h.run_id for h in kept}
+    assert [h.start_time for h in kept] == sorted((h.start_time for h in kept), reverse=True)
