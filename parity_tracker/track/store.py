@@ -273,9 +273,22 @@ _IN_CHUNK = 900
 
 
 def tag_index_path(uri: str) -> Path | None:
-    """``<dir of mlflow.db>/parity_index.db`` for a ``sqlite:///`` store, else None."""
-    db = sqlite_path(resolve_tracking_uri(uri))
-    return None if db is None else db.parent / TAG_INDEX_FILE
+    """Where the tag-status index of the store at ``uri`` lives.
+
+    ``<dir of mlflow.db>/parity_index.db`` for a ``sqlite:///`` store (filled by ``log_run``);
+    for any other store a local copy kept by its readers,
+    ``<run cache root>/tag_index/<sha256(uri)[:16]>.db`` (``track.cache.cache_root``), filled
+    from the modules tables they fetch: stored runs never change, so their rows stay true.
+    """
+    import hashlib
+
+    uri = resolve_tracking_uri(uri)
+    db = sqlite_path(uri)
+    if db is not None:
+        return db.parent / TAG_INDEX_FILE
+    from parity_tracker.track.cache import cache_root
+
+    return cache_root() / "tag_index" / f"{hashlib.sha256(uri.encode()).hexdigest()[:16]}.db"
 
 
 def _connect_index(path: Path):
@@ -317,6 +330,34 @@ def _insert_run(path: Path, run_id: str, rows: list[tuple[Any, ...]]) -> None:
         con.close()
 
 
+def write_tag_index_many(uri: str, runs: list[tuple[str, Any]]) -> None:
+    """``write_tag_index`` for many ``(run_id, modules table)`` at once (one transaction each).
+
+    Raises:
+        sqlite3.Error: the index could not be written.
+    """
+    path = tag_index_path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _create_index(uri, path)
+    for run_id, modules in runs:
+        retry(_insert_run, path, run_id, _index_rows(run_id, modules))
+
+
+def _index_rows(run_id: str, modules: Any) -> list[tuple[Any, ...]]:
+    n = modules.num_rows
+    step = modules.column("step").to_pylist() if "step" in modules.column_names else [0] * n
+    return list(
+        zip(
+            [run_id] * n,
+            modules.column("tag").to_pylist(),
+            step,
+            modules.column("status").to_pylist(),
+            range(n),
+            strict=True,
+        )
+    )
+
+
 def write_tag_index(uri: str, run_id: str, modules: Any) -> bool:
     """Record a stored run's ``(tag, step, status)`` rows in the store's tag-status index.
 
@@ -339,24 +380,9 @@ def write_tag_index(uri: str, run_id: str, modules: Any) -> bool:
     Raises:
         sqlite3.Error: the index could not be written (``track.log_run`` only warns).
     """
-    path = tag_index_path(uri)
-    if path is None:
+    if sqlite_path(resolve_tracking_uri(uri)) is None:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _create_index(uri, path)
-    n = modules.num_rows
-    step = modules.column("step").to_pylist() if "step" in modules.column_names else [0] * n
-    rows = list(
-        zip(
-            [run_id] * n,
-            modules.column("tag").to_pylist(),
-            step,
-            modules.column("status").to_pylist(),
-            range(n),
-            strict=True,
-        )
-    )
-    retry(_insert_run, path, run_id, rows)
+    write_tag_index_many(uri, [(run_id, modules)])
     return True
 
 

@@ -155,6 +155,28 @@ def _indexed_statuses(
     return [tag_status_over_steps(found.get(h.run_id, [])) for h in heads]
 
 
+def _index_fetched(run_ids: Sequence[str], paths: Sequence[Path], tracking_uri: str | None) -> None:
+    """Add fetched runs of a server to the local tag-status index; a fault only costs speed.
+
+    The next ``--tag`` question over the same runs is then one indexed query
+    (``store.tag_index_path``: a server store's index is a local cache of immutable rows).
+    """
+    import contextlib
+    import sqlite3
+
+    import pyarrow.parquet as pq
+
+    from parity_tracker.track.store import resolve_tracking_uri, sqlite_path, write_tag_index_many
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if sqlite_path(uri) is not None:
+        return  # an embedded store's index is written by log_run only
+    with contextlib.suppress(Exception):  # OSError, sqlite3.Error, pyarrow errors
+        cols = ["tag", "step", "status"]
+        runs = [(r, pq.read_table(p, columns=cols)) for r, p in zip(run_ids, paths, strict=True)]
+        write_tag_index_many(uri, runs)
+
+
 def _sample_tags(head: Any, path: Path | None, table: Any, tracking_uri: str | None) -> list[str]:
     """Up to 8 tags of one run's modules table (for the "tag in none of the runs" error)."""
     if table is None:
@@ -196,6 +218,9 @@ def tag_statuses(
             for i, path in zip(remote, fetched, strict=True):
                 paths[i] = path
         out = _local_tag_statuses(paths, tag) if heads else []
+        if remote:
+            _index_fetched([heads[i].run_id for i in remote], [paths[i] for i in remote],
+                           tracking_uri)  # fmt: skip
     sample: list[str] = []
     if heads and all(s is None for s in out):
         sample = _sample_tags(heads[-1], paths[-1], None, tracking_uri)
