@@ -162,7 +162,6 @@ def _index_fetched(run_ids: Sequence[str], paths: Sequence[Path], tracking_uri: 
     (``store.tag_index_path``: a server store's index is a local cache of immutable rows).
     """
     import contextlib
-    import sqlite3
 
     import pyarrow.parquet as pq
 
