@@ -201,6 +201,10 @@ def test_json_is_one_document_against_a_real_server(mlflow_server, tmp_path, req
     hist = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert hist.returncode == 0, hist.stderr
     assert json.loads(hist.stdout)["points"][0]["run_id"] == doc["run_id"]
+    assert json.loads(hist.stdout)["points"][0]["tag_status"] == "equal"
+    assert list((tmp_path / "cache" / "tag_index").glob("*.db"))  # kept for the next question
+    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert json.loads(again.stdout) == json.loads(hist.stdout)
 
 
 @pytest.mark.server
