@@ -339,8 +339,44 @@ def write_tag_index_many(uri: str, runs: list[tuple[str, Any]]) -> None:
     path = tag_index_path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     _create_index(uri, path)
-    for run_id, modules in runs:
-        retry(_insert_run, path, run_id, _index_rows(run_id, modules))
+    if len(runs) == 1:
+        retry(_insert_run, path, runs[0][0], _index_rows(*runs[0]))
+    else:
+        retry(_insert_many, path, runs)
+
+
+def _insert_many(path: Path, runs: list[tuple[str, Any]]) -> None:
+    """One transaction for many runs (each marked indexed with its rows; present ones skipped).
+
+    Measured: 1,000 runs × 2,000 rows in one transaction take seconds, one transaction per
+    run minutes (a commit each).
+    """
+    con = _connect_index(path)
+    con.execute("PRAGMA synchronous = OFF")  # a cache of immutable rows: a crash loses nothing
+    try:
+        with con:
+            have = set()
+            ids = [r for r, _ in runs]
+            for k in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[k : k + _IN_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT run_id FROM indexed_runs WHERE run_id IN ({marks})"
+                have |= {row[0] for row in con.execute(sql, chunk)}
+            for run_id, modules in runs:
+                if run_id in have:
+                    continue
+                have.add(run_id)
+                rows = _index_rows(run_id, modules)
+                con.execute(
+                    "INSERT INTO indexed_runs (run_id, n_rows) VALUES (?, ?)", (run_id, len(rows))
+                )
+                con.executemany(
+                    "INSERT INTO tag_status (run_id, tag, step, status, ord) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+    finally:
+        con.close()
 
 
 def _index_rows(run_id: str, modules: Any) -> list[tuple[Any, ...]]:
