@@ -1,6 +1,7 @@
 # parity_tracker — two commands on a fresh machine with only Python:
 #   make demo   the nightly parity pipeline on the built-in targets, into ./.parity
-#   make test   the whole test suite (CI runs exactly this)
+#   make test   the whole test suite (CI runs exactly this; SKIP_BROWSER=1: no chromium install)
+#   make ui     the MLflow UI on ./.parity (browse the demo's runs)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast demo bench bench-quick lint format browser clean
+.PHONY: install test test-fast demo bench bench-quick lint format browser ui clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,13 +33,17 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch-installed
 install: $(VENV)/.installed
 
 # Headless Chromium for the dashboard tests: Debian's package, installed where it is missing
-# and the machine allows (root with apt); the browser tests skip with a reason otherwise.
+# and the machine allows (root with apt), announced first; SKIP_BROWSER=1 opts out. The browser
+# tests skip with a reason when chromium is missing.
+SKIP_BROWSER ?=
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@if [ -n "$(SKIP_BROWSER)" ]; then echo "make: SKIP_BROWSER set: chromium not installed; browser tests will skip"; \
+	elif ! command -v chromium >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: installing chromium with apt-get for the browser tests (opt out: make test SKIP_BROWSER=1)"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	      || echo "make: could not install chromium; browser tests will skip"; \
-	  else echo "make: chromium missing and apt-get unavailable; browser tests will skip"; fi; }
+	  else echo "make: chromium missing and apt-get unavailable; browser tests will skip"; fi; fi
 
 test: install browser
 	$(PY) -m pytest -q
@@ -56,6 +61,10 @@ bench: install
 
 bench-quick: install
 	$(PY) -m benchmarks --quick
+
+# The MLflow UI on the store `make demo` wrote (./.parity), bound to 127.0.0.1; prints the URL.
+ui: install
+	$(VENV)/bin/parity-tracker ui
 
 # The import-layer contracts ([tool.importlinter] in pyproject.toml) run on the installed
 # layout, as tests/test_layers.py stages it; make test runs them too.

@@ -14,7 +14,7 @@ import importlib.util
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 NOT_AVAILABLE = "not available yet"
@@ -76,6 +76,24 @@ def judged(
         detail,
         extra or {},
     )
+
+
+#: Why ``--quick`` rows are not judged: its small sizes are dominated by fixed per-call costs.
+QUICK_REASON = (
+    "quick size: informational; the target is set for the full size (make bench), and at the "
+    "quick sizes the fixed cost per captured tensor or per call dominates the figure"
+)
+
+
+def informational(row: Row, reason: str = QUICK_REASON) -> Row:
+    """``row`` with its verdict lifted: status ``info``, target ``full: ≤ x``, reason in detail.
+
+    Rows without a verdict (``info``, ``error``, not available) are returned unchanged.
+    """
+    if row.status not in ("ok", "missed"):
+        return row
+    detail = f"{reason}; {row.detail}" if row.detail else reason
+    return replace(row, target=f"full: {row.target}", passed=None, status="info", detail=detail)
 
 
 def missing(measurement: str, case: str, what: str, target: str = "") -> Row:

@@ -21,11 +21,10 @@ def _fmt(x: Any) -> str:
 
 def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
     """The markdown digest: verdict, one line per cell, the regressions, expected and expired."""
-    verdict = "FAIL" if result.exit_code else "PASS"
     index, count = result.shard
     shard = f"all {count} shards" if index == 0 else f"shard {index}/{count}"
     lines = [
-        f"# Parity nightly — {verdict}",
+        f"# Parity nightly — {result.headline}",
         "",
         f"commit `{result.commit or 'unknown'}` · night `{result.night or '-'}` · {shard} · "
         f"{len(result.cells)} cells · {result.regressions} regressions · "

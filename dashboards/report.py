@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.compare.verdict import first_divergence
+from parity_tracker.compare.verdict import first_divergence, structure_differences
 from parity_tracker.statuses import FAILING, PASSING, STATUSES, is_failing
 
 from ._page import STATUS_COLORS, chip_items, fmt_num, fmt_shape, href, render
@@ -49,6 +49,8 @@ __all__ = [
 #: Row kinds drawn on the error-propagation chart (module outputs and hand-registered tensors).
 CHART_KINDS = frozenset({"output", "manual"})
 STATUS_ORDER = STATUSES
+#: Most one-sided tags named in the structure differences list (the rest are counted).
+MAX_STRUCTURE_ROWS = 50
 #: Most ops listed for the first divergent module (the rest are counted in a note).
 MAX_OP_ROWS = 400
 _FIRST_KEYS = ("tag", "module", "step", "exec_order")
@@ -112,6 +114,8 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
         where=_where,
         v=_verdict(summary, modules, counts),
         first=first,
+        structure=_structure(summary, modules),
+        max_structure=MAX_STRUCTURE_ROWS,
         first_row=first_row,
         first_index=first_row["index"] if first_row else -1,
         header=_header(settings, summary),
@@ -228,6 +232,17 @@ def _first_divergence(
     """``summary["first_divergence"]``, else ``compare.verdict.first_divergence`` of the rows."""
     fd = _plain(summary.get("first_divergence")) or first_divergence(rows)
     return _complete({k: fd.get(k) for k in _FIRST_KEYS if k in fd}, _FIRST_KEYS) if fd else None
+
+
+def _structure(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list:
+    """The one-sided tags listed apart in the report.
+
+    ``summary["structure_differences"]`` (empty for a run that did not complete), else
+    ``compare.verdict.structure_differences`` of the rows (an old summary without the key).
+    """
+    if "structure_differences" in summary:
+        return [_plain(r) for r in summary["structure_differences"] or ()]
+    return structure_differences(rows)
 
 
 def _row_of(first: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]]) -> dict | None:

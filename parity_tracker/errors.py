@@ -37,3 +37,35 @@ class InfrastructureError(ParityTrackerError, RuntimeError):
     """The tracking store or another service could not be reached; nothing computed is lost."""
 
     exit_code = EXIT_INFRA
+
+
+class StoreDamagedError(InfrastructureError):
+    """A stored run's file is missing, truncated or unreadable: the store is damaged (exit 3).
+
+    Never a parity verdict: CI must not read a damaged artifact as a parity failure (exit 1).
+
+    Attributes:
+        run_id: the MLflow run id whose file is damaged.
+        file: the artifact path inside the run (``tables/modules.parquet``, ``summary.json``).
+    """
+
+    def __init__(self, run_id: str, file: str, detail: str) -> None:
+        self.run_id, self.file = run_id, file
+        super().__init__(f"run {run_id}: {file} is damaged or unreadable ({detail})")
+
+
+class IncompleteRunError(InfrastructureError):
+    """A stored run was never completed: its writer died during the upload (exit 3).
+
+    ``parity-tracker sync`` finishes the upload from the spool, or marks the run KILLED.
+
+    Attributes:
+        run_id: the MLflow run id.
+    """
+
+    def __init__(self, run_id: str, detail: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id} is incomplete ({detail}): its writer stopped during the upload; "
+            "`parity-tracker sync` finishes it from the spool or marks it KILLED"
+        )

@@ -66,6 +66,7 @@ from parity_tracker.compare.pairing import (
     never_called,
     order_key,
     resolve,
+    structure_differences,
     tag_result,
 )
 from parity_tracker.compare.results import (
@@ -130,6 +131,9 @@ class TensorChecker(SpillCounters):
             ``DEFAULT_EAGER_RESIDENT_BYTES`` (256 MiB) with ``eager_mode``, unbounded without.
         spill_dir: folder for spilled snapshots (a fresh temporary folder is made inside it
             and deleted by ``clear``); default: the system temporary folder.
+        on_compared: ``on_compared(tag, step, reference, candidate, comparison)`` after every
+            comparison of two tensors, eager or in ``check`` (``compare.pairing.PairComparer``);
+            the tensors are the checker's and must not be written.
 
     Raises:
         InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``;
@@ -148,6 +152,7 @@ class TensorChecker(SpillCounters):
         dump_mode: DumpMode = DumpMode.NOT,
         max_resident_bytes: float | None = None,
         spill_dir: Any = None,
+        on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
     ) -> None:
         if eager_mode is not None and eager_mode not in MODES:
             raise InputError(f"eager_mode must be 'equal', 'allclose' or None, got {eager_mode!r}")
@@ -168,13 +173,13 @@ class TensorChecker(SpillCounters):
         self.dump_mode = DumpMode(dump_mode)
         self._hold = _Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
-        self._pairs = PairComparer(align)
+        self._snap = Snapshotter()
+        self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
         #: Run params a drive recorded (``StepRecorder.note``), merged into the run's settings.
         self.run_notes: dict[str, Any] = {}
-        self._snap = Snapshotter()
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -189,6 +194,7 @@ class TensorChecker(SpillCounters):
         """Forget every registered tensor and result, ready for the next round (hooks stay)."""
         live = {h.side for h in self._log.handles}
         self._log.hooked = {s: names for s, names in self._log.hooked.items() if s in live}
+        self._log.unhooked = {s: m for s, m in self._log.unhooked.items() if s in live}
         self._reset()
 
     # capture state, read by tests and by module_register_tensor_checker
@@ -364,6 +370,7 @@ class TensorChecker(SpillCounters):
             results=results,
             weights=weights,
             first_divergence=first,
+            structure_differences=structure_differences(results),
             passed=not any(r.failed for r in results),
             mode=mode,
             dump_dir=dump_dir,
@@ -398,8 +405,8 @@ class TensorChecker(SpillCounters):
         ref_side = self._log.reference_side()
         out = []
         for g in self._log.groups.values():
-            if not any(c.is_tensor for c in g.captures):
-                continue  # None / non-tensor leaves on every side: nothing to compare
+            if all(c.value is None for c in g.captures):
+                continue  # None on every side: no value, nothing to compare or to report
             out.append(
                 (g, resolve(self._log, g, mode, tol, ref_side, self._pairs), len(g.captures))
             )
@@ -452,7 +459,7 @@ class _Holder:
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
         held_value = load(held.value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol)
+        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
@@ -565,6 +572,7 @@ def module_register_tensor_checker(
         handle.remove()
         raise
     log.hooked.setdefault(handle.side, set()).update(handle.module_names)
+    log.unhooked.setdefault(handle.side, {}).update(handle.unhooked)
     log.handles.append(handle)
     return handle
 

@@ -105,4 +105,35 @@ def test_main_writes_json_and_exits_nonzero_only_on_error(tmp_path, monkeypatch,
     assert bench_main.main(["--quick", "--only", "1", "--out", str(out)]) == code
     data = json.loads(out.read_text())
     assert data["meta"]["mode"] == "quick" and data["meta"]["torch_threads"] == 1
-    assert data["rows"][0]["status"] == status
+    # --quick never judges a figure against the full-size target: a missed row is info
+    want = ("info", "full: ≤ 1") if status == "missed" else (status, "≤ 1")
+    assert (data["rows"][0]["status"], data["rows"][0]["target"]) == want
+
+
+def test_informational_lifts_only_judged_rows_and_states_why():
+    from benchmarks._common import QUICK_REASON, informational
+
+    row = informational(judged("1 m", "c", 5.6, "×", 1.25, detail="raw"))
+    assert (row.status, row.passed, row.target) == ("info", None, "full: ≤ 1.25")
+    assert row.detail == f"{QUICK_REASON}; raw"
+    err = Row("9", "c", None, "", "≤ 1", None, "error", "boom")
+    assert informational(err) is err
+
+
+def test_quick_table_fits_100_columns(capsys):
+    long = "transformer 2×128, seq 64, batch 2 (266 rows and a long tail of words)"
+    rows = [
+        judged(
+            "1 module-level ÷ plain, a long measurement name",
+            long,
+            5.61,
+            "×",
+            1.25,
+            detail="d" * 400,
+        ),
+        Row("3 peers", "x", None, "", "", None, "not available yet", "torchlens missing"),
+    ]
+    bench_main.print_table(rows, "t" * 150, ["n" * 250])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(len(line) for line in lines) <= 100
+    assert "d" * 50 not in "".join(lines)  # details stay in the JSON file

@@ -46,7 +46,7 @@ def test_flatten_key_paths_and_leaves():
     leaves = list(flatten((t, None, 3, [t, {"k": t, "n": None}], Out(t))))
     assert [p for p, _ in leaves] == ["0", "1", "2", "3.0", "3.1.k", "3.1.n", "4.a", "4.b"]
     assert leaves[1][1] is None
-    assert repr(leaves[2][1]) == "<int>"
+    assert leaves[2][1].dtype == torch.int64 and leaves[2][1].item() == 3  # a 0-d value
 
 
 def test_leaf_tags_follow_the_contract():
@@ -140,9 +140,10 @@ class Holder(nn.Module):
 def test_tuple_list_dict_outputs_with_none_and_non_tensor_leaves():
     _, got = run_pair(Holder("tuple"), Holder("tuple"), torch.randn(4))
     sub = {t: s for t, s in got.items() if t.startswith("checker_sub")}
-    # None and int leaves on both sides are not tensors: nothing to compare, no tag
+    # None leaves on both sides hold no value: no tag; the int is compared as a 0-d value
     assert sub == {
         "checker_sub_output_0": "equal",
+        "checker_sub_output_2": "equal",
         "checker_sub_output_3.0": "equal",
         "checker_sub_output_3.1.a": "equal",
         "checker_sub_input_0": "equal",

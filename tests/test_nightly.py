@@ -180,7 +180,7 @@ def test_expected_entries_apply_to_failing_matching_rows_only(tmp_path):
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ('[[expected]]\ntarget = "x"\n', "missing keys"),
+        ('[[expected]]\ntarget = "x"\n', "tag: missing key"),
         ('[[expected]]\ntarget="x"\ntag="*"\nreason="r"\nuntil="soon"\n', "not a date"),
         ('[[expected]]\ntarget="x"\ntag="*"\nreason="r"\nuntil=2030-01-01\nwho="me"\n', "who"),
         ("expected = [\n", "expected.toml:1"),

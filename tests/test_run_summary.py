@@ -83,10 +83,12 @@ def test_record_is_frozen_and_summary_edits_do_not_leak(tmp_path):
     assert newer.environment == {"git_commit": "abc"} and result.record.environment == {}
 
 
-def test_non_finite_values_are_refused():
+def test_non_finite_values_are_written_as_strings():
+    # issue 13: one rule for every JSON writer (files.jsonio): "nan", "inf", "-inf"
     s = RunSummary(run_id="r", status="completed", passed=True, mode="equal")
-    with pytest.raises(ValueError):
-        s.replace(output_max_abs_diff=float("nan")).to_json()
+    text = s.replace(output_max_abs_diff=float("nan"), output_sqnr_db=float("-inf")).to_json()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert data["output_max_abs_diff"] == "nan" and data["output_sqnr_db"] == "-inf"
 
 
 def test_v0_summary_migrates_and_keeps_unknown_keys():

@@ -63,7 +63,7 @@ def test_first_divergence_orders_by_step_then_exec_order_and_skips_weights_and_c
         _row("hit", "mismatch", step=0, order=1, cache_hit=True),
         _row("ok", "equal", step=0, order=2),
         _row("skip", "skipped", step=0, order=3),
-        _row("unplaced", "missing_candidate", step=0, order=None),
+        _row("unplaced", "error", step=0, order=None),
         _row("first", "mismatch", step=0, order=5),
     ]
     assert first_divergence(rows)["tag"] == "first"

@@ -131,8 +131,11 @@ def test_identity_candidate_is_bitwise_equal_at_every_step(name):
     s = result.summary
     assert s["mode"] == "equal" and s["passed"] and s["output_equal"]
     statuses = result.modules.column("status").to_pylist()
-    assert statuses and set(statuses) == {"equal"}
-    assert s["counts"]["equal"] == s["tensors_compared"] == len(statuses)
+    assert statuses and set(statuses) <= {"equal", "skipped"}
+    # skipped: only non-tensor leaves (e.g. a DynamicCache object), named, never compared
+    for row in result.modules.to_pylist():
+        assert row["status"] == "equal" or row["message"].startswith("not compared"), row
+    assert s["counts"]["equal"] + s["counts"]["skipped"] == s["tensors_compared"] == len(statuses)
     assert sorted(set(result.modules.column("step").to_pylist())) == list(range(contract.steps))
     assert not any(result.modules.column("cache_hit").to_pylist())
     assert contract.modules <= set(result.modules.column("module").to_pylist())

@@ -20,17 +20,15 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictStr
 
-from parity_tracker.errors import InputError
-from parity_tracker.files.toml import load_toml
+from parity_tracker.files.toml import load_toml, validate_model
 from parity_tracker.statuses import failing_mask
-
-_KEYS = {"target", "settings", "tag", "reason", "until"}
 
 
 @dataclass(frozen=True)
@@ -70,52 +68,69 @@ class ExpectedEntry:
         return f"{self.source} ({where}, until {self.until}): {self.reason}"
 
 
-def _entry(raw: Any, source: str) -> ExpectedEntry:
-    if not isinstance(raw, dict):
-        raise InputError(f"{source}: each [[expected]] must be a table")
-    unknown = set(raw) - _KEYS
-    missing = {"target", "tag", "reason", "until"} - set(raw)
-    if unknown or missing:
-        raise InputError(
-            f"{source}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; "
-            f"an entry has keys {sorted(_KEYS)} (settings optional)"
-        )
-    until = raw["until"]
-    if isinstance(until, dt.datetime):
-        until = until.date()
-    if not isinstance(until, dt.date):
+def _until(value: Any) -> dt.date:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str):
         try:
-            until = dt.date.fromisoformat(str(until))
-        except ValueError as exc:
-            raise InputError(f"{source}: until={until!r} is not a date (YYYY-MM-DD)") from exc
-    settings = raw.get("settings", {})
-    if not isinstance(settings, dict):
-        raise InputError(f"{source}: settings must be a table like {{ quantization = 'bf16' }}")
-    return ExpectedEntry(
-        target=str(raw["target"]),
-        tag=str(raw["tag"]),
-        reason=str(raw["reason"]),
-        until=until,
-        settings={str(k): str(v) for k, v in settings.items()},
-        source=source,
-    )
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError("not a date; write until = 2026-12-31 (YYYY-MM-DD)")
+
+
+def _setting(value: Any) -> str:
+    if not isinstance(value, (str, int, float)):
+        raise ValueError("a setting filter value must be a string, number or boolean")
+    return str(value)
+
+
+class _Entry(BaseModel):
+    """One ``[[expected]]`` table (the declared schema; unknown keys are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: StrictStr
+    tag: StrictStr
+    reason: StrictStr
+    until: Annotated[dt.date, BeforeValidator(_until)]
+    settings: dict[str, Annotated[str, BeforeValidator(_setting)]] = {}
+
+
+class _ExpectedFile(BaseModel):
+    """The expected-divergence file: ``[[expected]]`` tables, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expected: list[_Entry] = []
 
 
 def load_expected(path: str | Path | None) -> list[ExpectedEntry]:
     """Read an expected-divergence file; a missing ``path`` (None or no file) gives ``[]``.
 
+    The file is validated against a declared pydantic schema (``_ExpectedFile``): a wrong type
+    or an unknown key is refused, naming the key, the value and what is allowed.
+
     Raises:
         InputError: malformed TOML (names the file and line) or a malformed entry (names the
-            file and the entry's 1-based index).
+            file, ``expected[N].key`` with N 1-based, the value and the rule).
     """
     if path is None or not Path(path).exists():
         return []
-    data = load_toml(path)
-    unknown = set(data) - {"expected"}
-    if unknown:
-        raise InputError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[expected]]")
-    items = data.get("expected", [])
-    return [_entry(raw, f"{path}#{i}") for i, raw in enumerate(items, start=1)]
+    data = validate_model(_ExpectedFile, load_toml(path), str(path))
+    return [
+        ExpectedEntry(
+            target=e.target,
+            tag=e.tag,
+            reason=e.reason,
+            until=e.until,
+            settings=dict(e.settings),
+            source=f"{path}#{i}",
+        )
+        for i, e in enumerate(data.expected, start=1)
+    ]
 
 
 def expired_entries(entries: list[ExpectedEntry], today: dt.date) -> list[ExpectedEntry]:

@@ -14,7 +14,7 @@ newest to oldest while the tag (or the run) keeps failing, the oldest one reache
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parity_tracker.errors import InputError
@@ -116,6 +116,8 @@ class History:
         tag: the tag followed, or None.
         first_bad_commit: first commit of the current failing streak (of the tag when given,
             else of the run: failing tensors or an unfinished run), None when the newest passes.
+        skipped: run ids left out because they are incomplete (their writer stopped during the
+            upload, ``track.store.is_incomplete``); the CLI says so.
     """
 
     target: str
@@ -124,6 +126,7 @@ class History:
     points: list[CommitPoint]
     tag: str | None = None
     first_bad_commit: str | None = None
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -180,8 +183,13 @@ def build_history(
     wanted = {"target": target, **{str(k): str(v) for k, v in (settings or {}).items()}}
     store = store or RunStore(tracking_uri, experiment)
     runs = list(heads) if heads is not None else store.heads(**wanted)
+    skipped = [r.run_id for r in runs if getattr(r, "incomplete", False)]
+    runs = [r for r in runs if not getattr(r, "incomplete", False)]
     if not runs:
-        raise InputError(f"no stored run of {target} matches {wanted} in experiment {experiment!r}")
+        note = f" ({len(skipped)} incomplete run(s) skipped: {skipped[:3]})" if skipped else ""
+        raise InputError(
+            f"no stored run of {target} matches {wanted} in experiment {experiment!r}{note}"
+        )
     fingerprint = runs[0].fingerprint
     runs = [r for r in runs if r.fingerprint == fingerprint]
     chosen = latest_per_commit(runs)
@@ -211,4 +219,5 @@ def build_history(
         points=points,
         tag=tag,
         first_bad_commit=None if index is None else points[index].commit,
+        skipped=skipped,
     )

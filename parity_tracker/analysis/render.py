@@ -7,13 +7,13 @@ Kept apart from the decision (``analysis.diff``), in the pattern of asv's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from parity_tracker.analysis.diff import count_changes, interesting
+from parity_tracker.files import jsonio
 
 
 def _fmt(value: Any) -> str:
@@ -74,4 +74,4 @@ def to_markdown(diff: pa.Table, *, limit: int = 50) -> str:
 def to_json(diff: pa.Table, **extra: Any) -> str:
     """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
     payload = {"counts": count_changes(diff), "rows": interesting(diff).to_pylist(), **extra}
-    return json.dumps(payload, default=str)
+    return jsonio.dumps(payload, default=str)

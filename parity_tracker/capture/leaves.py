@@ -19,7 +19,8 @@ from parity_tracker.capture.tags import (
     module_display_name,
     output_tag,
 )
-from parity_tracker.compare.convert import as_tensor  # noqa: F401  (re-exported: capture.as_tensor)
+from parity_tracker.compare.convert import as_tensor  # re-exported: capture.as_tensor
+from parity_tracker.errors import InputError
 
 _MAX_DEPTH = 32
 
@@ -27,8 +28,10 @@ _MAX_DEPTH = 32
 class NonTensor:
     """A leaf of an input or output structure that is neither a tensor nor ``None``.
 
-    Kept only so that a tensor on one side against something else on the other is reported as
-    a structure difference. Two non-tensor leaves are not compared.
+    A tensor on one side against something else on the other is a structure difference; two
+    non-tensor leaves are not compared but get a ``skipped`` row naming both types; one present
+    on one side only is a structure difference (``missing_*``). Numbers are not NonTensor: they
+    are compared as 0-d tensors.
 
     Attributes:
         type_name: the leaf's type name, e.g. ``"int"`` or ``"DynamicCache"``.
@@ -43,6 +46,24 @@ class NonTensor:
         return f"<{self.type_name}>"
 
 
+def is_scalar(obj: Any) -> bool:
+    """True for Python ``bool``/``int``/``float``/``complex`` and numpy scalars (0-d values)."""
+    return isinstance(obj, bool | int | float | complex | np.generic)
+
+
+def scalar_leaf(obj: Any) -> Any:
+    """A scalar as the 0-d tensor it is compared as, or a :class:`NonTensor` when it has none.
+
+    Python numbers keep their exact value (``compare.convert.scalar_tensor``: float64 for a
+    float); numpy scalars keep their dtype. An int outside int64, or a numpy scalar without a
+    torch dtype (``numpy.str_``, datetimes), is a non-tensor leaf named with its type.
+    """
+    try:
+        return as_tensor(obj)
+    except (InputError, TypeError, ValueError, RuntimeError):
+        return NonTensor(f"{type(obj).__name__} (no torch dtype holds {obj!r})")
+
+
 def is_tensor_like(obj: Any) -> bool:
     """True for torch tensors, numpy arrays and objects exposing ``__dlpack__``."""
     return isinstance(obj, (torch.Tensor, np.ndarray)) or hasattr(obj, "__dlpack__")
@@ -53,7 +74,8 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
 
     Tuples and lists are keyed by index, mappings by ``str(key)`` (insertion order), dataclass
     instances (Hugging Face ``ModelOutput`` included, so ``None`` fields are kept) by field
-    name. A leaf is a tensor-like object, ``None``, or a :class:`NonTensor` marker.
+    name. A leaf is a tensor-like object, ``None``, a number or numpy scalar as a 0-d tensor
+    (:func:`scalar_leaf`), or a :class:`NonTensor` marker naming any other type.
 
     Args:
         obj: the structure (an output, an input, a keyword argument).
@@ -66,6 +88,8 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
     key = ".".join(path)
     if obj is None or is_tensor_like(obj):
         yield key, obj
+    elif is_scalar(obj):
+        yield key, scalar_leaf(obj)
     elif depth >= _MAX_DEPTH:
         yield key, NonTensor(type(obj).__name__)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -89,6 +113,8 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
     """
     if output is None or is_tensor_like(output):
         return [(output_tag(base), "output", output)]
+    if is_scalar(output):
+        return [(output_tag(base), "output", scalar_leaf(output))]
     return [(output_tag(base, p), f"output.{p}", leaf) for p, leaf in flatten(output)]
 
 
@@ -128,11 +154,48 @@ def own_tensors(
     seen: set[str] = set()
     for mname, mod in model.named_modules(remove_duplicate=False):
         entries = table.setdefault(id(mod), [])
-        for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
-            for local, value in store.items():
+        stores = [("param", [k for k, _ in mod._parameters.items()])]
+        stores.append(("buffer", [k for k, _ in mod._buffers.items()]))
+        stores.append((PACKED, packed_names(mod)))
+        for kind, names in stores:
+            for local in names:
                 qname = f"{mname}.{local}" if mname else local
-                if value is None or qname in seen:
+                if qname in seen or (kind != PACKED and read_own(mod, local, kind) is None):
                     continue
                 seen.add(qname)
                 entries.append((qname, module_display_name(mname, root), local, kind))
     return table
+
+
+#: The ``own_tensors`` kind of a packed quantized weight/bias (captured as kind ``param``).
+PACKED = "packed"
+
+
+def packed_names(mod: torch.nn.Module) -> list[str]:
+    """``["weight", "bias"]`` for a packed quantized module, else ``[]``.
+
+    Packed modules (``torch.ao.nn.quantized`` and ``.dynamic`` Linear/Conv*, quantized
+    Embedding) keep their weight in a ``_packed_params`` object with no tensor attribute; they
+    expose it through the methods ``weight()`` / ``bias()`` (``torch/ao/nn/quantized/modules``).
+    Only modules whose class defines those as methods count, so the ``LinearPackedParams``
+    holder inside a quantized Linear is not reported twice.
+    """
+    if not hasattr(mod, "_packed_params"):
+        return []
+    return [n for n in ("weight", "bias") if callable(getattr(type(mod), n, None))]
+
+
+def read_own(mod: torch.nn.Module, local: str, kind: str) -> Any:
+    """The tensor ``local`` of ``mod`` for an ``own_tensors`` entry, or None.
+
+    ``param``/``buffer``: read from the module's store (TorchScript's store has no ``.get``).
+    ``packed``: unpacked by calling ``mod.weight()`` / ``mod.bias()``; the weight comes back as
+    a quantized tensor (compared dequantized, scale and zero point kept), the bias as float.
+    """
+    if kind == PACKED:
+        try:
+            return getattr(mod, local)()
+        except Exception:  # a packed module that cannot unpack (backend missing): no tensor
+            return None
+    store = mod._parameters if kind == "param" else mod._buffers
+    return store[local] if local in store else None  # noqa: SIM401

@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.leaves import NonTensor, input_leaves, output_leaves, own_tensors
+from parity_tracker.capture.leaves import (
+    PACKED,
+    NonTensor,
+    input_leaves,
+    output_leaves,
+    own_tensors,
+    packed_names,
+    read_own,
+)
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import (
     ROOT_NAME,
@@ -28,6 +36,7 @@ from parity_tracker.capture.tags import (
     param_tag,
     root_name,
 )
+from parity_tracker.capture.training import training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
 
 
@@ -76,6 +85,8 @@ class CaptureLog:
         self.on_tensor = on_tensor
         self.handles: list[HookHandle] = []
         self.hooked: dict[int, set[str]] = {}
+        #: side -> {module display name: why it takes no hooks} (TorchScript, hooks refused)
+        self.unhooked: dict[int, dict[str, str]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -204,9 +215,7 @@ class CaptureLog:
         for qname, owner, local, kind in own:
             if (side, qname) in self.weights_done:
                 continue
-            store = mod._parameters if kind == "param" else mod._buffers
-            # TorchScript's parameter store has no .get
-            value = store[local] if local in store else None  # noqa: SIM401
+            value = read_own(mod, local, kind)
             if value is None:
                 continue
             self.weights_done.add((side, qname))
@@ -215,7 +224,7 @@ class CaptureLog:
                     param_tag(qname),
                     value,
                     side=side,
-                    kind=kind,
+                    kind="param" if kind == PACKED else kind,
                     module=owner,
                     slot=local,
                     call_index=0,
@@ -268,6 +277,9 @@ class HookHandle:
         self.log = log
         self.side = side
         self.module_names: list[str] = []
+        #: modules that exist but take no hooks: display name -> the reason, a clause
+        #: ("is a TorchScript ...", "refused a forward hook (...)")
+        self.unhooked: dict[str, str] = {}
         self.root_name = ROOT_NAME
         self.explicit = False
         self._handles: list[Any] = []
@@ -275,15 +287,20 @@ class HookHandle:
         self._model_name = type(model).__name__
 
     def warn_training(self, model: torch.nn.Module) -> None:
-        """Warn once when the hooked model is in training mode."""
-        if self._warned or not any(m.training for m in model.modules()):
+        """Warn once when the hooked model runs mode-dependent modules in training mode."""
+        if self._warned:
+            return
+        found = training_mode_dependent(model)
+        if not found:
             return
         self._warned = True
         role = "reference" if self.side == 0 else f"candidate (side {self.side})"
+        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         warnings.warn(
-            f"TensorChecker: the {role} model {self._model_name} is in training mode; dropout "
-            "and batch-norm statistics make the comparison meaningless. Call model.eval() "
-            "before the forward.",
+            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
+            f"modules that compute differently in it ({shown}{more}); the comparison is "
+            "meaningless. Call model.eval() before the forward.",
             UserWarning,
             stacklevel=4,
         )
@@ -309,32 +326,32 @@ class HookHandle:
 
 
 def _has_forward(mod: torch.nn.Module) -> bool:
-    """False for pure containers (ModuleList, ModuleDict, ...) that are never called."""
+    """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
+
+    Also False for the holder of a packed quantized module's parameters
+    (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
+    ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
+    """
     if isinstance(mod, torch.jit.ScriptModule):
         return True
-    return type(mod).forward is not torch.nn.Module.forward
-
-
-def _has_forward(mod: torch.nn.Module) -> bool:
-    """False for pure containers (ModuleList, ModuleDict, ...) that are never called."""
-    if isinstance(mod, torch.jit.ScriptModule):
-        return True
+    if hasattr(mod, "_packed_params") and not packed_names(mod):
+        return False
     return type(mod).forward is not torch.nn.Module.forward
 
 
 def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
     """Add the pre/post hooks of every module with a forward to ``handle``.
 
-    A ``torch.compile``-d module (``OptimizedModule``) is hooked by
-    :func:`parity_tracker.capture.compiled.install_compiled` (taps traced into its graph, tags
-    without ``_orig_mod``).
+    Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
+    are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
+    (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
+    (taps traced into its graph, tags without ``_orig_mod``).
     """
     from parity_tracker.capture.compiled import install_compiled, is_compiled
 
     if is_compiled(model):
         install_compiled(model, log, handle)
         return
-    s = handle.side
     root = root_name(model)
     handle.root_name = root
     own = own_tensors(model, root)
@@ -348,28 +365,16 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         name = module_display_name(raw_name, root)
         if isinstance(mod, torch.jit.ScriptModule):
             scripted.append(name)
+            handle.unhooked[name] = (
+                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
+            )
+            continue
+        try:
+            _hook_one(mod, name, is_root, log, handle, own.get(id(mod), []), all_own)
+        except Exception as exc:  # a module that refuses hooks: reported, never absent
+            handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
             continue
         names.append(name)
-        entries = own.get(id(mod), [])
-
-        def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
-            with suspended():
-                log.pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
-
-        def post(m, args, kwargs, output, _n=name, _r=is_root):
-            with suspended():
-                log.post_call(s, _n, m, output, all_own if _r else None)
-
-        handle._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        handle._handles.append(mod.register_forward_hook(post, with_kwargs=True))
-        if is_root:
-
-            def done(m, args, kwargs, output, _n=name):
-                log.root_done(s, _n)
-
-            handle._handles.append(
-                mod.register_forward_hook(done, with_kwargs=True, always_call=True)
-            )
     handle.module_names = names
     top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
     if top:
@@ -379,3 +384,34 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
             UserWarning,
             stacklevel=3,
         )
+
+
+def _hook_one(mod, name, is_root, log, handle, entries, all_own) -> None:
+    """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
+
+    A module that refuses a hook raises here; the hooks already added for it are removed.
+    """
+    s = handle.side
+
+    def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
+        with suspended():
+            log.pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
+
+    def post(m, args, kwargs, output, _n=name, _r=is_root):
+        with suspended():
+            log.post_call(s, _n, m, output, all_own if _r else None)
+
+    def done(m, args, kwargs, output, _n=name):
+        log.root_done(s, _n)
+
+    added = []
+    try:
+        added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        added.append(mod.register_forward_hook(post, with_kwargs=True))
+        if is_root:
+            added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
+    except Exception:
+        for h in added:  # no half-hooked module
+            h.remove()
+        raise
+    handle._handles.extend(added)

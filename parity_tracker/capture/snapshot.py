@@ -13,45 +13,106 @@ import torch
 
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
+from parity_tracker.compare.hashing import digestible, storage_digest
+
+
+class _Entry:
+    """What :class:`Snapshotter` remembers of one source tensor and its copy."""
+
+    __slots__ = ("copy", "copy_digest", "layout", "source", "version")
+
+    def __init__(self, source, version, layout, copy) -> None:
+        self.source = source
+        self.version = version
+        self.layout = layout
+        self.copy = copy
+        self.copy_digest: int | None = None
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them)."""
+    return (
+        t.data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+    )
 
 
 class Snapshotter:
-    """Detach-and-clone snapshots, taken once per unchanged tensor.
+    """Detach-and-clone snapshots; one copy is shared only while its source provably is unchanged.
 
     A module's input is usually the previous module's output: the same tensor object, not
-    modified in between. Cloning it once and handing out the same clone halves the memory and
-    copy time of a module-level capture. Reuse is safe because the key is the object's identity
-    (held by a weak reference, so a freed object cannot alias a new one) plus its version
-    counter, which every in-place operation bumps (views share it). The cache holds the copies
-    weakly too: a copy lives exactly as long as some capture holds it, so releasing captures
-    (the eager path) frees memory.
+    modified in between. Handing out one copy for both halves the memory of a module-level
+    capture. The version counter alone does not prove the tensor unchanged: writes through
+    ``.data``, ``.numpy()`` and DLPack views, ``out=`` kernels of C++ extensions and custom ops
+    that mutate their inputs do not bump it (issue 13, item 1). So a copy is reused only when
+    the same object (weak reference: a freed object never aliases a new one), with the same
+    version counter, data pointer, offset, shape, strides, dtype and device, also has the same
+    bytes as the copy: the xxh3-64 digest (``compare.hashing.storage_digest``) of the source,
+    read now, equals the copy's (computed once, the copy is never written). Anything whose
+    bytes cannot be read cheaply (GPU, gaps or broadcasts, subclasses, quantized) is copied
+    again. Cost:
+    one hash of the source and, once per copy, of the copy (``benchmarks/README.md``, "Shared
+    snapshots"). The cache holds the copies weakly: a copy lives exactly as long as some
+    capture holds it, so releasing captures (the eager path) frees memory.
     """
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[weakref.ref, int, weakref.ref]] = {}
+        self._seen: dict[int, _Entry] = {}
+        self._copies: dict[int, weakref.ref] = {}
+
+    def owns(self, value: object) -> bool:
+        """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
+        ref = self._copies.get(id(value))
+        return ref is not None and ref() is value
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
-        """A detached copy of ``t`` that no later in-place operation on ``t`` can change."""
+        """A detached copy of ``t`` that no later write to ``t``, counted or not, can change."""
         version = tensor_version(t)
         key = id(t)
-        hit = self._seen.get(key) if version is not None else None
-        if hit is not None and hit[0]() is t and hit[1] == version:
-            copy = hit[2]()
-            if copy is not None:
-                return copy
+        copy = self._reusable(key, t, version)
+        if copy is not None:
+            return copy
         copy = t.detach().clone()  # a detached clone records no autograd graph
-        if version is not None:
+        self._own(copy)
+        if version is not None and copy.stride() == t.stride() and digestible(t):
             # an object that refuses weak references gets no reuse
             with contextlib.suppress(TypeError):
-                self._seen[key] = (weakref.ref(t, self._forget(key)), version, weakref.ref(copy))
+                ref = weakref.ref(t, self._forget(key))
+                self._seen[key] = _Entry(ref, version, _layout(t), weakref.ref(copy))
         return copy
+
+    def _reusable(self, key: int, t: torch.Tensor, version: int | None) -> torch.Tensor | None:
+        """The earlier copy of ``t`` when every check above holds, else None."""
+        entry = self._seen.get(key)
+        if entry is None or version is None or entry.source() is not t:
+            return None
+        copy = entry.copy()
+        if copy is None or entry.version != version or entry.layout != _layout(t):
+            return None
+        if entry.copy_digest is None:
+            entry.copy_digest = storage_digest(copy)
+        return copy if storage_digest(t) == entry.copy_digest else None
+
+    def _own(self, copy: torch.Tensor) -> None:
+        key = id(copy)
+        copies = self._copies
+
+        def gone(ref: weakref.ref) -> None:
+            if copies.get(key) is ref:
+                del copies[key]
+
+        self._copies[key] = weakref.ref(copy, gone)
 
     def _forget(self, key: int):
         seen = self._seen
 
         def callback(ref: weakref.ref) -> None:
             entry = seen.get(key)
-            if entry is not None and entry[0] is ref:
+            if entry is not None and entry.source is ref:
                 del seen[key]
 
         return callback
@@ -62,6 +123,7 @@ class Snapshotter:
     def clear(self) -> None:
         """Forget every snapshot (they stay alive where someone else holds them)."""
         self._seen.clear()
+        self._copies.clear()
 
 
 class SnapshotStore(BoundedStore):

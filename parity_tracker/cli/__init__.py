@@ -10,7 +10,6 @@ hints go to stderr).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,8 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.cli.options import allow_no_commit_option, night_option, store_retry_option
-from parity_tracker.errors import EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
+from parity_tracker.errors import EXIT_INFRA, EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
+from parity_tracker.files import jsonio
 
 EXIT_INTERRUPTED = 130
 DEFAULT_CONFIG = "pipelines/nightly.toml"
@@ -46,10 +46,21 @@ class ParityGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug or an unforeseen fault: never exit 1 (a parity verdict)
+            if os.environ.get("PARITY_TRACKER_DEBUG"):
+                raise
+            click.echo(
+                f"Error: internal error: {type(exc).__name__}: {str(exc)[:500]} "
+                "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
+                err=True,
+            )
+            ctx.exit(EXIT_INFRA)
 
 
 def _emit_json(payload: Any) -> None:
-    click.echo(json.dumps(payload, indent=2, default=str, allow_nan=False))
+    click.echo(jsonio.dumps(payload, indent=2, default=str))
 
 
 tracking_uri_option = click.option(
@@ -253,6 +264,13 @@ def run(
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
 @night_option
 @allow_no_commit_option
+@click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Refuse a matrix that expands to more cells (counted before expansion).",
+)
 @json_option
 @click.pass_context
 def nightly(
@@ -268,6 +286,7 @@ def nightly(
     branch: str | None,
     night: str | None,
     allow_no_commit: bool,
+    max_cells: int,
     as_json: bool,
 ) -> None:
     """Run the matrix (or a --shard of it), diff each cell against its baseline, print the digest.
@@ -292,6 +311,7 @@ def nightly(
         render_run=report_files,
         night=night,
         allow_no_commit=allow_no_commit,
+        max_cells=max_cells,
     )
     from parity_tracker.cli.nights import nightly_output
 
@@ -380,7 +400,7 @@ def diff(
         click.echo(
             R.to_json(shown, base=base, head=head)
             if not show_all
-            else json.dumps(
+            else jsonio.dumps(
                 {"counts": result.counts, "rows": shown.to_pylist(), "base": base, "head": head},
                 default=str,
             )
@@ -426,6 +446,12 @@ def history(
     store = RunStore(tracking_uri, experiment)
     name, settings, heads = history_selection(target, parse_assignments(sets), store)
     hist = build_history(name, settings, tag=tag, last=last, store=store, heads=heads)
+    if hist.skipped:
+        click.echo(
+            f"skipped {len(hist.skipped)} incomplete run(s) (writer stopped during the upload; "
+            f"`parity-tracker sync` finishes or marks them): {', '.join(hist.skipped[:5])}",
+            err=True,
+        )
     if as_json:
         _emit_json(hist.to_dict())
         return
@@ -503,17 +529,26 @@ def sync(tracking_uri: str | None, as_json: bool) -> None:
     """Upload the runs spooled while the tracking store was unreachable (exactly once).
 
     Without --tracking-uri each run goes to the store it was meant for (recorded when it was
-    spooled); --tracking-uri sends them all to that store instead.
+    spooled); --tracking-uri sends them all to that store instead. Runs whose writer was killed
+    mid-upload are finished from the spool; then every RUNNING run of the store whose writer
+    is gone (this host: no such process; another host: started over 24 h ago) is marked KILLED.
     """
-    from parity_tracker.track import sync_spool
+    from parity_tracker.errors import InfrastructureError
+    from parity_tracker.track import reap_stale_runs, sync_spool
 
     done = sync_spool(tracking_uri)
+    try:
+        killed = reap_stale_runs(tracking_uri)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot list RUNNING runs: {type(exc).__name__}: {exc}") from exc
     if as_json:
-        _emit_json({"uploaded": done})
+        _emit_json({"uploaded": done, "killed": killed})
         return
     for parity_id, run_id in done.items():
         click.echo(f"uploaded {parity_id} as run {run_id}")
-    click.echo(f"{len(done)} spooled run(s) uploaded")
+    for run_id in killed:
+        click.echo(f"marked run {run_id} KILLED (its writer is gone)")
+    click.echo(f"{len(done)} spooled run(s) uploaded, {len(killed)} stale run(s) marked KILLED")
 
 
 def ui_command(uri: str, host: str, port: int) -> list[str]:

@@ -12,6 +12,7 @@ from parity_tracker.cli import (
     json_option,
     tracking_uri_option,
 )
+from parity_tracker.cli import terminal as T
 
 
 def nightly_output(
@@ -25,11 +26,7 @@ def nightly_output(
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
     else:
         click.echo(result.digest)
-        click.echo(
-            f"Browse the runs: parity-tracker ui --tracking-uri {uri}\n"
-            f"  (then open the printed URL; digest.md, matrix.html and history.html are on the "
-            f"nightly run {result.parent_run_id})"
-        )
+        click.echo(T.browse_hint(uri, result.parent_run_id))
     if result.spooled:
         click.echo(
             "tracking store unreachable for some cells; spooled to "

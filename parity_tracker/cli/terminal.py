@@ -47,6 +47,8 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
     from rich.markup import escape
     from rich.table import Table
 
+    from parity_tracker.compare.results import structure_line
+
     s = result.summary
     con = console()
     verdict = "[green]PARITY HOLDS[/]" if result.passed else "[bold red]PARITY FAILS[/]"
@@ -60,6 +62,9 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
             f"{fd.get('status')}, max abs diff {fmt_n(fd.get('max_abs_diff'))})"
             + (f" on rank(s) {', '.join(map(str, fd['ranks']))}" if fd.get("ranks") else "")
         )
+    one_sided = s.get("structure_differences") or []
+    if one_sided:
+        con.print(escape(structure_line(list(one_sided)).removeprefix("TensorChecker: ")))
     op = s.get("first_divergent_op")
     if op:
         con.print(f"first divergent op: {escape(str(op.get('tag')))} ({op.get('status')}, "
@@ -85,9 +90,7 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
         con.print(table)
     if run_id:
         con.print(f"logged: run {run_id} in experiment {experiment!r} at {uri}")
-        con.print(
-            f"open it: parity-tracker ui --tracking-uri {uri}   |   parity-tracker report {run_id}"
-        )
+        con.print(f"open it: {ui_command_line(uri)}   |   {cli_exe()} report {run_id}")
 
 
 class RichReporter:
@@ -124,10 +127,12 @@ class RichReporter:
         self.progress.update(self.task, description=escape(cell.name))
 
     def cell_done(self, result: Any) -> None:
-        """Print the cell's verdict and advance."""
+        """Print the cell's final verdict (``pipeline.results.cell_status``) and advance."""
         from rich.markup import escape
 
-        verdict = "error" if result.error else ("pass" if result.passed else "fail")
+        from parity_tracker.pipeline.results import cell_status
+
+        verdict = cell_status(result)
         self.progress.console.print(f"{escape(result.cell.name)}: {verdict}")
         self.progress.advance(self.task)
 
@@ -160,3 +165,62 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
     con = console()
     con.print(table)
     con.print(f"first bad commit: {hist.first_bad_commit or 'none (the newest passes)'}")
+
+
+def cli_exe() -> str:
+    """The ``parity-tracker`` command, as pasted it works in any shell and folder.
+
+    The console script beside the running interpreter (``.venv/bin/parity-tracker``), by its
+    absolute path, since ``parity-tracker`` is on ``PATH`` only inside an activated venv; the
+    interpreter itself when no script is installed there.
+    """
+    import shlex
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "parity-tracker"
+    if script.exists():
+        return shlex.quote(str(script))
+    code = "from parity_tracker.cli import main; main()"
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+
+def ui_command_line(uri: str) -> str:
+    """``<cli_exe()> ui --tracking-uri URI``: the MLflow UI on the store at ``uri``."""
+    import shlex
+
+    return f"{cli_exe()} ui --tracking-uri {shlex.quote(uri)}"
+
+
+def browse_hint(uri: str, parent_run_id: str | None) -> str:
+    """What the nightly prints last: how to browse the runs and where its pages are on disk.
+
+    ``make ui`` (when run from the checkout, whose Makefile has it, on the default store) and
+    the absolute command for any folder;
+    then the on-disk paths of the nightly run's ``matrix.html``, ``history.html`` and
+    ``digest.md`` when its artifacts are local (``track.store.local_artifact_dir``).
+    """
+    from pathlib import Path
+
+    from parity_tracker.track.store import default_tracking_uri, local_artifact_dir
+
+    lines = ["Browse the runs (MLflow UI, then open the printed URL):"]
+    if uri == default_tracking_uri() and _has_make_ui(Path.cwd()):
+        lines.append("  make ui")
+    lines.append(f"  {ui_command_line(uri)}")
+    folder = local_artifact_dir(parent_run_id, uri) if parent_run_id else None
+    pages = [folder / n for n in ("matrix.html", "history.html", "digest.md")] if folder else []
+    pages = [p for p in pages if p.exists()]
+    if pages:
+        lines.append("The nightly's pages on disk (open in a browser):")
+        lines += [f"  {p}" for p in pages]
+    elif parent_run_id:
+        lines.append(f"The nightly's pages are artifacts of the nightly run {parent_run_id}.")
+    return "\n".join(lines)
+
+
+def _has_make_ui(folder: Any) -> bool:
+    """Whether ``make ui`` works in ``folder``: its Makefile has a ``ui`` target."""
+    try:
+        return "\nui:" in "\n" + (folder / "Makefile").read_text(encoding="utf-8")
+    except OSError:
+        return False

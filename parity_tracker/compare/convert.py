@@ -135,14 +135,17 @@ def as_tensor(obj: Any, tag: str = "?") -> torch.Tensor:
     """View a registered object as a torch tensor without copying where possible.
 
     Accepts torch tensors, numpy arrays (via ``torch.from_numpy``; a copy when numpy strides
-    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``) and objects
-    with ``__array__`` (``numpy.asarray``).
+    or read-only memory forbid sharing), DLPack producers (``torch.from_dlpack``), objects
+    with ``__array__`` (``numpy.asarray``; numpy scalars become 0-d tensors) and Python
+    ``bool``/``int``/``float``/``complex`` (:func:`scalar_tensor`).
 
     Raises:
         InputError: the object is none of these, or its numpy dtype has no torch equivalent.
     """
     if isinstance(obj, torch.Tensor):
         return obj
+    if isinstance(obj, bool | int | float | complex):
+        return scalar_tensor(obj)
     if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
         return torch.from_dlpack(obj)
     if not isinstance(obj, np.ndarray) and hasattr(obj, "__array__"):
@@ -232,13 +235,37 @@ def _from_numpy(a: np.ndarray, side: str) -> Converted:
     return Converted(tensor=t, dtype=dtype_name(t.dtype), device="cpu", shape=tuple(t.shape))
 
 
-def _from_scalar(x: bool | int | float | complex, side: str) -> Converted:
+_SCALAR_DTYPES = {
+    bool: torch.bool,
+    int: torch.int64,
+    float: torch.float64,
+    complex: torch.complex128,
+}
+
+
+def scalar_tensor(x: bool | int | float | complex) -> torch.Tensor:
+    """A Python number as an exact 0-d tensor: bool, int64, float64 or complex128.
+
+    A Python float is a C double, so float64 keeps it exactly (``torch.tensor(x)`` alone would
+    round it to float32).
+
+    Raises:
+        InputError: an int outside the int64 range.
+    """
     kind = next(k for k in (bool, int, float, complex) if isinstance(x, k))
-    dtype = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
     try:
-        t = torch.tensor(x, dtype=dtype[kind])
-    except Exception:  # torch raises RuntimeError or OverflowError, by version
-        return _fail("error", f"{side} Python {kind.__name__} {x!r} does not fit {dtype[kind]}")
+        return torch.tensor(x, dtype=_SCALAR_DTYPES[kind])
+    except Exception as exc:  # torch raises RuntimeError or OverflowError, by version
+        raise InputError(
+            f"Python {kind.__name__} {x!r} does not fit {_SCALAR_DTYPES[kind]}"
+        ) from exc
+
+
+def _from_scalar(x: bool | int | float | complex, side: str) -> Converted:
+    try:
+        t = scalar_tensor(x)
+    except InputError as exc:
+        return _fail("error", f"{side} {exc}")
     return Converted(tensor=t, dtype=dtype_name(t.dtype), device="cpu", shape=())
 
 

@@ -35,7 +35,13 @@ import torch
 import xxhash
 
 from parity_tracker.compare.convert import Converted, _plain, to_tensor
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, StreamHasher, dtype_name, raw_buffer
+from parity_tracker.compare.hashing import (
+    _NUMPY_DTYPES,
+    StreamHasher,
+    dtype_name,
+    flat_view,
+    raw_buffer,
+)
 from parity_tracker.compare.metrics import (
     SMALL,
     DiffStats,
@@ -170,7 +176,7 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     if t.dtype in _NUMPY_FLOATS:
         return bool(np.isfinite(t.numpy() if array is None else array).all())
     if t.dtype == torch.bfloat16:
-        bits = t.view(torch.int16).numpy()
+        bits = flat_view(t).view(torch.int16).numpy()
         return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
     return None
 
@@ -291,8 +297,12 @@ def _quant_notes(ref: Converted, cand: Converted) -> list[str]:
     if rq is None and cq is None:
         return []
     if rq is None or cq is None:
-        side = "reference" if rq is not None else "candidate"
-        return [f"only the {side} is quantized; compared dequantized"]
+        side, q = ("reference", rq) if rq is not None else ("candidate", cq)
+        where = f", axis {q.axis}" if q.axis is not None else ""
+        return [
+            f"only the {side} is quantized ({q.qscheme}, scale {_short(q.scale)}, zero_point "
+            f"{_short(q.zero_point)}{where}); compared dequantized"
+        ]
     notes = []
     for name in ("qscheme", "scale", "zero_point", "axis"):
         a, b = getattr(rq, name), getattr(cq, name)

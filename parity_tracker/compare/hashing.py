@@ -27,6 +27,32 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def flat_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as a 1-D view with stride 1 (no copy), for dtype-reinterpreting views.
+
+    PyTorch calls a tensor contiguous when its size-1 dimensions have any stride, so
+    ``torch.randn(1, 3)[:, 0]`` is "contiguous" with stride ``(3,)`` and ``reshape(-1)`` keeps
+    that stride; ``Tensor.view(dtype)`` with another element size then refuses it. Elements of
+    a contiguous tensor lie at consecutive storage offsets, so ``as_strided((numel,), (1,))``
+    addresses exactly them.
+
+    Args:
+        tensor: a contiguous tensor (any dtype, any shape, 0-d too).
+
+    Returns:
+        A 1-D view of ``tensor.numel()`` elements with stride ``(1,)`` sharing its memory.
+
+    Raises:
+        ValueError: the tensor is not contiguous.
+    """
+    if not tensor.is_contiguous():
+        raise ValueError("flat_view needs a contiguous tensor; call .contiguous() first")
+    flat = tensor.reshape(-1)
+    if flat.numel() > 0 and flat.stride(0) != 1:
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat
+
+
 def byte_view(tensor: torch.Tensor) -> np.ndarray:
     """The raw bytes of a contiguous CPU tensor as a 1-D ``uint8`` numpy array (no copy).
 
@@ -44,7 +70,7 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
         raise ValueError("byte_view needs a contiguous CPU tensor; call .contiguous().cpu() first")
     if tensor.numel() == 0:
         return np.empty(0, dtype=np.uint8)
-    flat = tensor.reshape(-1)
+    flat = flat_view(tensor)
     if flat.is_conj():
         flat = flat.resolve_conj()
     if flat.is_neg():
@@ -81,6 +107,67 @@ def raw_buffer(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype in _NUMPY_DTYPES:
         return tensor.numpy()
     return byte_view(tensor)
+
+
+def dense_span(tensor: torch.Tensor) -> bool:
+    """True when the tensor's elements fill exactly ``numel`` consecutive storage slots.
+
+    Contiguous, channels-last and any other permuted dense layout qualify; slices with gaps
+    and broadcast (stride-0) views do not. Size-1 dimensions are ignored (their stride is
+    arbitrary).
+    """
+    expected = 1
+    dims = sorted((st, n) for n, st in zip(tensor.shape, tensor.stride(), strict=True) if n != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def digestible(t: torch.Tensor) -> bool:
+    """Whether :func:`storage_digest` reads ``t`` (cheap check, nothing is hashed)."""
+    return (
+        type(t) in _PLAIN_TYPES
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and dense_span(t)
+    )
+
+
+def storage_digest(tensor: torch.Tensor) -> int | None:
+    """xxh3-64 of the raw bytes a dense CPU tensor occupies, as an int; None when not cheap.
+
+    The "same bytes as before?" check of ``capture.snapshot.Snapshotter`` and
+    ``compare.pairing.PairComparer`` (writes through ``.data``, numpy or DLPack views bump no
+    version counter). The bytes are the ``numel`` storage slots from the storage offset on, in
+    storage order, read without a copy; two reads of tensors with one dtype, shape and strides
+    give equal digests exactly when their bytes are equal (up to a 2**-64 collision). No
+    dtype/shape header: not a :func:`content_hash`.
+
+    Args:
+        tensor: any tensor.
+
+    Returns:
+        The digest, or None when not :func:`digestible`: anything that is not a plain (not a
+        subclass), non-quantized, strided CPU tensor whose elements fill a dense span
+        (:func:`dense_span`), or that has a conjugate/negative bit. Those are never re-checked
+        (the caller copies or compares again).
+    """
+    if not digestible(tensor):
+        return None
+    t = tensor
+    if t.numel() == 0:
+        return xxhash.xxh3_64_intdigest(b"")
+    t = t.detach()
+    flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
+    return xxhash.xxh3_64_intdigest(raw_buffer(flat))
 
 
 class StreamHasher:

@@ -17,7 +17,10 @@ int64, so ids ``2**62`` and ``2**62 + 512`` are 512 apart):
 
 So no metric is ever NaN: an unmatched NaN makes ``max_abs_diff`` ``inf`` and points at it.
 ``-0.0`` vs ``0.0`` has ``d_i = 0`` (``torch.equal`` semantics; their content hashes differ).
-Sums for SQNR and cosine run over the positions finite on both sides.
+Sums for SQNR and cosine run over the positions finite on both sides, kept as ``m·2**k`` and
+scaled by a power of two wherever squaring would overflow or underflow float64
+(:mod:`parity_tracker.compare.scaled`), so a differing pair never gets SQNR ``+inf`` and two
+non-parallel vectors never get cosine ``1.0``, at any magnitude.
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from parity_tracker.compare import scaled
 from parity_tracker.compare.hashing import StreamHasher
+from parity_tracker.compare.scaled import (  # noqa: F401  (float forms re-exported)
+    ScaledSum,
+    cosine_from_sums,
+    scaled_diff_sq,
+    scaled_dot,
+    scaled_sq,
+    sqnr_from_sums,
+)
 
 CHUNK = 1 << 16
 """Elements per chunk: float64 scratch buffers of 512 KiB each stay in the L2/L3 cache."""
@@ -86,44 +98,6 @@ class DiffStats:
     cand_nan: int
     ref_inf: int
     cand_inf: int
-
-
-def sqnr_from_sums(signal: float, noise: float) -> float | None:
-    """Signal-to-quantization-noise ratio in dB from ``Σ r²`` and ``Σ (r − c)²``.
-
-    Formula: ``SQNR = 10·log10(Σ r_i² / Σ (r_i − c_i)²)`` (the ratio
-    ``torch.ao.ns.fx.utils.compute_sqnr`` reports, there as ``20·log10(‖r‖/‖r − c‖)``).
-
-    Defined cases (never NaN): no noise → ``+inf`` (identical, including two all-zero
-    tensors); noise but an all-zero reference → ``-inf``; infinite noise (an unmatched
-    NaN/inf) → ``-inf``; both sums overflowing float64 → ``None``.
-    """
-    if noise == 0.0:
-        return INF
-    if signal == 0.0 or noise == INF:
-        return -INF if signal != INF else None
-    if signal == INF:
-        return INF
-    return 10.0 * (math.log10(signal) - math.log10(noise))
-
-
-def cosine_from_sums(dot: float, ref_sq: float, cand_sq: float) -> float | None:
-    """Cosine similarity from ``Σ r·c``, ``Σ r²`` and ``Σ c²``, clamped to ``[-1, 1]``.
-
-    Formula: ``cos = Σ r_i c_i / (sqrt(Σ r_i²) · sqrt(Σ c_i²))`` (as
-    ``torch.nn.functional.cosine_similarity`` over the flattened tensors, without its eps).
-    Complex tensors count as real vectors of their (real, imag) pairs.
-
-    Defined cases (never NaN): both vectors all zero → ``1.0`` (identical); exactly one all
-    zero → ``0.0``; a sum overflowing float64 → ``None``.
-    """
-    if not (math.isfinite(dot) and math.isfinite(ref_sq) and math.isfinite(cand_sq)):
-        return None
-    if ref_sq == 0.0 and cand_sq == 0.0:
-        return 1.0
-    if ref_sq == 0.0 or cand_sq == 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, dot / (math.sqrt(ref_sq) * math.sqrt(cand_sq))))
 
 
 _EXP64 = 0x7FF0000000000000  # exponent field of a float64
@@ -212,7 +186,8 @@ class DiffAccumulator:
         self.max_abs, self.max_abs_idx = 0.0, None
         self.max_rel, self.max_rel_idx = 0.0, None
         self.max_qr = 0.0  # greatest d / ulp-scale so far (ULPs × eps, see _ulp_ratio)
-        self.sum_abs = self.rr = self.cc = self.rc = self.dd = 0.0
+        self.sum_abs = 0.0
+        self.rr, self.cc, self.rc, self.dd = (ScaledSum() for _ in range(4))
 
     def add(self, r: torch.Tensor, c: torch.Tensor, offset: int) -> None:
         """Fold in one chunk: 1-D contiguous CPU slices of equal length starting at ``offset``."""
@@ -231,13 +206,11 @@ class DiffAccumulator:
         if unmatched is not None:
             d.masked_fill_(unmatched, INF)
         self.n += n
-        self.rr += rr
-        self.cc += cc
-        self.rc += _dot(rd, cd)
+        self._sums(rd, cd, rr, cc)
         top = float(d.max())
         if top == 0.0:  # equal values in this chunk: no rel/ULP/mismatch contribution
             return
-        self.dd += _sq(d)
+        self._noise(rd, cd, d, top, unmatched)
         self.sum_abs += float(d.sum())
         self._track_max(d, top, offset, "abs")
         absr = self._a[:n]
@@ -252,6 +225,22 @@ class DiffAccumulator:
         if top_rel > self.rtol * (1.0 - 1e-12):  # else d <= rtol·|r| <= allowed everywhere
             self._count_mismatch(d, absr, top, n)
         self._ulp(rd, cd, d, rel, top_rel, n, unmatched)
+
+    def _sums(self, rd: torch.Tensor, cd: torch.Tensor, rr: float, cc: float) -> None:
+        """Add Σr², Σc², Σr·c without over/underflow (``compare.scaled``)."""
+        rr_s, cc_s = scaled_sq(rd, rr), scaled_sq(cd, cc)
+        self.rr.add(*rr_s)
+        self.cc.add(*cc_s)
+        self.rc.add(*scaled_dot(rd, cd, _dot(rd, cd), rr_s[1] == 0 and cc_s[1] == 0))
+
+    def _noise(self, rd, cd, d, top: float, unmatched) -> None:
+        """Add Σd²: infinite for an unmatched NaN/inf, scaled where squares leave float64."""
+        if top == INF and unmatched is not None and bool(unmatched.any()):
+            self.dd.add(INF)
+        elif top == INF:  # c − r overflowed although both are finite
+            self.dd.add(*scaled_diff_sq(rd, cd))
+        else:
+            self.dd.add(*scaled_sq(d, _sq(d)))
 
     def _mask_nonfinite(self, rd: torch.Tensor, cd: torch.Tensor, n: int) -> torch.Tensor:
         """Count NaN/inf, zero non-finite positions in rd/cd; return the unmatched-position mask."""
@@ -349,8 +338,9 @@ class DiffAccumulator:
         """Fold in another accumulator of the same pair (chunks processed elsewhere)."""
         for name in ("n", "mismatch", "nan_r", "nan_c", "inf_r", "inf_c"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("sum_abs", "rr", "cc", "rc", "dd"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.sum_abs += other.sum_abs
+        for name in ("rr", "cc", "rc", "dd"):
+            getattr(self, name).merge(getattr(other, name))
         self.max_qr = max(self.max_qr, other.max_qr)
         for which in ("abs", "rel"):
             value, index = getattr(other, f"max_{which}"), getattr(other, f"max_{which}_idx")
@@ -370,8 +360,8 @@ class DiffAccumulator:
             max_rel_diff=self.max_rel,
             max_rel_diff_index=self.max_rel_idx,
             mean_abs_diff=0.0 if empty else self.sum_abs / self.n,
-            cosine=cosine_from_sums(self.rc, self.rr, self.cc),
-            sqnr_db=sqnr_from_sums(self.rr, self.dd),
+            cosine=scaled.cosine(self.rc, self.rr, self.cc),
+            sqnr_db=scaled.sqnr_db(self.rr, self.dd),
             max_ulp=None if self.ulp is None else self.max_qr / self.ulp.eps,
             ref_nan=self.nan_r,
             cand_nan=self.nan_c,

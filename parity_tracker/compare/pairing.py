@@ -19,9 +19,11 @@ import torch
 
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison, compare_tensors
+from parity_tracker.compare.hashing import content_hash, storage_digest
 from parity_tracker.compare.results import DumpMode, TagResult
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
+from parity_tracker.compare.verdict import structure_differences as verdict_structure
 from parity_tracker.statuses import WEIGHT_KINDS, is_failing, is_passing
 
 
@@ -34,6 +36,8 @@ class _Released:
 
 #: The value of a capture whose tensor the eager path compared and released.
 RELEASED = _Released()
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def leaf_desc(value: Any) -> str:
@@ -69,21 +73,56 @@ def reference_index(g: Any) -> int:
 class PairComparer:
     """Compares pairs of captured values, reusing the verdict of a pair already compared.
 
+    A verdict is reused for the same two objects with unchanged version counters only when
+    each side is also proven unchanged: an immutable snapshot (``owned``), or a tensor whose
+    content hash still equals the one the comparison recorded (writes through ``.data``, numpy
+    or DLPack views bump no version counter; issue 13, item 1).
+
     Args:
         align: ``align(tag, reference, candidate) -> (reference, candidate) | None`` applied
             before each comparison (``None``: no alignment).
+        owned: ``owned(value) -> bool``, True for a snapshot nobody writes (no re-check).
+        on_compared: ``on_compared(tag, step, reference, candidate, comparison)``, called after
+            every comparison of two tensors (reused verdicts included) with the pair as
+            compared (after ``align``); the run stage keeps the worst pair's histogram this way.
     """
 
-    def __init__(self, align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None):
+    def __init__(
+        self,
+        align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None,
+        *,
+        owned: Callable[[Any], bool] | None = None,
+        on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
+    ):
         self.align = align
+        self.owned = owned
+        self.on_compared = on_compared
         self._cache: dict[tuple, tuple] = {}
 
     def clear(self) -> None:
         """Forget the pairs compared so far."""
         self._cache = {}
 
-    def compare(self, tag: str, ref: Any, cand: Any, mode: str, tol: Tolerances) -> Comparison:
-        """Compare one pair (any leaf values); never raises (a failure is status ``error``)."""
+    def compare(
+        self, tag: str, ref: Any, cand: Any, mode: str, tol: Tolerances, step: int = 0
+    ) -> Comparison:
+        """Compare one pair (any leaf values); never raises (a failure is status ``error``).
+
+        Two tensors are compared; a tensor against anything else is a structure difference
+        (``shape_mismatch``); two leaves that are not tensors (``None``, a string, a custom
+        object: ``capture.leaves.NonTensor``) are ``skipped``, not compared, with both types
+        named (issue 13, item 2).
+        """
+        if not isinstance(ref, torch.Tensor) and not isinstance(cand, torch.Tensor):
+            return Comparison(
+                status="skipped",
+                mode=mode,
+                message=(
+                    f"not compared: the reference has {leaf_desc(ref)}, the candidate has "
+                    f"{leaf_desc(cand)} at {tag} (only tensors, numbers, bools and numpy "
+                    "scalars/arrays are compared)"
+                ),
+            )
         if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
             return Comparison(
                 status="shape_mismatch",
@@ -95,7 +134,8 @@ class PairComparer:
             )
         key = self._key(tag, ref, cand, mode, tol)
         hit = self._cache.get(key) if key is not None else None
-        if hit is not None and hit[0]() is ref and hit[1]() is cand and hit[2] == key[-1]:
+        if hit is not None and self._reusable(hit, key, ref, cand):
+            self._tell(tag, step, ref, cand, hit[3])
             return hit[3]
         try:
             if self.align is not None:
@@ -108,8 +148,46 @@ class PairComparer:
                 status="error", mode=mode, message=f"{tag}: {type(exc).__name__}: {exc}"
             )
         if key is not None:
-            self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp)
+            digests = (self._digest(ref, comp), self._digest(cand, comp))
+            self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp, digests)
+        self._tell(tag, step, ref, cand, comp)
         return comp
+
+    def _digest(self, t: torch.Tensor, comp: Comparison) -> int | None:
+        """The bytes' digest of a side the comparison's own hash cannot re-check, else None.
+
+        The comparison hashes the converted tensors: when the two dtypes differ, a side may
+        have been converted first, so its recorded hash is not the hash of its bytes.
+        """
+        if comp.ref_dtype == comp.cand_dtype or (self.owned is not None and self.owned(t)):
+            return None
+        return storage_digest(t)
+
+    def _tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+        if self.on_compared is not None:
+            self.on_compared(tag, step, ref, cand, comp)
+
+    def _reusable(self, hit: tuple, key: tuple, ref: torch.Tensor, cand: torch.Tensor) -> bool:
+        """Same objects, same versions, and each side owned or hashing as it did."""
+        if hit[0]() is not ref or hit[1]() is not cand or hit[2] != key[-1]:
+            return False
+        comp, (ref_digest, cand_digest) = hit[3], hit[4]
+        return self._unchanged(ref, comp.ref_hash, ref_digest) and self._unchanged(
+            cand, comp.cand_hash, cand_digest
+        )
+
+    def _unchanged(self, t: torch.Tensor, recorded: str | None, digest: int | None) -> bool:
+        """Owned, or its bytes hash as when it was compared (unreadable bytes: False)."""
+        if self.owned is not None and self.owned(t):
+            return True
+        if digest is not None:
+            return storage_digest(t) == digest
+        if recorded is None or t.device.type != "cpu" or type(t) not in _PLAIN:
+            return False
+        try:
+            return content_hash(t) == recorded
+        except (RuntimeError, TypeError, ValueError):  # bytes not readable: compare again
+            return False
 
     def _key(self, tag: str, ref: torch.Tensor, cand: torch.Tensor, mode: str, tol: Tolerances):
         """Cache key of a pair already compared (a module's input is the last one's output).
@@ -163,14 +241,14 @@ def deferred_pair(pairs: Any, g: Any, ref: Any, cap: Any, mode: str, tol: Tolera
                 "candidate; groups of more than two tensors need eager_mode=None"
             ),
         )
-    return pairs.compare(g.tag, load(ref.value), load(cap.value), mode, tol)
+    return pairs.compare(g.tag, load(ref.value), load(cap.value), mode, tol, g.step)
 
 
 def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Comparison:
     """The comparison of a tag captured on one side only: missing, structure or cache hit."""
     absent = "candidate" if present == ref_side else "reference"
-    cap = next(c for c in g.captures if c.is_tensor)
-    shape, dtype, device = cap.meta or (None, None, None)
+    cap = next((c for c in g.captures if c.is_tensor), None)
+    shape, dtype, device = (cap.meta if cap is not None else None) or (None, None, None)
     side_fields = (
         dict(ref_shape=shape, ref_dtype=dtype, ref_device=device)
         if absent == "candidate"
@@ -187,11 +265,41 @@ def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Compari
             f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
             f"the {absent} has no tensor for {g.tag}"
         )
+    elif (reason := unhooked_reason(log, g, absent_sides)) is not None:
+        status = "skipped"
+        message = not_captured_message(log, g, absent, reason)
+    elif _defaulted_keyword(g, shape, cap):
+        status = "skipped"
+        message = (
+            f"keyword input {g.slot.split('.', 2)[1]!r} of module {g.module!r} was given on "
+            f"the {'reference' if absent == 'candidate' else 'candidate'} only (the {absent} "
+            "left it to its default): not compared; the module's outputs are"
+        )
+    elif cap is None:  # a non-tensor leaf on one side only: a structure difference
+        leaf = next(c.value for c in g.captures if c.value is not None)
+        status = f"missing_{absent}"
+        message = (
+            f"structure differs at {g.tag}: the {absent} has no such leaf, the other side "
+            f"has {leaf_desc(leaf)} (not compared)"
+        )
     else:
         structure = structure_gap(log, g, present)
         status = "shape_mismatch" if structure else f"missing_{absent}"
         message = structure or missing_message(log, g, absent, present)
     return Comparison(status=status, mode=mode, numel=numel, message=message, **side_fields)
+
+
+def _defaulted_keyword(g: Any, shape: tuple[int, ...] | None, cap: Any) -> bool:
+    """A one-sided keyword input that is a flag or number (0-d) or a non-tensor leaf.
+
+    ``f(x, use_cache=False)`` against ``f(x)`` is the same call when False is the default;
+    such a leaf is reported (``skipped``, named), not failed. One-sided tensor keywords and
+    positional inputs stay structure differences.
+    """
+    if g.kind != "input" or not g.slot.startswith("input."):
+        return False
+    name = g.slot.split(".", 2)[1]
+    return not name.isdigit() and (cap is None or shape == ())
 
 
 def structure_gap(log: Any, g: Any, present: int) -> str | None:
@@ -237,6 +345,59 @@ def missing_message(log: Any, g: Any, absent: str, present: int) -> str:
     if any(g.module in log.hooked[s] for s in other):
         return f"{msg}: module {g.module!r} exists on the {absent} but was not called there"
     return f"{msg}: the {absent} has no module named {g.module!r} (one-sided name)"
+
+
+def unhooked_reason(log: Any, g: Any, absent: set[int]) -> str | None:
+    """Why ``g``'s module (or a module enclosing it) takes no hooks on an absent side, or None.
+
+    ``log.unhooked`` maps side -> {module display name: reason} (TorchScript submodules,
+    modules whose hook registration raised): such a module exists but is not captured.
+    """
+    if g.module is None or g.kind in WEIGHT_KINDS:
+        return None
+    for side in absent:
+        for name, reason in getattr(log, "unhooked", {}).get(side, {}).items():
+            if g.module == name or g.module.startswith(name + "."):
+                return f"is inside {name!r}, which {reason}" if name != g.module else reason
+    return None
+
+
+def not_captured_message(log: Any, g: Any, absent: str, reason: str) -> str:
+    """The message of a tag whose module exists on ``absent`` but takes no hooks.
+
+    For an output, names the next captured boundary (the first paired input, in the
+    reference's execution order, of a module called after this one at the same step): the
+    module's output is compared there as that module's input.
+    """
+    msg = (
+        f"not captured: module {g.module!r} exists on the {absent} but {reason}; "
+        f"{g.tag} is not compared"
+    )
+    if g.kind != "output":
+        return msg
+    nxt = next_boundary(log, g)
+    if nxt is None:
+        return msg + " (no captured boundary follows it)"
+    return msg + f"; its output is read at the next captured boundary, {nxt.tag}"
+
+
+def next_boundary(log: Any, g: Any) -> Any:
+    """The first input group captured on both sides after ``g`` (reference order), or None."""
+    after = g.captures[0].exec_order
+    best = None
+    for other in log.groups.values():
+        if other.step != g.step or other.kind != "input" or len(other.captures) < 2:
+            continue
+        if len({c.side for c in other.captures}) < 2 or not any(
+            c.is_tensor for c in other.captures
+        ):
+            continue
+        if other.module == g.module or (other.module or "").startswith(g.module + "."):
+            continue
+        order = other.captures[reference_index(other)].exec_order
+        if order > after and (best is None or order < best[0]):
+            best = (order, other)
+    return None if best is None else best[1]
 
 
 def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
@@ -316,20 +477,30 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def first_divergence(results: list[TagResult]) -> TagResult | None:
-    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
-    rows = [
+def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
+    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
+    return [
         {
             "status": r.status,
             "kind": r.kind,
             "cache_hit": r.cache_hit,
             "step": r.step,
             "exec_order": r.exec_order,
+            "index": i,
         }
-        for r in results
+        for i, r in enumerate(results)
     ]
-    i = first_divergence_index(rows)
+
+
+def first_divergence(results: list[TagResult]) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
+    i = first_divergence_index(_verdict_rows(results))
     return None if i is None else results[i]
+
+
+def structure_differences(results: list[TagResult]) -> list[TagResult]:
+    """The one-sided results by :func:`parity_tracker.compare.verdict.structure_differences`."""
+    return [results[r["index"]] for r in verdict_structure(_verdict_rows(results))]
 
 
 def dump_plan(mode: DumpMode, ordered: list[tuple[Any, Comparison, int]]) -> list[Any]:

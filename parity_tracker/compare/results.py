@@ -8,7 +8,7 @@ records; :func:`format_line` and :func:`print_result` write the seed document's 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from parity_tracker.compare.core import Comparison
@@ -119,6 +119,9 @@ class CheckResult:
         passed: no tag failed (``skipped`` tags, e.g. never-called modules, do not fail).
         mode: ``"equal"`` or ``"allclose"``.
         dump_dir: the per-check dump folder relative to ``dump_path`` (``None`` if no dump).
+        structure_differences: the tags present on one side only, in execution order
+            (:func:`parity_tracker.compare.verdict.structure_differences`); never a first
+            divergence.
     """
 
     results: list[TagResult]
@@ -127,6 +130,7 @@ class CheckResult:
     passed: bool
     mode: str = "equal"
     dump_dir: str | None = None
+    structure_differences: list[TagResult] = field(default_factory=list)
 
     def to_rows(self) -> list[dict[str, Any]]:
         """``modules`` table rows, one per result."""
@@ -180,6 +184,32 @@ def print_result(result: CheckResult) -> None:
     if bad_weights:
         listed = ", ".join(f"{r.tag} ({_status_word(r, result.mode)})" for r in bad_weights)
         print(f"TensorChecker: weights differ: {listed}")
+    if result.structure_differences:
+        print(structure_line(result.structure_differences))
     if result.first_divergence is not None:
         r = result.first_divergence
         print(f"TensorChecker: first divergence: {r.tag} ({_status_word(r, result.mode)})")
+
+
+def structure_line(rows: list[Any], limit: int = 8) -> str:
+    """One line naming the tags present on one side only (at most ``limit`` of them).
+
+    E.g. ``TensorChecker: structure differences (2 tags on one side only, not numeric
+    divergences): checker_attn.qkv (reference only), checker_attn.q (candidate only)``.
+
+    Args:
+        rows: :class:`TagResult` objects or modules-table row mappings (``tag``, ``status``).
+        limit: how many tags to name; the rest are counted.
+    """
+
+    def one(r: Any) -> str:
+        tag, status = (r.tag, r.status) if isinstance(r, TagResult) else (r["tag"], r["status"])
+        return f"{tag} ({'reference' if status == 'missing_candidate' else 'candidate'} only)"
+
+    n = len(rows)
+    named = ", ".join(one(r) for r in rows[:limit])
+    more = f", and {n - limit} more" if n > limit else ""
+    return (
+        f"TensorChecker: structure differences ({n} tag{'s' if n != 1 else ''} on one side "
+        f"only, not numeric divergences): {named}{more}"
+    )

@@ -19,7 +19,7 @@ import torch
 
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
-from parity_tracker.statuses import MODES, WEIGHT_KINDS, is_failing
+from parity_tracker.statuses import MODES, STRUCTURAL, WEIGHT_KINDS, is_failing
 
 Row = Mapping[str, Any]
 
@@ -43,17 +43,38 @@ def _order(x: Any) -> float:
 
 
 def is_divergence(row: Row) -> bool:
-    """True for a row that can be a first divergence: failing, not a weight, not a cache hit.
+    """True for a row that can be a first divergence: a PAIRED failing row.
 
-    Weights (``param``/``buffer``) are reported apart so a weight-loading error is never blamed
-    on a module; a ``cache_hit`` row's error belongs to the cache that skipped the module
-    (issue 7), not to the module.
+    Failing, not a weight, not a cache hit, and not a structure difference. Weights
+    (``param``/``buffer``) are reported apart so a weight-loading error is never blamed on a
+    module; a ``cache_hit`` row's error belongs to the cache that skipped the module (issue 7),
+    not to the module; a tag present on one side only (``statuses.STRUCTURAL``: e.g. a fused
+    ``attn.qkv`` against ``attn.q/k/v``) has no pair to differ from and is reported apart by
+    :func:`structure_differences` (issue 13).
     """
     return (
         is_failing(row.get("status"))
+        and not is_structure_difference(row)
         and row.get("kind") not in WEIGHT_KINDS
         and not row.get("cache_hit")
     )
+
+
+def is_structure_difference(row: Row) -> bool:
+    """True for a row whose tag exists on one side only (status in ``statuses.STRUCTURAL``)."""
+    return row.get("status") in STRUCTURAL
+
+
+def structure_differences(rows: Iterable[Row] | Any) -> list[Row]:
+    """The one-sided rows (:func:`is_structure_difference`), weights included.
+
+    In execution order: ``step``, ``exec_order`` (rows without a position last), row order.
+    """
+    indexed = [(i, r) for i, r in enumerate(_rows(rows)) if is_structure_difference(r)]
+    indexed.sort(
+        key=lambda x: (_order(x[1].get("step") or 0), _order(x[1].get("exec_order")), x[0])
+    )
+    return [r for _, r in indexed]
 
 
 def first_divergence_index(rows: Iterable[Row] | Any) -> int | None:
@@ -69,7 +90,10 @@ def first_divergence_index(rows: Iterable[Row] | Any) -> int | None:
 
 
 def first_divergence(rows: Iterable[Row] | Any) -> Row | None:
-    """The first failing row in execution order, weights and cache hits left out.
+    """The first PAIRED failing row in execution order (:func:`is_divergence`).
+
+    Weights, cache hits and one-sided tags (structure differences,
+    :func:`structure_differences`) are left out.
 
     Execution order is ``step``, then ``exec_order`` (rows without a position — never
     captured — come after the positioned rows of their step), then the rows' own order.
@@ -86,12 +110,22 @@ def first_divergence(rows: Iterable[Row] | Any) -> Row | None:
     return None if i is None else rows[i]
 
 
-def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
-    i, row = item
+def worst_key(row: Row) -> tuple[int, float, float]:
+    """How bad a failing row is, as a sort key (smaller is worse); ties: row order decides.
+
+    ``(0 for a value mismatch else 1, sqnr_db (missing or non-finite: +inf), -max_abs_diff)``:
+    the ordering of :func:`worst_tensors`, usable on one comparison at a time (the run stage
+    keeps only the worst pair seen so far).
+    """
     sqnr = _finite(row.get("sqnr_db"))
     diff = _finite(row.get("max_abs_diff"))
     values = 0 if row.get("status") == "mismatch" else 1
-    return (values, math.inf if sqnr is None else sqnr, -(diff or 0.0), i)
+    return (values, math.inf if sqnr is None else sqnr, -(diff or 0.0))
+
+
+def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
+    i, row = item
+    return (*worst_key(row), i)
 
 
 def worst_tensors(rows: Iterable[Row] | Any, n: int | None = None) -> list[Row]:

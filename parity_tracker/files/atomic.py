@@ -8,12 +8,13 @@ when the write raised).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from parity_tracker.files import jsonio
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
@@ -50,12 +51,10 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int = 2) -> Path:
-    """``atomic_write`` of strict JSON (sorted keys).
+    """``atomic_write`` of strict JSON (sorted keys; non-finite floats as ``files.jsonio``).
 
     Raises:
-        ValueError: ``obj`` holds NaN or an infinity (strict JSON has neither), before any
-            file is touched.
-        TypeError: ``obj`` holds a value JSON cannot encode.
+        TypeError: ``obj`` holds a value JSON cannot encode, before any file is touched.
     """
-    text = json.dumps(obj, indent=indent, sort_keys=True, allow_nan=False)
+    text = jsonio.dumps(obj, indent=indent, sort_keys=True)
     return atomic_write_text(path, text)

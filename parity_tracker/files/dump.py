@@ -22,6 +22,7 @@ Layout of one check's dump::
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -34,6 +35,7 @@ import xxhash
 from parity_tracker.compare.convert import dense_cpu, quant_info
 from parity_tracker.errors import InputError
 from parity_tracker.files.atomic import atomic_write_json
+from parity_tracker.files.safe_paths import resolve_inside
 
 INDEX_NAME = "index.json"
 FORMAT = "parity_tracker.dump"
@@ -216,33 +218,96 @@ class DumpWriter:
 def load_dump(folder: str | os.PathLike[str]) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """Read a ``check-NNNN`` folder back: ``(index entry, tensor in its original dtype)``.
 
-    Entries that were skipped (no file) are left out.
+    Entries that were skipped (no file) are left out. The folder may come from someone else
+    (a downloaded artifact, a shared disk), so everything in it is checked before use: every
+    file the index names must lie inside the folder, symlinks resolved
+    (``files.safe_paths.resolve_inside``); each ``.npy`` header must declare exactly the bytes
+    the file holds and the shape the index declares (no allocation from a header alone); the
+    dtype must be a torch dtype name.
 
     Raises:
-        InputError: the folder has no ``index.json`` of this format.
+        InputError: the folder has no ``index.json`` of this format, the index is not strict
+            JSON or has a wrong type, a path leaves the folder, or a file does not match its
+            entry (names the folder, the entry and the problem).
     """
     folder = Path(folder)
     index = folder / INDEX_NAME
     if not index.is_file():
         raise InputError(f"{folder} has no {INDEX_NAME}; pass a check-NNNN dump folder")
-    payload = json.loads(index.read_text())
-    if payload.get("format") != FORMAT:
+    resolve_inside(folder, INDEX_NAME, what="index", root_name="dump folder")
+    try:
+        payload = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{index}: unreadable dump index ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InputError(f"{index} is not a parity_tracker dump index")
+    entries = payload.get("files")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InputError(f"{index}: 'files' must be a list of objects")
     out = []
-    for entry in payload["files"]:
+    for i, entry in enumerate(entries, start=1):
         if "file" not in entry:
             continue
-        array = np.load(folder / entry["file"], allow_pickle=False)
-        out.append((entry, _restore(folder, entry, torch.from_numpy(array))))
+        try:
+            array = _load_npy(folder, entry, "file")
+            out.append((entry, _restore(folder, entry, torch.from_numpy(array))))
+        except InputError as exc:
+            raise InputError(f"{index} entry #{i}: {exc}") from None
+        except (TypeError, ValueError, KeyError, OSError, RuntimeError, MemoryError) as exc:
+            raise InputError(
+                f"{index} entry #{i}: malformed ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
     return out
 
 
+def _load_npy(folder: Path, entry: dict[str, Any], key: str) -> np.ndarray:
+    """The array of ``entry[key]``, checked against its own header and the entry's shape."""
+    path = resolve_inside(folder, entry.get(key), what=key, root_name="dump folder")
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in _HEADER_READERS:
+            raise InputError(f"{path.name}: .npy format {version} is not read")
+        shape, _, dtype = _HEADER_READERS[version](f)
+        offset = f.tell()
+        size = os.fstat(f.fileno()).st_size
+    if dtype.hasobject:
+        raise InputError(f"{path.name}: object arrays are never loaded")
+    need = math.prod(shape) * dtype.itemsize
+    if need != size - offset:
+        raise InputError(
+            f"{path.name}: header declares shape {shape} of {dtype} ({need:,} bytes) but the "
+            f"file holds {size - offset:,}"
+        )
+    declared = entry.get("shape")
+    if key == "file" and declared is not None and list(declared) != list(shape):
+        raise InputError(f"{path.name}: index shape {declared} != file shape {list(shape)}")
+    return np.load(path, allow_pickle=False)
+
+
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype {name!r} is not a torch dtype name (e.g. 'float32')")
+    return dtype
+
+
 def _restore(folder: Path, entry: dict[str, Any], t: torch.Tensor) -> torch.Tensor:
-    dtype = getattr(torch, entry["dtype"])
+    dtype = _dtype(entry.get("dtype"))
     if "qscheme" not in entry:
         return t.to(dtype)
     if "scale" in entry:
-        return torch._make_per_tensor_quantized_tensor(t, entry["scale"], entry["zero_point"])
-    scales = torch.from_numpy(np.load(folder / entry["scales_file"], allow_pickle=False))
-    zps = torch.from_numpy(np.load(folder / entry["zero_points_file"], allow_pickle=False))
+        scale, zero_point = entry["scale"], entry["zero_point"]
+        if not isinstance(scale, (int, float)) or not isinstance(zero_point, int):
+            raise InputError(f"scale {scale!r} / zero_point {zero_point!r} are not numbers")
+        return torch._make_per_tensor_quantized_tensor(t, scale, zero_point)
+    scales = torch.from_numpy(_load_npy(folder, entry, "scales_file"))
+    zps = torch.from_numpy(_load_npy(folder, entry, "zero_points_file"))
+    if not isinstance(entry.get("axis"), int):
+        raise InputError(f"axis {entry.get('axis')!r} is not an integer")
     return torch._make_per_channel_quantized_tensor(t, scales, zps, entry["axis"])

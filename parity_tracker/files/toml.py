@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from parity_tracker.errors import InputError
+
+M = TypeVar("M")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,3 +38,59 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             line = str(max(1, len(text.splitlines())))
         where = f"{path}:{line}" if line else str(path)
         raise InputError(f"{where}: malformed TOML: {exc}") from exc
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """``("matrix", 1, "ops")`` → ``matrix[2].ops`` (1-based entry numbers, as the files say)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part + 1}]"
+        elif not str(part).startswith(("function-", "constrained-")):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validate_model(model: type[M], data: Any, where: str) -> M:
+    """``data`` validated against the pydantic ``model``; every problem named in one InputError.
+
+    Args:
+        model: a pydantic ``BaseModel`` class (the file's declared schema).
+        data: the parsed file (``load_toml``'s dict).
+        where: the file, prefixed to the message.
+
+    Raises:
+        InputError: one line per wrong key: ``where: key = value: what is allowed``
+            (https://docs.pydantic.dev/latest/errors/errors/ for the checks).
+    """
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False):
+            key = _loc(err["loc"]) or "(file)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key; " + _allowed(model, err["loc"])
+            if err["type"] == "missing":
+                need = f" (each entry needs {err['loc'][-1]})" if len(err["loc"]) > 1 else ""
+                lines.append(f"{key}: missing key{need}")
+                continue
+            lines.append(f"{key} = {err.get('input')!r}: {msg}")
+        raise InputError(f"{where}: " + "; ".join(dict.fromkeys(lines))) from None
+
+
+def _allowed(model: Any, loc: tuple[Any, ...]) -> str:
+    """``allowed keys: a, b`` of the model holding the key at ``loc``."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            break
+        inner = getattr(field.annotation, "__args__", (field.annotation,))[0]
+        model = inner if hasattr(inner, "model_fields") else model
+    names = sorted(getattr(model, "model_fields", {}))
+    return f"allowed keys: {', '.join(names)}" if names else "remove it"

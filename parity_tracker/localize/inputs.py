@@ -13,6 +13,8 @@ fails, else ``unknown``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -20,6 +22,7 @@ from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, su
 from parity_tracker.compare import passes
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import layout_differences
+from parity_tracker.localize.views import external_view_entry
 from parity_tracker.statuses import is_neutral, is_passing
 
 
@@ -50,18 +53,49 @@ class InputJudge:
 
     def inputs_status(self, r: OpEvent | None, c: OpEvent | None) -> tuple[str, list[str]]:
         """``(inputs status, layout differences)`` of an aligned pair or a one-sided op."""
+        status, layout, _failing, _views = self.inputs_evidence(r, c)
+        return status, layout
+
+    def inputs_evidence(self, r: OpEvent | None, c: OpEvent | None, cand_events=None) -> tuple:
+        """``(inputs status, layout differences, failing inputs, view entries)`` of an op.
+
+        The inputs are compared by their actual values, as the op saw them (views included).
+        The failing inputs are ``(position, reference input, candidate input)`` without their
+        tensors: :func:`parity_tracker.localize.views.view_entry` later checks (once every
+        frame is compared) whether one reads an equal producer output through another view.
+        The view entries are found now, while the inputs are held: failing inputs that read
+        equal data made outside the recorded ops through another view chain
+        (:func:`parity_tracker.localize.views.external_view_entry`; ``cand_events``: the
+        candidate's copy-only events so far).
+        """
         if r is None or c is None:
             ev = c if c is not None else r
             assert ev is not None
-            return self._one_sided_inputs(ev, side=1 if c is not None else 0), []
+            return self._one_sided_inputs(ev, side=1 if c is not None else 0), [], [], []
         layout = layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
-        statuses = []
+        statuses, failing, views = [], [], []
         for p in range(max(len(r.inputs), len(c.inputs))):
             if p >= len(r.inputs) or p >= len(c.inputs):
                 statuses.append("unknown")
                 continue
-            statuses.append(self._input_status(r.inputs[p], c.inputs[p]))
-        return _combine(statuses), layout
+            rd, cd = r.inputs[p], c.inputs[p]
+            statuses.append(self._input_status(rd, cd))
+            if statuses[-1] != "failing":
+                continue
+            failing.append((p, _bare(rd), _bare(cd)))
+            with suspended():
+                entry = external_view_entry(
+                    p, rd, cd, self.ref_events, cand_events or {}, self._same
+                )
+            if entry is not None:
+                views.append(entry)
+        return _combine(statuses), layout, failing, views
+
+    def _same(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> bool:
+        """Two whole storages pass by the session's rule (:func:`compare.passes`)."""
+        if ref_t.device != cand_t.device:
+            ref_t = ref_t.to(cand_t.device)
+        return passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances)
 
     def _one_sided_inputs(self, ev: OpEvent, side: int) -> str:
         """Inputs of an op that ran on one side only: its producers' statuses where known."""
@@ -163,6 +197,11 @@ class InputJudge:
                 return None
             return torch.as_strided(base, rd.shape, rd.stride, offset)
         return None
+
+
+def _bare(d: OpInput) -> OpInput:
+    """``d`` without its held tensor (provenance and layout only)."""
+    return dataclasses.replace(d, held=None)
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor | None:

@@ -15,6 +15,7 @@ op that ran before it.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,9 @@ from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
 from parity_tracker.localize.keep import MAX_KEPT_OPS, KeptOp, keep_op
-from parity_tracker.localize.root_cause import explain, op_root_cause
+from parity_tracker.localize.root_cause import CASE_B, LAYOUT_OPS, explain, op_root_cause
+from parity_tracker.localize.views import view_entry
+from parity_tracker.statuses import is_failing, is_passing
 
 
 class OpComparer:
@@ -69,6 +72,10 @@ class OpComparer:
         )
         self.rows: list[dict[str, Any]] = []
         self._finalized = False
+        # candidate copy-only events by seq, tensors left out (view chains, localize.views)
+        self._cand_events: dict[int, OpEvent] = {}
+        # failing rows of ops both sides ran with failing inputs: (row, failing inputs)
+        self._pending_views: list[tuple[dict[str, Any], list[tuple[int, Any, Any]]]] = []
 
     def clear(self) -> None:
         """Drop the reference frames (their captures are released by the store)."""
@@ -86,6 +93,10 @@ class OpComparer:
                     self._manual_frames[ev.seq] = frame
             return
         self._visited.add(frame.key)
+        for ev in frame.events:  # copy-only ops, tensors left out: for view chains (views.py)
+            if ev.op in LAYOUT_OPS:
+                inputs = [dataclasses.replace(d, held=None) for d in ev.inputs]
+                self._cand_events[ev.seq] = OpEvent(ev.seq, ev.op, ev.k, [], inputs)
         ref = self._reference.get(frame.key)
         self._compare_frame(ref.events if ref else [], frame)
         for ev in frame.events:
@@ -113,9 +124,29 @@ class OpComparer:
                 )
                 frame = self._manual_frames[ev.seq]
                 self.rows.append(_manual_row(frame, ev, cmp, None, ev.seq))
+        self._resolve_views()
         self.rows.sort(key=self._order_key())
         for i, r in enumerate(self.rows):
             r["exec_order"] = i
+
+    def _resolve_views(self) -> None:
+        """Name as root causes (case B) the failing ops whose difference enters through a view.
+
+        Run once every frame is compared, so producers in enclosing module calls (closed after
+        the op's own call) have their statuses: a failing input that reads an equal producer
+        output on both sides through different view chains (``localize.views.view_entry``).
+        """
+        for row, failing in self._pending_views:
+            views = [
+                e
+                for p, rd, cd in failing
+                if (e := view_entry(p, rd, cd, self._ref_events, self._cand_events,
+                                    self._cand_status, is_passing)) is not None
+            ]  # fmt: skip
+            if views:
+                why = explain(CASE_B, [], [], views=views)
+                row.update(root_cause=True, cause=CASE_B, message=f"{why}; {row['message'] or ''}")
+        self._pending_views.clear()
 
     def _order_key(self) -> Callable[[dict[str, Any]], tuple[int, int, int, int]]:
         """Sort key: execution order in candidate time.
@@ -154,7 +185,9 @@ class OpComparer:
         )
         base = op_call_base(frame.module, frame.call, ev.op, ev.k)
         results = self._compare_outputs(base, r, c)
-        inputs_status, layout = self._inputs.inputs_status(r, c)
+        inputs_status, layout, failing_inputs, views = self._inputs.inputs_evidence(
+            r, c, self._cand_events
+        )
         out_diffs = [
             f"output {i} dtype {cmp.ref_dtype} vs {cmp.cand_dtype}"
             for i, cmp in results
@@ -163,32 +196,36 @@ class OpComparer:
         kept = False
         for i, cmp in results:
             root, cause = op_root_cause(ev.op, present, cmp, inputs_status, layout, out_diffs)
+            if views and is_failing(cmp.status) and not root:
+                root, cause = True, CASE_B  # the difference enters through a view chain
             message = cmp.message
             if root:
-                message = explain(cause, layout, out_diffs) + (f"; {message}" if message else "")
-            self.rows.append(
-                {
-                    "tag": op_tag(frame.module, frame.call, ev.op, ev.k, i),
-                    "module": frame.module,
-                    "kind": "op",
-                    "slot": "output" if len(results) == 1 else f"output_{i}",
-                    "call_index": frame.call,
-                    "step": frame.step,
-                    "op": ev.op,
-                    "op_index": ev.k,
-                    **cmp.to_dict(),
-                    "message": message,
-                    "inputs_status": inputs_status,
-                    "root_cause": root,
-                    "cause": cause,
-                    "_cand_seq": c.seq if c is not None else None,
-                    "_ref_seq": r.seq if r is not None else None,
-                    "_out": i,
-                }
-            )
+                why = explain(cause, layout, out_diffs, views=views)
+                message = why + (f"; {message}" if message else "")
+            row = {
+                "tag": op_tag(frame.module, frame.call, ev.op, ev.k, i),
+                "module": frame.module,
+                "kind": "op",
+                "slot": "output" if len(results) == 1 else f"output_{i}",
+                "call_index": frame.call,
+                "step": frame.step,
+                "op": ev.op,
+                "op_index": ev.k,
+                **cmp.to_dict(),
+                "message": message,
+                "inputs_status": inputs_status,
+                "root_cause": root,
+                "cause": cause,
+                "_cand_seq": c.seq if c is not None else None,
+                "_ref_seq": r.seq if r is not None else None,
+                "_out": i,
+            }
+            self.rows.append(row)
+            if failing_inputs and is_failing(cmp.status) and not root:
+                self._pending_views.append((row, failing_inputs))
             if root and not kept and r is not None and c is not None:
                 kept = True
-                self._keep(self.rows[-1], r, c)
+                self._keep(row, r, c)
 
     def _keep(self, row: dict[str, Any], r: OpEvent, c: OpEvent) -> None:
         """Keep the reproducer material of a root cause (the first ``MAX_KEPT_OPS``)."""

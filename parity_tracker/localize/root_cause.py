@@ -6,9 +6,11 @@ dtype, stride or contiguity (plumbing); C = op present on one side only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from parity_tracker.compare import Comparison
+from parity_tracker.compare.verdict import first_divergence
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import is_failing
 
@@ -89,6 +91,8 @@ def op_root_cause(
     A root cause is a failing op whose tensor inputs all pass (case A, or B when layouts or
     output dtypes differ), or an op present on one side only (case C) that is not a pure copy
     or allocation (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input.
+    (An op whose failing input reads an equal producer through another view chain is named
+    case B later, once every frame is compared: ``OpComparer`` with ``localize.views``.)
 
     Args:
         op: the op name (``"manual"`` for a manual registration).
@@ -116,8 +120,15 @@ def op_root_cause(
     return cause is not None, cause
 
 
-def explain(cause: str | None, layout: list[str], out_diffs: list[str]) -> str:
+def explain(
+    cause: str | None, layout: list[str], out_diffs: list[str], *, views: Sequence[str] = ()
+) -> str:
     """The message prefix naming a root cause's case (empty when ``cause`` is None)."""
+    if cause == "B" and views:
+        return (
+            "root cause (case B): the difference enters through a view/layout change: "
+            + "; ".join(views)
+        )
     if cause == "A":
         return (
             "root cause (case A): inputs equal with the same layout, the op computes another result"
@@ -127,3 +138,34 @@ def explain(cause: str | None, layout: list[str], out_diffs: list[str]) -> str:
     if cause == "C":
         return "root cause (case C): op present on one side only (not implemented or substituted)"
     return ""
+
+
+def fallback_root_causes(
+    op_rows: Sequence[Mapping[str, Any]], module_rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The place to start when op capture proved no root cause in a failing run (issue 13).
+
+    A failing run with op capture never reports an empty root-cause list: when no op qualifies
+    (:func:`op_root_cause`, view entries), the first row below is named instead, with
+    ``cause`` None and a message saying that the evidence is insufficient:
+    the first divergent op (``compare.verdict.first_divergence``), else the first failing op
+    row, else the first divergent modules row, else the first failing modules row.
+
+    Args:
+        op_rows: the ops table's rows.
+        module_rows: the modules table's rows.
+
+    Returns:
+        ``[row]`` (a copy, ``root_cause`` True, ``cause`` None), or ``[]`` when no row fails.
+    """
+    for rows, what in ((op_rows, "op"), (module_rows, "tensor")):
+        row = first_divergence(rows) or next((r for r in rows if is_failing(r["status"])), None)
+        if row is not None:
+            note = (
+                "no root cause proven (no failing op has all inputs passing, a view/layout "
+                f"entry, or runs on one side only); the first failing {what} is named instead"
+            )
+            msg = row.get("message")
+            return [{**row, "root_cause": True, "cause": None,
+                     "message": note + (f"; {msg}" if msg else "")}]  # fmt: skip
+    return []

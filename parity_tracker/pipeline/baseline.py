@@ -15,14 +15,16 @@ import pyarrow as pa
 def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit: str | None) -> Any:
     """The baseline among stored runs of one fingerprint (``track.RunInfo``, newest first).
 
-    Rule (``--baseline auto``): finished runs other than the head, started before it, on another
+    Rule (``--baseline auto``): finished, complete runs (``track.store.is_incomplete``) other
+    than the head, started before it, on another
     commit; among those the newest on branch ``main`` if any is on main, else the newest. When
     no other commit has a run, the newest earlier run of the same commit (a re-run) is used.
 
     Returns:
         The chosen run, or None.
     """
-    earlier = [r for r in candidates if r.run_id != head_run_id and r.status == "FINISHED"]
+    usable = [r for r in candidates if r.status == "FINISHED" and not getattr(r, "incomplete", 0)]
+    earlier = [r for r in usable if r.run_id != head_run_id]
     head = next((r for r in candidates if r.run_id == head_run_id), None)
     if head is not None:
         earlier = [r for r in earlier if r.start_time <= head.start_time]

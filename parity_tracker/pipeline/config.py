@@ -10,17 +10,35 @@ Format (also documented at the top of ``pipelines/nightly.toml``)::
 
 Each ``[[matrix]]`` entry expands to the cartesian product of its axes (``pipeline.matrix``);
 settings it does not name take the target's default. Duplicate cells are run once.
+
+The file is validated against a declared pydantic schema (:class:`MatrixFile`,
+https://docs.pydantic.dev): every wrong type or unknown top-level key is refused with the key,
+the value and what is allowed (``ops = "false"`` is not a boolean, ``rtol = true`` is not a
+number). The number of cells is computed from the axes before anything is expanded and refused
+above ``max_cells`` (default :data:`MAX_CELLS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from parity_tracker.errors import InputError
-from parity_tracker.files.toml import load_toml
+from parity_tracker.files.toml import load_toml, validate_model
 from parity_tracker.pipeline.matrix import DEFAULT_DUMP_MODE, Cell, expand
+from parity_tracker.pipeline.targets import check_spec
 
 #: Keys of a ``[[matrix]]`` entry that are options, not setting axes.
 OPTION_KEYS = ("target", "mode", "ops", "rtol", "atol", "dump_mode")
@@ -28,65 +46,127 @@ OPTION_KEYS = ("target", "mode", "ops", "rtol", "atol", "dump_mode")
 DUMP_MODES = ("NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL")
 #: The comparison modes of a cell.
 CELL_MODES = ("auto", "equal", "allclose")
+#: Most cells a matrix may expand to unless ``--max-cells`` raises it (a 1,000 x 1,000 matrix
+#: was accepted and ran 886 cells, 1.7 GB, in 90 s before this limit; issue 14).
+MAX_CELLS = 1000
 
 
-def _axes(entry: Mapping[str, Any], where: str) -> dict[str, list[str]]:
-    axes = {}
-    for key, value in entry.items():
-        if key in OPTION_KEYS:
-            continue
-        values = value if isinstance(value, list) else [value]
-        if not values or any(isinstance(v, (dict, list)) for v in values):
-            raise InputError(f"{where}: {key} must be a value or a non-empty list of values")
-        axes[key] = [str(v) for v in values]
-    return axes
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("rtol and atol must be numbers such as 1e-3 (not strings, not true/false)")
+    return float(value)
 
 
-def _options(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The :class:`Cell` options of a ``[[matrix]]`` entry, validated."""
-    from parity_tracker.tolerances import check_pair
-
-    mode = str(entry.get("mode", "auto"))
-    if mode not in CELL_MODES:
-        raise InputError(f"{where}: mode = {mode!r}; allowed: {', '.join(CELL_MODES)}")
-    tol = (entry.get("rtol"), entry.get("atol"))
-    if any(v is not None and not isinstance(v, (int, float)) for v in tol):
-        raise InputError(f"{where}: rtol and atol must be numbers, got {tol}")
-    try:
-        pair = check_pair(*tol)
-    except ValueError as exc:
-        raise InputError(f"{where}: {exc}") from exc
-    dump_mode = str(entry.get("dump_mode", DEFAULT_DUMP_MODE)).upper()
-    if dump_mode not in DUMP_MODES:
-        raise InputError(f"{where}: dump_mode = {dump_mode!r}; allowed: {', '.join(DUMP_MODES)}")
-    rtol, atol = pair if pair is not None else (None, None)
-    ops = bool(entry.get("ops", False))
-    return {"mode": mode, "ops": ops, "rtol": rtol, "atol": atol, "dump_mode": dump_mode}
+def _target(value: str) -> str:
+    return value if ":" not in value else check_spec(value)
 
 
-def _entry_cells(entry: Any, where: str) -> list[Cell]:
-    if not isinstance(entry, dict) or "target" not in entry:
-        raise InputError(f'{where}: each [[matrix]] entry needs target = "name"')
-    options = _options(entry, where)
-    return expand(str(entry["target"]), _axes(entry, where), where=where, **options)
+def _dump_mode(value: str) -> str:
+    if value.upper() not in DUMP_MODES:
+        raise ValueError(f"allowed: {', '.join(DUMP_MODES)} (any case)")
+    return value.upper()
 
 
-def load_matrix(path: str | Path) -> list[Cell]:
-    """Every cell of the matrix file at ``path``, in file order, duplicates dropped.
+def _mode(value: str) -> str:
+    if value not in CELL_MODES:
+        raise ValueError(f"allowed: {', '.join(CELL_MODES)}")
+    return value
+
+
+def _axis(value: Any) -> Any:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, (str, int, float)) for v in values):
+        raise ValueError(
+            "a setting must be a value or a non-empty list of values (str, number, bool)"
+        )
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+Axis = Annotated[Any, AfterValidator(_axis)]
+
+
+class MatrixEntry(BaseModel):
+    """One ``[[matrix]]`` entry: the options below, every other key a setting axis."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, Axis]  # the setting axes: a value or a non-empty list
+
+    target: Annotated[StrictStr, AfterValidator(_target)]
+    mode: Annotated[StrictStr, AfterValidator(_mode)] = "auto"
+    ops: StrictBool = False
+    rtol: Number | None = None
+    atol: Number | None = None
+    dump_mode: Annotated[StrictStr, AfterValidator(_dump_mode)] = DEFAULT_DUMP_MODE
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> MatrixEntry:
+        from parity_tracker.compare.tolerances import check_pair
+
+        check_pair(self.rtol, self.atol)  # ValueError: one without the other, or negative
+        return self
+
+    def axes(self) -> dict[str, list[str]]:
+        """``{setting: [values as strings]}`` (TOML ``true`` becomes ``"True"``, as before)."""
+        extra = self.model_extra or {}
+        return {
+            k: [str(v) for v in (vs if isinstance(vs, list) else [vs])] for k, vs in extra.items()
+        }
+
+    def cell_count(self) -> int:
+        """The number of cells this entry expands to (product of the axis lengths)."""
+        return math.prod(len(v) for v in self.axes().values())
+
+
+class MatrixFile(BaseModel):
+    """The matrix file: a non-empty list of ``[[matrix]]`` entries, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matrix: Annotated[list[MatrixEntry], Field(min_length=1)]
+
+
+def read_matrix_file(path: str | Path) -> MatrixFile:
+    """The validated matrix file (nothing imported, nothing expanded).
 
     Raises:
-        InputError: the file is missing or malformed TOML (names the file and line), an entry
-            names an unknown target or a setting value the target does not allow (names the
-            file, the entry's 1-based index, and the allowed values), or the matrix is empty.
+        InputError: missing or malformed TOML, a wrong type, an unknown top-level key, a
+            malformed target spec, or no ``[[matrix]]`` entry (names key, value, allowed).
     """
     data = load_toml(path)
     unknown = set(data) - {"matrix"}
     if unknown:
         raise InputError(f"{path}: unknown top-level keys {sorted(unknown)}; use [[matrix]]")
-    cells: dict[Cell, None] = {}
-    for i, entry in enumerate(data.get("matrix", []), start=1):
-        for cell in _entry_cells(entry, f"{path} [[matrix]] #{i}"):
-            cells.setdefault(cell, None)
-    if not cells:
+    if data.get("matrix", []) == []:
         raise InputError(f"{path}: no [[matrix]] entries; see the format at the top of the file")
+    return validate_model(MatrixFile, data, str(path))
+
+
+def load_matrix(path: str | Path, *, max_cells: int = MAX_CELLS) -> list[Cell]:
+    """Every cell of the matrix file at ``path``, in file order, duplicates dropped.
+
+    Args:
+        path: the matrix TOML.
+        max_cells: refuse a matrix of more cells than this (counted before expansion).
+
+    Raises:
+        InputError: the file is invalid (``read_matrix_file``), expands to more than
+            ``max_cells`` cells, or an entry names an unknown target or a setting value the
+            target does not allow (names the file, the entry's 1-based index, and the allowed
+            values).
+    """
+    data = read_matrix_file(path)
+    counts = [entry.cell_count() for entry in data.matrix]
+    if sum(counts) > max_cells:
+        raise InputError(
+            f"{path}: the matrix expands to {sum(counts):,} cells (per entry: {counts[:10]}), "
+            f"more than the limit of {max_cells:,}; split it, or raise the limit with "
+            "--max-cells"
+        )
+    cells: dict[Cell, None] = {}
+    for i, entry in enumerate(data.matrix, start=1):
+        where = f"{path} [[matrix]] #{i}"
+        options = entry.model_dump(include=set(OPTION_KEYS) - {"target"})
+        for cell in expand(entry.target, entry.axes(), where=where, **options):
+            cells.setdefault(cell, None)
     return list(cells)

@@ -28,7 +28,7 @@ from parity_tracker.pipeline.baseline import (
     choose_baseline,
     resolve_baseline_runs,
 )
-from parity_tracker.pipeline.config import load_matrix
+from parity_tracker.pipeline.config import MAX_CELLS, load_matrix
 from parity_tracker.pipeline.matrix import Cell, parse_shard, shard_cells
 from parity_tracker.pipeline.pages import NightlyPages, nightly_pages
 from parity_tracker.pipeline.results import (
@@ -207,7 +207,7 @@ def _cell(
 def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
           expected: str | Path | None, commit: str | None, branch: str | None,
           today: dt.date | None, store: RunStore, night: str | None = None,
-          allow_no_commit: bool = False) -> _Plan:  # fmt: skip
+          allow_no_commit: bool = False, max_cells: int = MAX_CELLS) -> _Plan:  # fmt: skip
     """Read and check the inputs (matrix, shard, expected file, baseline) before any work.
 
     Raises:
@@ -220,7 +220,7 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     if fail_on not in FAIL_ON:
         raise InputError(f"--fail-on {fail_on!r}; allowed: {', '.join(FAIL_ON)}")
     index, count = parse_shard(shard)
-    cells = shard_cells(load_matrix(config), index, count)
+    cells = shard_cells(load_matrix(config, max_cells=max_cells), index, count)
     expected = Path(config).with_name("expected.toml") if expected is None else expected
     entries = load_expected(expected)
     git = git_info()
@@ -281,6 +281,7 @@ def run_nightly(
     commit: str | None = None,
     branch: str | None = None,
     today: dt.date | None = None,
+    max_cells: int = MAX_CELLS,
     reporter: Reporter | None = None,
     render: Render | None = None,
     render_run: RunRender | None = None,
@@ -301,6 +302,7 @@ def run_nightly(
         commit: the commit recorded on every run (default: read with git).
         branch: the branch recorded (default: read with git).
         today: the date expected entries expire against (default: today, UTC).
+        max_cells: refuse a matrix of more cells (``config.MAX_CELLS`` = 1000 by default).
         reporter: progress events.
         render: the files to attach to the parent run besides ``regressions.parquet``
             (the CLI passes ``dashboards.digest.nightly_artifacts``); its ``digest.md`` becomes
@@ -328,7 +330,7 @@ def run_nightly(
     store = RunStore(tracking_uri, experiment)
     plan = _plan(config, shard=shard, baseline=baseline, fail_on=fail_on, expected=expected,
                  commit=commit, branch=branch, today=today, store=store, night=night,
-                 allow_no_commit=allow_no_commit)  # fmt: skip
+                 allow_no_commit=allow_no_commit, max_cells=max_cells)  # fmt: skip
     reporter = reporter or Reporter()
     parent = _start(plan, store)
     out = NightlyResult(

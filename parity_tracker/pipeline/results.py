@@ -6,7 +6,6 @@ Also the cell verdict (:func:`cell_status`, the matrix colour) and the table of 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import pyarrow as pa
 from parity_tracker.analysis.diff import interesting
 from parity_tracker.analysis.expected import ExpectedEntry
 from parity_tracker.errors import EXIT_INFRA
+from parity_tracker.files import jsonio
 from parity_tracker.pipeline.matrix import Cell
 
 #: What makes the nightly's exit code 1 (see ``NightlyResult.exit_code``).
@@ -81,6 +81,31 @@ class NightlyResult:
         return [c for c in self.cells if c.error]
 
     @property
+    def unexpected_cells(self) -> list[CellResult]:
+        """Cells whose verdict (:func:`cell_status`) is fail, regression or error.
+
+        Counted whether or not a baseline exists (a cell with no baseline has no regression,
+        yet it fails) and whatever ``fail_on`` says; ``expected`` cells are not counted.
+        """
+        return [c for c in self.cells if cell_status(c) in UNEXPECTED_CELL_STATUSES]
+
+    @property
+    def headline(self) -> str:
+        """``PASS``, or ``FAIL`` with the count of cells failing unexpectedly.
+
+        ``PASS`` only when the exit code is 0 and no cell fails unexpectedly; when the exit
+        code is 0 (``fail_on`` not met) but cells fail, the headline still says FAIL and why
+        the exit code is 0.
+        """
+        n = len(self.unexpected_cells)
+        if not n and not self.exit_code:
+            return "PASS"
+        counted = f"{n} cell{'s' if n != 1 else ''} failing, not expected"
+        if self.exit_code:
+            return f"FAIL ({counted}; exit {self.exit_code})"
+        return f"FAIL ({counted}; exit 0 under --fail-on {self.fail_on})"
+
+    @property
     def spooled(self) -> list[str]:
         """Spool paths of cells the store did not take (upload with ``parity-tracker sync``)."""
         return [c.spool_path for c in self.cells if c.spool_path]
@@ -111,6 +136,8 @@ class NightlyResult:
             "night": self.night,
             "fail_on": self.fail_on,
             "exit_code": self.exit_code,
+            "headline": self.headline,
+            "unexpected_cells": [c.cell.name for c in self.unexpected_cells],
             "regressions": self.regressions,
             "spooled": self.spooled,
             "expired": [e.describe() for e in self.expired],
@@ -129,7 +156,7 @@ def regressions_table(cells: Sequence[CellResult]) -> pa.Table:
         meta = {
             "cell": [c.cell.name] * n,
             "target": [c.cell.target] * n,
-            "settings": [json.dumps(dict(c.cell.settings))] * n,
+            "settings": [jsonio.dumps(dict(c.cell.settings))] * n,
             "run_id": [c.run_id] * n,
             "baseline_run_id": [c.baseline_run_id] * n,
         }
@@ -157,6 +184,10 @@ def regressions_table(cells: Sequence[CellResult]) -> pa.Table:
             }
         )
     return pa.concat_tables(parts, promote_options="default")
+
+
+#: Cell verdicts (:func:`cell_status`) that count as failing unexpectedly in the headline.
+UNEXPECTED_CELL_STATUSES = frozenset({"fail", "regression", "error"})
 
 
 def cell_status(c: CellResult) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -151,8 +152,28 @@ def _from_entry_point(ep: importlib.metadata.EntryPoint) -> Target:
     return _from_callable(loaded, _source(ep), ep.name)
 
 
+#: A target spec: a dotted module path, ``:``, and an identifier (``mypkg.pairs:build``).
+SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:(?:[A-Za-z_]\w*)?$", re.ASCII)
+
+
+def check_spec(spec: str) -> str:
+    """``spec`` when it is ``module.path:function`` (``SPEC_PATTERN``); nothing is imported.
+
+    Raises:
+        InputError: anything else (a file path such as ``../x:y``, spaces, ``..``); names the
+            spec and the allowed form.
+    """
+    if not isinstance(spec, str) or not SPEC_PATTERN.match(spec):
+        raise InputError(
+            f"target {spec!r} is not a registered name nor a module:function spec; a spec is a "
+            "dotted module path, ':', and an identifier (e.g. mypkg.pairs:build), "
+            "never a file path"
+        )
+    return spec
+
+
 def _from_spec(spec: str) -> Target:
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = check_spec(spec).partition(":")
     _cwd_importable()
     try:
         module = importlib.import_module(module_name)

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from parity_tracker.compare.convert import dense_cpu
+from parity_tracker.compare.verdict import worst_key
+
 
 def _float64(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor, without importing torch
@@ -115,3 +118,61 @@ def histogram_from_dump(folder: Any, worst: Mapping[str, Any] | None) -> dict[st
         return diff_histogram(ref, cand, tag=worst.get("tag"), step=worst.get("step"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _private_copy(t: Any) -> Any:
+    """A dense CPU copy of ``t`` that no later write to ``t`` reaches (quantized: dequantized)."""
+    t = dense_cpu(t)
+    return t.dequantize() if t.is_quantized else t.clone()
+
+
+class WorstPair:
+    """``on_compared`` callback of the checker: keeps the worst value mismatch seen so far.
+
+    The ordering is :func:`parity_tracker.compare.verdict.worst_key` (the one rule the run
+    summary's ``worst_tensor`` follows). Only pairs of status ``mismatch`` are kept (the other
+    failing statuses have no elementwise difference to draw); a pair that beats the current
+    worst replaces it, a pair that ties it is kept beside it (the summary breaks ties by row
+    order, which only the finished table knows). Both tensors are copied when kept: the
+    candidate is the live tensor on the eager path and may be written afterwards. Tied pairs
+    with the same content hashes share one copy. No second check, no dump is needed
+    (issue 13, item 6).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._kept: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._by_hash: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}
+
+    def __call__(self, tag: str, step: int, reference: Any, candidate: Any, comparison) -> None:
+        """Consider one compared pair (signature of ``PairComparer``'s ``on_compared``)."""
+        if comparison.status != "mismatch":
+            return
+        row = {
+            "status": comparison.status,
+            "sqnr_db": comparison.sqnr_db,
+            "max_abs_diff": comparison.max_abs_diff,
+        }
+        key = worst_key(row)
+        if self._key is not None and key > self._key:
+            return
+        if self._key is None or key < self._key:
+            self._key, self._kept, self._by_hash = key, {}, {}
+        hashes = (comparison.ref_hash, comparison.cand_hash)
+        pair = self._by_hash.get(hashes) if None not in hashes else None
+        if pair is None:
+            try:
+                pair = (_private_copy(reference), _private_copy(candidate))
+            except Exception:  # no readable data (meta, fake): no histogram, never a crash
+                return
+            self._by_hash[hashes] = pair
+        self._kept[(tag, int(step or 0))] = pair
+
+    def histogram(self, worst: Mapping[str, Any] | None, **kwargs: Any) -> dict[str, Any] | None:
+        """``diff_histogram`` of the ``worst`` row (``tag``, ``step``) when its pair was kept."""
+        if not worst:
+            return None
+        pair = self._kept.get((worst.get("tag"), int(worst.get("step") or 0)))
+        if pair is None:
+            return None
+        return diff_histogram(*pair, tag=worst.get("tag"), step=worst.get("step"), **kwargs)

@@ -26,7 +26,8 @@ from typing import Any
 from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
-from parity_tracker.run.histogram import histogram_from_dump
+from parity_tracker.localize.root_cause import fallback_root_causes
+from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import choose_mode
 from parity_tracker.run.result import RunResult
@@ -237,41 +238,6 @@ def _with_isolation(
     return out
 
 
-def _retention(dump_mode: Any, mode: str) -> Any:
-    """The dump mode the checker plans for (which tensors it keeps after comparing them).
-
-    The requested one, widened to every failing tag in allclose mode, so the worst tensor's
-    histogram can always be computed (``_histogram``).
-    """
-    from parity_tracker.tensor_checker import DumpMode
-
-    if mode == "allclose" and dump_mode in (DumpMode.NOT, DumpMode.FIRST_NOT_EQUAL):
-        return DumpMode.NOT_EQUAL
-    return dump_mode
-
-
-def _histogram(checker: Any, check: Any, rows: list[dict[str, Any]], mode: str, dump_path: Any):
-    """The worst tensor's |candidate − reference| histogram, or None.
-
-    Read from the run's dump when the worst tensor is in it, else from a private dump of the
-    failing tensors the checker still holds (``_retention``); None when no tensor failed.
-    """
-    from parity_tracker.tensor_checker import DumpMode
-
-    worst = worst_tensor(rows)
-    if worst is None:
-        return None
-    if check.dump_dir:
-        hist = histogram_from_dump(Path(dump_path) / check.dump_dir, worst)
-        if hist is not None:
-            return hist
-    if checker.dump_mode not in (DumpMode.NOT_EQUAL, DumpMode.ALL):
-        return None  # the checker released the failing tensors (equal mode, by request)
-    with tempfile.TemporaryDirectory(prefix="parity-hist-") as tmp:
-        again = checker.check(mode, dump_mode=DumpMode.NOT_EQUAL, dump_path=tmp, verbose=False)
-        return histogram_from_dump(Path(tmp) / again.dump_dir, worst) if again.dump_dir else None
-
-
 def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any, seed: int):
     """Re-run the failing modules of the candidate on the reference's inputs (localize)."""
     from parity_tracker.localize.isolate import isolate
@@ -441,9 +407,10 @@ def run_parity(
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
+    worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
-        dump_mode=_retention(dump_mode, chosen), spill_dir=spill.name,
+        dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
     )  # fmt: skip
     ops = None
     if capture_ops:
@@ -464,12 +431,12 @@ def run_parity(
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
         rows = [{**r, "run_id": run_id} for r in check.to_rows()]
-        hist = _histogram(checker, check, rows, chosen, dump_path)
+        hist = worst.histogram(worst_tensor(rows))
         rows = _with_unreached_named(_with_artifact_paths(rows), error)
         op_rows, root_causes, kept = [], [], ([], [])
         if ops is not None:
             op_rows = _with_unreached_named([{**r, "run_id": run_id} for r in ops.rows()], error)
-            root_causes = ops.root_causes()
+            root_causes = ops.root_causes() or fallback_root_causes(op_rows, rows)
             kept = ops.kept()
             ops.close()
     finally:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parity_tracker.compare import verdict
+from parity_tracker.files import jsonio
 from parity_tracker.files.tables import SUMMARY_SCHEMA_VERSION, migrate_summary
 from parity_tracker.run.mode import config_fingerprint
 from parity_tracker.statuses import (
@@ -133,7 +134,12 @@ class RunSummary(Mapping[str, Any]):
         ops_compared, ops_failing: ops rows.
         weights_failing: failing param/buffer rows (reported apart from modules).
         cache_hits_failing: failing rows marked ``cache_hit`` (not divergences).
-        first_divergence, first_divergent_op: the first failing modules / ops row, or None.
+        first_divergence, first_divergent_op: the first failing PAIRED modules / ops row, or
+            None (``compare.verdict.first_divergence``).
+        structure_differences: the modules rows whose tag exists on one side only (``tag``,
+            ``module``, ``kind``, ``step``, ``status``: ``missing_candidate`` = reference only),
+            in execution order (``compare.verdict.structure_differences``); never a divergence.
+            Empty for a run that did not complete (its unreached tags are not structure).
         root_causes: root-cause op rows (tag, module, op, op_index, step, exec_order, status,
             cause, message).
         output_max_abs_diff, output_sqnr_db, output_equal: the root output's metrics (None when
@@ -169,6 +175,7 @@ class RunSummary(Mapping[str, Any]):
     cache_hits_failing: int = 0
     first_divergence: FirstDivergence | None = None
     first_divergent_op: FirstDivergence | None = None
+    structure_differences: tuple[dict[str, Any], ...] = ()
     root_causes: tuple[dict[str, Any], ...] = ()
     output_max_abs_diff: float | None = None
     output_sqnr_db: float | None = None
@@ -197,7 +204,7 @@ class RunSummary(Mapping[str, Any]):
         Raises:
             ValueError: a NaN or infinity somewhere in the record (strict JSON has neither).
         """
-        return json.dumps(json.loads(self._json), indent=indent, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(json.loads(self._json), indent=indent, sort_keys=True)
 
     @cached_property
     def _json(self) -> str:
@@ -208,8 +215,9 @@ class RunSummary(Mapping[str, Any]):
             if isinstance(value, _Record):
                 data[key] = value.to_dict()
         data["root_causes"] = [dict(r) for r in self.root_causes]
+        data["structure_differences"] = [dict(r) for r in self.structure_differences]
         data = {**self.extra, **data}
-        return json.dumps(data, sort_keys=True, allow_nan=False)
+        return jsonio.dumps(data, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
@@ -227,6 +235,9 @@ class RunSummary(Mapping[str, Any]):
             if key in kwargs:
                 kwargs[key] = typ.from_dict(kwargs[key])
         kwargs["root_causes"] = tuple(dict(r) for r in kwargs.get("root_causes") or ())
+        kwargs["structure_differences"] = tuple(
+            dict(r) for r in kwargs.get("structure_differences") or ()
+        )
         extra = {
             **dict(data.get("extra") or {}),
             **{k: v for k, v in data.items() if k not in names},
@@ -328,6 +339,19 @@ def first_divergence(table: pa.Table) -> dict[str, Any] | None:
     return None if row is None else {k: row[k] for k in [*_FD_KEYS, *ranks]}
 
 
+_SD_KEYS = ["tag", "module", "kind", "step", "status"]
+
+
+def structure_differences(table: pa.Table) -> list[dict[str, Any]]:
+    """The one-sided rows of a modules table (``compare.verdict.structure_differences``).
+
+    Returns:
+        ``[{tag, module, kind, step, status}, ...]`` in execution order.
+    """
+    rows = _failing_rows(table, [*_SD_KEYS, "exec_order"])
+    return [{k: r[k] for k in _SD_KEYS} for r in verdict.structure_differences(rows)]
+
+
 def worst_tensor(table: pa.Table | list[dict[str, Any]]) -> dict[str, Any] | None:
     """The worst failing tensor (``compare.verdict.worst_tensor``).
 
@@ -368,7 +392,10 @@ def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
     return {
         "output_max_abs_diff": _finite(max(diffs)) if diffs else None,
         "output_sqnr_db": _finite(min(sqnrs)) if sqnrs else None,
-        "output_equal": all(r["status"] == "equal" for r in rows),
+        # leaves not compared (non-tensor outputs, issue 13) neither make nor break equality
+        "output_equal": all(r["status"] == "equal" for r in rows if r["status"] not in NEUTRAL)
+        if any(r["status"] not in NEUTRAL for r in rows)
+        else None,
     }
 
 
@@ -423,6 +450,8 @@ def build_summary(
         "weights_failing": _count(pc.and_(failing, weights)) if modules.num_rows else 0,
         "first_divergence": first_divergence(modules),
         "first_divergent_op": first_divergence(ops),
+        # a forward that raised leaves tags unreached, not one-sided: the error says so
+        "structure_differences": structure_differences(modules) if status == "completed" else [],
         "root_causes": list(root_causes or []),
         "cache_hits_failing": _count(pc.and_(pc.and_(failing, pc.invert(weights)), cache_hit))
         if modules.num_rows

@@ -26,6 +26,8 @@ _LAZY = {
     **dict.fromkeys(
         ("RunHead", "RunInfo", "RunStore", "find_run_heads", "find_runs", "load_run"), "query"
     ),
+    "STALE_RUN_TIMEOUT_S": "owner",
+    "reap_stale_runs": "owner",
     "TAG_COMPLETE": "store",
     "TAG_RUN_ID": "store",
 }  # fmt: skip
@@ -41,6 +43,7 @@ __all__ = [
     "CONTRACT_METRICS",
     "DERIVED_PARAMS",
     "EXTRA_METRICS",
+    "STALE_RUN_TIMEOUT_S",
     "TAG_COMPLETE",
     "TAG_RUN_ID",
     "RunHead",
@@ -53,6 +56,7 @@ __all__ = [
     "load_run",
     "log_artifact_files",
     "log_run",
+    "reap_stale_runs",
     "record_diff",
     "run_metrics",
     "run_params",

@@ -62,23 +62,22 @@ def resolve_run_id(uri: str, run_id: str) -> str:
 
     Args:
         uri: the resolved tracking URI.
-        run_id: 1 to 32 hex digits.
+        run_id: a run id, or 1 to 31 leading hex digits of one.
 
     Returns:
-        The full 32-digit run id (a 32-digit input is returned unchecked).
+        The full run id (a 32-character or non-hex id is returned unchecked).
 
     Raises:
-        InputError: not hex digits, no run starts with it, or several do (the message lists
-            up to 10 candidates; give more digits).
+        InputError: a malformed id (``store.check_run_id``), no run starts with it, or several
+            do (the message lists up to 10 candidates; give more digits).
         InfrastructureError: the store could not be reached.
     """
-    from parity_tracker.track.store import retry, sqlite_path
+    from parity_tracker.track.store import check_run_id, retry, sqlite_path
 
-    text = str(run_id).strip().lower()
-    if not _HEX.fullmatch(text) or len(text) > RUN_ID_LENGTH:
-        raise InputError(f"run id {run_id!r}: give the run's id or a prefix of it (hex digits)")
-    if len(text) == RUN_ID_LENGTH:
-        return text
+    check_run_id(run_id)
+    text = run_id.strip().lower()
+    if len(text) >= RUN_ID_LENGTH or not _HEX.fullmatch(text):
+        return run_id  # a whole id (MLflow's own are 32 hex digits; others are taken as given)
     db = sqlite_path(uri)
     try:
         if db is not None and db.is_file():
@@ -89,6 +88,8 @@ def resolve_run_id(uri: str, run_id: str) -> str:
         raise
     except Exception as exc:
         raise InfrastructureError(f"cannot look up run id {run_id!r} in {uri}: {exc}") from exc
+    if text in found:
+        return text
     if not found:
         raise InputError(f"no run id starts with {run_id!r} in {uri}")
     if len(found) > 1:

@@ -22,11 +22,14 @@ and batched calls:
 The run ends FINISHED, FAILED when a forward raised (``RunSummary.status == "failed"``), or
 KILLED when the run was interrupted.
 
-Nothing lost: everything to be logged is first written to a local staging folder. When the store
+Nothing lost: everything to be logged is first written to a staging folder inside the spool
+(``<spool>/.staging/<parity run id>.<pid>/``, with its owner, see ``track.owner``). When the store
 cannot be reached, that folder is moved whole to ``./.parity/spool/<parity run id>/`` and
 ``log_run`` raises ``SpooledError`` (an ``InfrastructureError``, CLI exit 3) carrying
 ``spool_path``. ``sync_spool()`` uploads spooled runs later, exactly once: a run already in the
-store with the same ``parity.run_id`` and ``parity.complete`` tag is not uploaded again.
+store with the same ``parity.run_id`` and ``parity.complete`` tag is not uploaded again. A writer
+killed mid-upload (SIGKILL) leaves its staging folder: ``sync_spool()`` finishes it once the
+owner is gone (``track.owner.recover_staging``), replacing the half-uploaded run.
 """
 
 from __future__ import annotations
@@ -43,10 +46,18 @@ from typing import Any
 
 from parity_tracker.errors import InfrastructureError, InputError
 from parity_tracker.files.atomic import atomic_write_json, atomic_write_text
+from parity_tracker.files.safe_paths import check_tree_inside, resolve_inside
 from parity_tracker.files.tables import read_table, write_table
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import RUN_STATUSES
+from parity_tracker.track.owner import (
+    current_owner,
+    drop_staging,
+    fault_point,
+    new_staging,
+    recover_staging,
+)
 from parity_tracker.track.store import (
     TAG_COMPLETE,
     TAG_RUN_ID,
@@ -193,10 +204,7 @@ def _inside(root: Path, name: str) -> Path:
     Raises:
         InputError: the artifact path escapes the artifact root.
     """
-    path = (root / name).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise InputError(f"artifact path {name!r} leaves the artifact root; use a relative path")
-    return path
+    return resolve_inside(root, name, what="artifact path", root_name="artifact root")
 
 
 def _copy_artifacts(art: Path, artifacts: Mapping[str, str | os.PathLike[str]] | None) -> None:
@@ -237,6 +245,7 @@ def stage_run(
     _copy_artifacts(art, artifacts)
     _write_rendered(result, art, render)
     atomic_write_text(art / "summary.json", result.record.to_json())
+    fault_point("staging")
     now = int(time.time() * 1000)
     meta = {
         "parity_run_id": result.run_id,
@@ -253,6 +262,36 @@ def stage_run(
     }
     atomic_write_json(folder / "run.json", meta)
     return folder
+
+
+#: ``run.json`` of a staged or spooled run: key → the types its value may have.
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "parity_run_id": (str,), "experiment": (str,), "tracking_uri": (str,),
+    "run_name": (str, type(None)), "parent_run_id": (str, type(None)), "params": (dict,),
+    "metrics": (dict,), "tags": (dict,), "status": (str,), "start_time": (int,),
+    "end_time": (int,),
+}  # fmt: skip
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """``folder/run.json`` (a staged or spooled run), checked key by key.
+
+    Raises:
+        InputError: the file is missing, not strict JSON, or a key is missing or of the wrong
+            type (a spool entry someone else could have written; names the file and key).
+    """
+    path = folder / "run.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable run record ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: a run record must be a JSON object")
+    for key, types in _META_TYPES.items():
+        if not isinstance(meta.get(key), types) or isinstance(meta.get(key), bool):
+            allowed = " or ".join(t.__name__ for t in types)
+            raise InputError(f"{path}: {key} = {meta.get(key)!r}; expected {allowed}")
+    return meta
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,21 +349,28 @@ def _upload(folder: Path, uri: str, tensors: Path | None = None, modules: Any = 
 
     On an embedded store the run is then added to the tag-status index (``_index_run``).
     """
-    meta = json.loads((folder / "run.json").read_text())
+    meta = read_meta(folder)
+    owner = current_owner().tags()  # who writes it (track.owner), set at creation with the id
+    meta["tags"] = {**meta["tags"], **owner}
     client = get_client(uri)
     exp_id = get_or_create_experiment(client, meta["experiment"])
     run = retry(
         client.create_run,
         exp_id,
         start_time=meta["start_time"],
+        tags={TAG_RUN_ID: meta["parity_run_id"], **owner},
         run_name=meta.get("run_name"),
     )
     run_id = run.info.run_id
+    fault_point("created")
     _log_batch(client, run_id, meta)
+    fault_point("logged")
     retry(client.log_artifacts, run_id, str(folder / "artifacts"))
     if tensors is not None and Path(tensors).is_dir() and any(Path(tensors).iterdir()):
         retry(client.log_artifacts, run_id, str(tensors), "tensors")
+    fault_point("artifacts")
     retry(client.set_terminated, run_id, meta["status"], meta["end_time"])
+    fault_point("terminated")
     retry(client.set_tag, run_id, TAG_COMPLETE, "true")
     _index_run(uri, run_id, folder, modules)
     return run_id
@@ -345,7 +391,7 @@ def _spool(staged: Path, tensors: Path | None, root: Path, run_id: str, cause: s
     shutil.copytree(staged, tmp, dirs_exist_ok=True)
     if tensors is not None and Path(tensors).is_dir():
         shutil.copytree(tensors, tmp / "artifacts" / "tensors", dirs_exist_ok=True)
-    meta = json.loads((tmp / "run.json").read_text())
+    meta = read_meta(tmp)
     meta["spool_reason"] = cause
     atomic_write_json(tmp / "run.json", meta)
     os.replace(tmp, final)
@@ -410,10 +456,13 @@ def log_run(
     """
     stored = _with_git(result, commit, branch)
     uri = resolve_tracking_uri(tracking_uri)
-    with tempfile.TemporaryDirectory(prefix="parity-stage-") as tmp:
+    root = spool_root(spool_dir)
+    tensors = str(Path(result.dump_dir).resolve()) if result.dump_dir is not None else None
+    tmp = new_staging(root, result.run_id, {"tracking_uri": uri, "tensors_dir": tensors})
+    try:
         staged = stage_run(
             stored,
-            Path(tmp),
+            tmp,
             experiment=experiment,
             tracking_uri=uri,
             parent_run_id=parent_run_id,
@@ -421,11 +470,12 @@ def log_run(
             artifacts=artifacts,
             render=render,
         )
+        fault_point("staged")
         try:
             run_id = _upload(staged, uri, result.dump_dir, result.modules)
         except BaseException as exc:
             cause = f"{type(exc).__name__}: {exc}"
-            path = _spool(staged, result.dump_dir, spool_root(spool_dir), result.run_id, cause)
+            path = _spool(staged, result.dump_dir, root, result.run_id, cause)
             if not isinstance(exc, Exception):
                 raise  # Ctrl-C mid-upload: the run is spooled, the interruption passes on
             warnings.warn(
@@ -434,6 +484,8 @@ def log_run(
                 stacklevel=2,
             )
             raise SpooledError(path, exc) from exc
+    finally:
+        drop_staging(tmp)
     result.tracking_run_id = run_id
     return run_id
 
@@ -455,7 +507,8 @@ def _find_by_parity_id(client: Any, experiment: str, parity_run_id: str) -> list
 
 def _sync_one(entry: Path, tracking_uri: str | None) -> str:
     """Upload one spool entry unless the store already holds it complete; returns the run id."""
-    meta = json.loads((entry / "run.json").read_text())
+    meta = read_meta(entry)
+    check_tree_inside(entry)
     uri = resolve_tracking_uri(tracking_uri or meta["tracking_uri"])
     client = get_client(uri)
     existing = _find_by_parity_id(client, meta["experiment"], meta["parity_run_id"])
@@ -502,7 +555,12 @@ def sync_spool(
     failed: list[str] = []
     if not root.is_dir():
         return done
-    for entry in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    recover_staging(root)  # may remove an emptied spool
+    entries = sorted(
+        p for p in root.glob("*")
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    )  # fmt: skip
+    for entry in entries:
         try:
             with FileLock(str(root / f".{entry.name}.lock"), timeout=0):
                 if not (entry / "run.json").exists():

@@ -41,12 +41,14 @@ def start_parent_run(
     from mlflow.entities import Param, RunTag
 
     from parity_tracker.run.environment import git_info
+    from parity_tracker.track.owner import current_owner
 
     git = git_info()
     all_tags = {
         "mlflow.source.git.commit": commit or git["git_commit"],
         "mlflow.source.git.branch": branch or git["git_branch"],
         "parity.kind": "parent",
+        **current_owner().tags(),  # sync marks it KILLED if this process dies (track.owner)
         **{k: str(v) for k, v in (tags or {}).items()},
     }
     try:

@@ -15,12 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
+from parity_tracker.errors import (
+    IncompleteRunError,
+    InfrastructureError,
+    InputError,
+    ParityTrackerError,
+    StoreDamagedError,
+)
+from parity_tracker.files.safe_paths import check_tree_inside
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.track.store import (
+    TAG_COMPLETE,
     TAG_RUN_ID,
+    check_run_id,
     get_client,
+    is_incomplete,
     param_key,
     parity_home,
     resolve_tracking_uri,
@@ -50,6 +60,7 @@ class RunInfo:
         artifact_uri: the run's artifact root (``mlflow-artifacts:/...``, ``s3://...``,
             ``file:///...``), None when unknown.
         tags: every tag, as stored.
+        incomplete: its writer stopped before storing it whole (``store.is_incomplete``).
     """
 
     run_id: str
@@ -64,6 +75,7 @@ class RunInfo:
     params: dict[str, str] = field(default_factory=dict)
     artifact_uri: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    incomplete: bool = False
 
     @classmethod
     def from_mlflow(cls, run: Any) -> RunInfo:
@@ -83,6 +95,7 @@ class RunInfo:
             params=params,
             artifact_uri=run.info.artifact_uri,
             tags=tags,
+            incomplete=is_incomplete(run.info.status, tags.get(TAG_COMPLETE)),
         )
 
 
@@ -104,6 +117,7 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
     try:
         retry(client.download_artifacts, run_id, "tables", str(tmp))
         retry(client.download_artifacts, run_id, "summary.json", str(tmp))
+        check_tree_inside(tmp)  # a symlink out of the run's folder is never followed
         (tmp / ".complete").touch()
         try:
             os.replace(tmp, cache)
@@ -122,13 +136,17 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     ``dump_dir`` is None (the tensors stay in the store under ``tensors/``).
 
     Raises:
-        InputError: no such run, or a run without parity tables (not logged by ``log_run``).
+        InputError: a malformed run id, no such run, or not a parity run (not logged by
+            ``log_run``).
+        IncompleteRunError: the run's writer stopped before storing it whole (exit 3).
+        StoreDamagedError: a table or ``summary.json`` is missing, truncated or unreadable
+            (exit 3; names the run and the file).
         InfrastructureError: the store could not be reached.
     """
     from mlflow.exceptions import MlflowException
 
-    from parity_tracker.run.result import RunResult
 
+    check_run_id(run_id)
     uri = resolve_tracking_uri(tracking_uri)
     try:
         client = get_client(uri)
@@ -139,17 +157,61 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
         raise InfrastructureError(f"cannot read run {run_id!r} from {uri}: {exc}") from exc
     if TAG_RUN_ID not in run.data.tags:
         raise InputError(f"run {run_id!r} in {uri} is not a parity run (no {TAG_RUN_ID} tag)")
+    if is_incomplete(run.info.status, run.data.tags.get(TAG_COMPLETE)):
+        raise IncompleteRunError(run_id, f"status {run.info.status}, no {TAG_COMPLETE} tag")
+    cache = _cache_dir(run_id)
     try:
-        cache = _download(client, run_id, _cache_dir(run_id))
+        _download(client, run_id, cache)
     except (MlflowException, OSError) as exc:
-        raise InputError(f"run {run_id!r} has no complete parity tables: {exc}") from exc
-    summary = json.loads((cache / "summary.json").read_text())
+        what = "tables/ or summary.json"
+        raise StoreDamagedError(run_id, what, f"cannot download: {str(exc)[:300]}") from exc
+    try:
+        return _read_cached(cache, run_id)
+    except StoreDamagedError:
+        shutil.rmtree(cache, ignore_errors=True)  # re-downloaded next time (the copy may be bad)
+        raise
+
+
+def _read_cached(cache: Path, run_id: str) -> RunResult:
+    """The ``RunResult`` of a downloaded run folder.
+
+    Raises:
+        StoreDamagedError: a file is missing, truncated, not strict JSON, or of a malformed
+            schema (names the run and the file).
+        InputError: a table of a newer schema version (upgrade parity_tracker).
+    """
+    import pyarrow as pa
+
+    from parity_tracker.run.result import RunResult
+    from parity_tracker.run.summary import RunSummary
+
+    def damaged(name: str, exc: BaseException) -> StoreDamagedError:
+        return StoreDamagedError(run_id, name, f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    try:
+        summary = json.loads((cache / "summary.json").read_text(encoding="utf-8"))
+        if not isinstance(summary, dict) or not isinstance(summary.get("settings"), dict):
+            raise ValueError("not a summary object with a settings table")
+        record = RunSummary.from_dict(summary)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise damaged("summary.json", exc) from exc
+    tables = {}
+    for kind in ("modules", "ops"):
+        name = f"tables/{kind}.parquet"
+        try:
+            tables[kind] = read_table(cache / name, kind)
+        except InputError:
+            raise
+        except (OSError, ValueError, TypeError, KeyError, pa.ArrowException) as exc:
+            raise damaged(name, exc) from exc
     return RunResult(
-        run_id=summary["run_id"],
-        modules=read_table(cache / "tables" / "modules.parquet", "modules"),
-        ops=read_table(cache / "tables" / "ops.parquet", "ops"),
-        summary=summary,
-        settings=dict(summary["settings"]),
+        run_id=record.run_id,
+        modules=tables["modules"],
+        ops=tables["ops"],
+        summary=record,
+        settings=dict(record.settings),
         dump_dir=None,
         tracking_run_id=run_id,
     )
@@ -215,6 +277,7 @@ class RunHead:
         metrics: every logged metric's latest value (as ``RunInfo.metrics``).
         artifact_uri: the run's artifact root (``file:///...`` for the embedded store), or None
             when it was not read (runs found through MLflow's search).
+        incomplete: its writer stopped before storing it whole (``store.is_incomplete``).
     """
 
     run_id: str
@@ -224,6 +287,7 @@ class RunHead:
     fingerprint: str | None
     metrics: dict[str, float]
     artifact_uri: str | None = None
+    incomplete: bool = False
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
@@ -236,13 +300,15 @@ class RunHead:
             fingerprint=info.fingerprint,
             metrics=dict(info.metrics),
             artifact_uri=info.artifact_uri,
+            incomplete=info.incomplete,
         )
 
 
 _HEADS_SQL = """
 SELECT r.run_uuid, r.start_time, r.status, r.artifact_uri,
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
-  (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'config_fingerprint')
+  (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'config_fingerprint'),
+  (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?)
 FROM runs r
 WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'{where}
 ORDER BY r.start_time DESC, r.run_uuid DESC{limit}
@@ -270,7 +336,7 @@ def _sqlite_heads(
         ).fetchone()
         if exp is None:
             return []
-        args: list[Any] = ["mlflow.source.git.commit", exp[0]]
+        args: list[Any] = ["mlflow.source.git.commit", TAG_COMPLETE, exp[0]]
         for key, value in settings.items():
             args += [param_key(key), str(value)]
         sql = _HEADS_SQL.format(
@@ -290,8 +356,17 @@ def _sqlite_heads(
     finally:
         con.close()
     return [
-        RunHead(rid, int(start or 0), status, commit, fingerprint, metrics[rid], artifact_uri)
-        for rid, start, status, artifact_uri, commit, fingerprint in rows
+        RunHead(
+            rid,
+            int(start or 0),
+            status,
+            commit,
+            fingerprint,
+            metrics[rid],
+            artifact_uri,
+            is_incomplete(status, complete),
+        )
+        for rid, start, status, artifact_uri, commit, fingerprint, complete in rows
     ]
 
 
@@ -518,9 +593,12 @@ class RunStore:
             InputError: no such run (names the commit, settings and experiment).
             InfrastructureError: the store could not be reached.
         """
-        runs = self.find(**settings, git_commit=commit)
+        runs = [r for r in self.find(**settings, git_commit=commit) if not r.incomplete]
         if not runs and len(commit) < 40:
-            runs = [r for r in self.find(**settings) if str(r.commit or "").startswith(commit)]
+            runs = [
+                r for r in self.find(**settings)
+                if str(r.commit or "").startswith(commit) and not r.incomplete
+            ]  # fmt: skip
         if not runs:
             raise InputError(
                 f"no run matching {dict(settings)} on commit {commit!r} in experiment "

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -32,6 +32,22 @@ T = TypeVar("T")
 PARITY_DIR = ".parity"
 #: MLflow tags every parity run carries: its parity run id, and "stored whole" (set last).
 TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
+#: MLflow statuses of a run whose upload may have stopped half way (see ``is_incomplete``).
+UNFINISHED_STATUSES = frozenset({"RUNNING", "KILLED", "SCHEDULED"})
+
+
+def is_incomplete(status: str | None, complete_tag: str | None) -> bool:
+    """True for a stored run whose writer stopped before storing it whole.
+
+    ``log_run`` uploads the artifacts before it sets the final status, and sets
+    ``parity.complete = true`` last. A run still RUNNING (or SCHEDULED), or KILLED by
+    ``sync`` (``track.owner.reap_stale_runs``), without that tag may lack its tables: history,
+    diff selection, report and the nightly's baseline skip it. A FINISHED or FAILED run holds
+    its tables even without the tag (runs written by other tools, or killed after the status).
+    """
+    return complete_tag != "true" and str(status) in UNFINISHED_STATUSES
+
+
 _KEY_BAD = re.compile(r"[^\w./\- ]")
 _INITIALISED: set[str] = set()
 _INIT_GUARD = threading.Lock()
@@ -54,19 +70,39 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     """The tracking URI to use: ``uri`` if given, else ``$MLFLOW_TRACKING_URI``, else the default.
 
     A bare filesystem path ending in ``.db`` is taken as a SQLite file.
+    A relative SQLite URI (``sqlite:///rel/x.db``, three slashes: relative to the working
+    directory, as SQLAlchemy and MLflow read it) is made absolute against the current working
+    directory, so the database, its artifacts and the tag index stay together after a chdir
+    and a spooled run goes back to the same file.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
     if "://" not in uri and uri.endswith(".db"):
         uri = f"sqlite:///{Path(uri).resolve()}"
+    db = sqlite_path(uri)
+    if db is not None:
+        base, sep, query = uri.partition("?")
+        scheme = base.split(":", 1)[0]  # sqlite, or sqlite+driver
+        uri = f"{scheme}:///{quote(str(db))}{sep}{query}"
     return uri
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, or None for any other scheme."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "sqlite":
+    """The database file of a SQLite URI, read exactly as SQLAlchemy reads it; else None.
+
+    ``sqlite:///rel/x.db`` (three slashes) is ``rel/x.db`` relative to the current working
+    directory; ``sqlite:////abs/x.db`` (four) is ``/abs/x.db`` (SQLAlchemy's
+    ``engine.make_url(uri).database``; https://docs.sqlalchemy.org/en/20/dialects/sqlite.html
+    "Connect Strings"). The result is absolute (resolved against the working directory now).
+    None for another scheme and for an in-memory database (``sqlite://``, ``:memory:``).
+    """
+    if urlparse(uri).scheme.split("+", 1)[0] != "sqlite":
         return None
-    return Path(unquote(parsed.path))
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).absolute()
 
 
 def artifact_root(uri: str) -> str | None:
@@ -80,6 +116,43 @@ def artifact_root(uri: str) -> str | None:
     if db is None:
         return None
     return (db.parent / "artifacts").resolve().as_uri()
+
+
+def local_artifact_dir(run_id: str, uri: str | None = None) -> Path | None:
+    """The on-disk artifact folder of run ``run_id``, or None when the artifacts are remote.
+
+    Local means a ``file:`` artifact URI (the embedded store's ``.parity/artifacts/...``) or a
+    plain path; ``mlflow-artifacts:``, ``s3:`` and the like are None, as is a run the store
+    cannot find (a failure here never hides a nightly's results).
+    """
+    try:
+        art = get_client(resolve_tracking_uri(uri)).get_run(run_id).info.artifact_uri
+    except Exception:
+        return None
+    parsed = urlparse(art or "")
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path))
+    return Path(art) if art and parsed.scheme == "" else None
+
+
+#: MLflow's own run id rule (``mlflow/utils/validation.py``, ``_RUN_ID_REGEX``).
+RUN_ID_PATTERN = re.compile(r"^[a-zA-Z0-9][\w\-]{0,255}$")
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` when it is a well-formed MLflow run id (``RUN_ID_PATTERN``).
+
+    Raises:
+        InputError: a malformed id (usage error, exit 2), e.g. ``x'``; names it and the rule.
+    """
+    from parity_tracker.errors import InputError
+
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
+        raise InputError(
+            f"run id {run_id!r} is malformed: an MLflow run id is a letter or digit followed by "
+            "up to 255 letters, digits, '_' or '-' (e.g. 0f3c2a...; see `parity-tracker history`)"
+        )
+    return run_id
 
 
 def param_key(key: str) -> str:

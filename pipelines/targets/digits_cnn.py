@@ -190,11 +190,13 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
     )
     names = {"none": "copy", "fp16": "fp16-cast", "bf16": "bf16-cast", "int8": "int8-dynamic"}
     notes = [f"held-out accuracy of the reference: {accuracy:.4f} on {len(x_test)} digits"]
+    tolerances = None
     if quant == "int8":
+        tolerances = _int8_weight_tolerances(candidate)
         notes.append(
             "int8 = dynamic quantization of fc1/fc2 (torch.ao quantize_dynamic, qint8 weights per "
-            "tensor, activations quantized per batch); their float weight/bias are packed, so "
-            "those parameter tags have no candidate"
+            "tensor, activations quantized per batch); their packed weights are unpacked and "
+            "compared dequantized, within half a quantization step (atol = scale / 2)"
         )
     if channels_last:
         notes.append(
@@ -215,7 +217,24 @@ def build(settings: dict[str, Any] | None = None) -> ParityCase:
         inputs=(x_test[:EVAL_BATCH].clone(),),
         settings=recorded,
         notes="; ".join(notes),
+        tolerances=tolerances,
     )
+
+
+def _int8_weight_tolerances(candidate: nn.Module) -> dict[str, tuple[float, float]]:
+    """``{checker_<name>.weight: (0, scale / 2)}`` for each dynamic int8 Linear of ``candidate``.
+
+    Per-tensor affine rounding to the nearest step moves a weight by at most half a step
+    (``scale / 2``; no clipping, since the range is the weight's own min/max), plus the float32
+    rounding of the dequantization, covered by a relative margin of 1e-3 of that bound.
+    """
+    out = {}
+    for name, mod in candidate.named_modules():
+        weight = getattr(type(mod), "weight", None)
+        if callable(weight) and hasattr(mod, "_packed_params"):
+            scale = float(mod.weight().q_scale())
+            out[f"checker_{name}.weight"] = (0.0, 0.5 * scale * (1 + 1e-3))
+    return out
 
 
 def _onnx_case(
