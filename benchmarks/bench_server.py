@@ -10,7 +10,8 @@ process, over HTTP:
 - ``history`` (``build_history`` without ``tag=``) ≤ 1 s, once the heads of the stored runs are
   kept locally (``track.heads_cache``; the first call's full search is shown in the detail);
 - ``history --tag`` cold (empty run cache: every modules table fetched once with a direct GET,
-  16 at a time, then one scan) and warm (the cache filled: the scan only) ≤ 2 s.
+  16 at a time, one scan, rows indexed locally) and warm (one query of the local tag index)
+  ≤ 2 s.
 
 Times are wall-clock (the server's work is in another process, which the CPU clock would not
 bill), median of 3 (cold: one call per fresh cache).
@@ -142,9 +143,9 @@ def _measure(url: str, size: dict, tmp: Path, build_s: float, backend: str) -> l
                f"searched every run in {first:.2f} s; {note}"),
         judged(f"{NAME}: history --tag (cold cache)", case, median(cold), "s", 2.0,
                detail=f"every modules table fetched once (direct GET, 16 threads) into an "
-               f"empty run cache, then one scan; {note}"),
+               f"empty run cache, one scan, then the rows added to the local tag index; {note}"),
         judged(f"{NAME}: history --tag (warm cache)", case, warm, "s", 2.0,
-               detail=f"run cache filled: one pyarrow scan of the cached tables; {note}"),
+               detail=f"runs already fetched: one query of the local tag index; {note}"),
     ]  # fmt: skip
 
 
