@@ -32,7 +32,8 @@ MEASUREMENTS = {
     4: "benchmarks.bench_throughput",
     5: "benchmarks.bench_memory",
     6: "benchmarks.bench_storage",
-    7: "benchmarks.bench_server",
+    7: "benchmarks.bench_budget",
+    8: "benchmarks.bench_server",
 }
 QUICK = (1, 2, 4, 6)
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"

@@ -19,8 +19,15 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
-def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
-    """The markdown digest: verdict, one line per cell, the regressions, expected and expired."""
+def render_digest(
+    result: NightlyResult, *, limit: int = 30, urls: dict[str, str] | None = None
+) -> str:
+    """The markdown digest: verdict, one line per cell, the regressions, expected and expired.
+
+    ``urls`` (``{run id: run page URL}``, from ``NightlyPages.cells``) links each cell's name
+    to its run page when the store has addresses (an MLflow server).
+    """
+    urls = urls or {}
     index, count = result.shard
     shard = f"all {count} shards" if index == 0 else f"shard {index}/{count}"
     lines = [
@@ -38,7 +45,8 @@ def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
         parity = cell_status(c)
         ch = c.changes
         lines.append(
-            f"| {c.cell.name} | {parity} | {_fmt(c.mode)} | {c.tensors_failing} | "
+            f"| {_link(c.cell.name, urls.get(c.run_id or ''))} | {parity} | {_fmt(c.mode)} | "
+            f"{c.tensors_failing} | "
             f"{_fmt(c.output_max_abs_diff)} | {_fmt(c.first_divergence)} | "
             f"{(c.baseline_run_id or 'none')[:12]} | {ch.get('regression', 0)} | "
             f"{ch.get('worse', 0)} | {ch.get('drift', 0)} | {ch.get('fix', 0)} | "
@@ -61,6 +69,10 @@ def render_digest(result: NightlyResult, *, limit: int = 30) -> str:
         lines += ["", "## EXPIRED expected divergences (fix them or extend `until`)", ""]
         lines += [f"- {e.describe()}" for e in result.expired]
     return "\n".join(lines) + "\n"
+
+
+def _link(text: str, url: str | None) -> str:
+    return f"[{text}]({url})" if url else text
 
 
 def _section_rows(cells: Sequence[CellResult], change: str, title: str, limit: int) -> list[str]:
@@ -96,7 +108,8 @@ def nightly_artifacts(result: NightlyResult, pages: NightlyPages | None) -> dict
     """
     from parity_tracker.dashboards.nightly import render_history, render_matrix
 
-    files = {"digest.md": render_digest(result)}
+    urls = {c["run_id"]: c["url"] for c in (pages.cells if pages else []) if c.get("url")}
+    files = {"digest.md": render_digest(result, urls=urls)}
     if pages is not None:
         files["matrix.html"] = render_matrix(pages.cells, title=pages.title)
         files["history.html"] = render_history(pages.runs, pages.tag_status)

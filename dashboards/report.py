@@ -27,6 +27,7 @@ from parity_tracker.compare.verdict import first_divergence, structure_differenc
 from parity_tracker.statuses import FAILING, PASSING, STATUSES, is_failing
 
 from ._page import STATUS_COLORS, chip_items, fmt_num, fmt_shape, href, render
+from .budget_chart import budget_figure, budget_verdict, is_budget
 from .charts import histogram_figure, propagation_figure, txt
 from .histogram import (
     diff_histogram,
@@ -305,7 +306,7 @@ def _verdict(
     else:
         passing = sum(n for s, n in counts.items() if s in PASSING)
         cls, word, line = "v-pass", "PARITY HOLDS", f"{passing} of {total} tensors pass"
-    extra = []
+    extra = [budget_verdict(summary)] if budget_verdict(summary) else []
     if summary.get("output_max_abs_diff") is not None:
         extra.append(f"output max |Δ| {fmt_num(summary['output_max_abs_diff'])}")
     if summary.get("output_sqnr_db") is not None:
@@ -392,6 +393,9 @@ def _propagation(
     if not points:
         return None
     first_x = _first_x(points, first)
+    if is_budget(points):
+        fig, note = budget_figure(points, first_x, first["tag"] if first else None)
+        return {"figure": fig, "note": note}
     fig, note = propagation_figure(
         points,
         first_x,

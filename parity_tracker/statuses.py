@@ -39,6 +39,11 @@ FAILING: frozenset[str] = frozenset(STATUSES) - PASSING - NEUTRAL
 STRUCTURAL: frozenset[str] = frozenset({"missing_reference", "missing_candidate"})
 #: Comparison modes: bitwise ``equal`` or ``allclose`` with rtol/atol.
 MODES: tuple[str, ...] = ("equal", "allclose")
+#: The error-budget mode (issue 15): three sides per tag (golden, twin, candidate), judged by
+#: ``parity_tracker.compare.budget``; a check or run mode, not a two-tensor comparison mode.
+BUDGET: str = "budget"
+#: Modes of a check or a run: the pair modes plus ``budget``.
+RUN_MODES: tuple[str, ...] = (*MODES, BUDGET)
 #: Row kinds that are weights, reported apart from module divergences.
 WEIGHT_KINDS: frozenset[str] = frozenset({"param", "buffer"})
 

@@ -51,8 +51,10 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.modules import Capture, CaptureLog, Group, HookHandle, install
+from parity_tracker.capture.holder import Holder
+from parity_tracker.capture.modules import CaptureLog, Group, HookHandle, install
 from parity_tracker.capture.ops import suspended
+from parity_tracker.capture.sides import BudgetSides
 from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter
 from parity_tracker.capture.store import SpillCounters, Spilled
 from parity_tracker.compare.convert import as_tensor
@@ -79,9 +81,10 @@ from parity_tracker.compare.results import (
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import (  # noqa: F401  (NEUTRAL, PASSING: old import path)
-    MODES,
+    BUDGET,
     NEUTRAL,
     PASSING,
+    RUN_MODES,
     WEIGHT_KINDS,
     is_failing,
 )
@@ -112,9 +115,9 @@ class TensorChecker(SpillCounters):
         align: ``align(tag, reference, candidate) -> (reference, candidate) | None``, applied
             right before each comparison (e.g. slice a full recompute to a KV-cache step's
             last position); ``None`` keeps the pair.
-        eager_mode: ``"equal"`` / ``"allclose"`` to compare each pair as soon as both sides
-            are captured (low memory: the candidate is never cloned and the reference's copy is
-            released), or ``None`` to compare everything in ``check``.
+        eager_mode: ``"equal"`` / ``"allclose"`` / ``"budget"`` to compare each pair as soon as
+            both sides are captured (low memory: the candidate is never cloned and the
+            reference's copy is released), or ``None`` to compare everything in ``check``.
         tolerances: per-tag overrides ``{glob: (rtol, atol)}`` for allclose, matched with
             ``fnmatch`` against the tag; the first matching glob wins, and an override beats
             the check's ``rtol``/``atol`` (``compare.tolerances.Tolerances``). Integer and bool
@@ -131,13 +134,19 @@ class TensorChecker(SpillCounters):
             ``DEFAULT_EAGER_RESIDENT_BYTES`` (256 MiB) with ``eager_mode``, unbounded without.
         spill_dir: folder for spilled snapshots (a fresh temporary folder is made inside it
             and deleted by ``clear``); default: the system temporary folder.
+        budget: the golden and twin sides of ``budget`` checks
+            (:class:`~parity_tracker.capture.sides.BudgetSides`); required with
+            ``eager_mode="budget"``, else set by :meth:`check_budget`.
+        reduce_to: ``reduce(tag, step, tensor) -> value`` kept instead of each captured tensor
+            (a twin's checker: :func:`parity_tracker.capture.sides.twin_reducer`); such a
+            checker only feeds a budget and cannot ``check`` its own pairs.
         on_compared: ``on_compared(tag, step, reference, candidate, comparison)`` after every
             comparison of two tensors, eager or in ``check`` (``compare.pairing.PairComparer``);
             the tensors are the checker's and must not be written.
 
     Raises:
-        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"`` or ``None``;
-            ``max_resident_bytes`` is negative.
+        InputError: ``eager_mode`` is not ``"equal"``, ``"allclose"``, ``"budget"`` or
+            ``None``; ``"budget"`` without ``budget``; ``max_resident_bytes`` is negative.
     """
 
     def __init__(
@@ -152,10 +161,17 @@ class TensorChecker(SpillCounters):
         dump_mode: DumpMode = DumpMode.NOT,
         max_resident_bytes: float | None = None,
         spill_dir: Any = None,
+        budget: BudgetSides | None = None,
+        reduce_to: Callable[[str, int, torch.Tensor], Any] | None = None,
         on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
     ) -> None:
-        if eager_mode is not None and eager_mode not in MODES:
-            raise InputError(f"eager_mode must be 'equal', 'allclose' or None, got {eager_mode!r}")
+        if eager_mode is not None and eager_mode not in RUN_MODES:
+            raise InputError(
+                f"eager_mode must be one of {', '.join(RUN_MODES)} or None, got {eager_mode!r}"
+            )
+        if eager_mode == BUDGET and budget is None:
+            raise InputError("eager_mode='budget' needs budget=BudgetSides(golden_log, ...)")
+        self.budget, self.reduce_to = budget, reduce_to
         if max_resident_bytes is None:
             max_resident_bytes = DEFAULT_EAGER_RESIDENT_BYTES if eager_mode else math.inf
         if not max_resident_bytes >= 0:
@@ -171,10 +187,12 @@ class TensorChecker(SpillCounters):
         self.rtol, self.atol = _fill_pair(rtol, atol)
         self._eager_tol = Tolerances(self.tolerances, rtol=self.rtol, atol=self.atol)
         self.dump_mode = DumpMode(dump_mode)
-        self._hold = _Holder(self)
+        self._hold = Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
         self._snap = Snapshotter()
         self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
+        if budget is not None:
+            budget.on_compared = on_compared
         #: Callables ``f(side, tag, tensor)`` told of every manual ``register_tensor`` (the op
         #: recorder forwards them into its op stream).
         self.manual_listeners: list[Callable[[int, str, torch.Tensor], None]] = []
@@ -325,6 +343,44 @@ class TensorChecker(SpillCounters):
             "allclose", rtol=rtol, atol=atol, dump_mode=dump_mode, dump_path=dump_path
         )
 
+    def check_budget(
+        self,
+        golden: TensorChecker,
+        twin: TensorChecker | None = None,
+        *,
+        k: float | None = None,
+        budgets: dict[str, float] | None = None,
+        dump_mode: DumpMode = DumpMode.NOT,
+        dump_path: Any = None,
+    ) -> CheckResult:
+        """Compare every tag by error budget (issue 15; :mod:`parity_tracker.compare.budget`).
+
+        The golden and the twin are captured by two more checkers hooked on models with the
+        reference's module names: ``golden_copy(torch_model)`` run under ``golden_mode()`` on
+        float64 inputs, and ``make_twin(torch_model, dtype)`` on inputs cast to ``dtype``
+        (``parity_tracker.capture.golden`` / ``.twin``; README "Error budgets" shows the
+        calls). Statuses: ``equal`` (bitwise the reference), ``close`` (``error_ratio ≤ k``),
+        ``mismatch``; columns ``golden_max_abs_err``, ``twin_max_abs_err``, ``error_ratio``.
+
+        Args:
+            golden: the checker holding the float64 golden's captures.
+            twin: the twin's checker; ``None``: the reference is the twin (a candidate of the
+                reference's dtype).
+            k: the factor of tags without an override (default 2, FlashAttention's tests).
+            budgets: per-tag ``{glob: k}`` (first matching glob wins).
+            dump_mode: which tensors to dump (see :class:`DumpMode`).
+            dump_path: the dump folder.
+
+        Raises:
+            InputError: a ``k`` not ≥ 1; an eager checker of another mode.
+        """
+        from parity_tracker.compare.budget import DEFAULT_K, Budgets
+
+        table = Budgets(budgets, k=DEFAULT_K if k is None else k)
+        twin_log = None if twin is None else twin._log
+        self.budget = BudgetSides(golden._log, twin_log, table, self.align)
+        return self.check(BUDGET, dump_mode=dump_mode, dump_path=dump_path)
+
     def check(
         self,
         mode: str,
@@ -338,7 +394,8 @@ class TensorChecker(SpillCounters):
         """Compare every registered tag and assemble the results (the general form).
 
         Args:
-            mode: ``"equal"`` or ``"allclose"``.
+            mode: ``"equal"``, ``"allclose"`` or ``"budget"`` (needs the checker's ``budget``;
+                see :meth:`check_budget`).
             rtol: relative tolerance for allclose. Both ``None``: the per-dtype defaults of
                 ``torch.testing.assert_close``; only one given: the other takes
                 ``torch.allclose``'s default (rtol 1e-5, atol 1e-8).
@@ -359,7 +416,7 @@ class TensorChecker(SpillCounters):
         resolved = self._resolve_all(mode, tol)
         ordered = sorted(resolved, key=lambda x: order_key(x[0]))
         plan = dump_plan(DumpMode(dump_mode), ordered)
-        paths, dump_dir = self._hold.write_dumps(plan, dump_path) if plan else ({}, None)
+        paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
         results = [
             tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered
         ]
@@ -380,8 +437,12 @@ class TensorChecker(SpillCounters):
         return out
 
     def _check_args(self, mode, rtol, atol, dump_mode, dump_path):
-        if mode not in MODES:
-            raise InputError(f"check mode must be 'equal' or 'allclose', got {mode!r}")
+        if mode not in RUN_MODES:
+            raise InputError(f"check mode must be one of {', '.join(RUN_MODES)}, got {mode!r}")
+        if mode == BUDGET and self.budget is None:
+            raise InputError("check('budget') needs the golden side: use check_budget(golden)")
+        if self.reduce_to is not None:
+            raise InputError("this checker reduces its tensors (reduce_to): it only feeds a budget")
         if DumpMode(dump_mode) is not DumpMode.NOT and dump_path is None:
             raise InputError(f"dump_mode={DumpMode(dump_mode).name} needs a dump_path folder")
         if self.eager_mode is not None:
@@ -407,115 +468,39 @@ class TensorChecker(SpillCounters):
         for g in self._log.groups.values():
             if all(c.value is None for c in g.captures):
                 continue  # None on every side: no value, nothing to compare or to report
-            out.append(
-                (g, resolve(self._log, g, mode, tol, ref_side, self._pairs), len(g.captures))
-            )
+            pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
+            out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
         return out
 
 
-class _Holder:
-    """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
+def _write_dumps(checker: TensorChecker, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
+    """Write the planned dumps of a check (``DumpWriter``); warn about tags already released."""
+    from parity_tracker.dump import DumpWriter
 
-    Deferred path: a counted snapshot (parameters by reference). Eager path: when the second
-    side's tensor of a tag arrives it is compared with the held one and both are released,
-    unless the planned dump needs them. Also writes the dumps of a check.
-    """
-
-    def __init__(self, checker: TensorChecker) -> None:
-        self.c = checker
-        self.eager_first: dict[bool, Group] = {}
-
-    def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        ref_i = self._eager_reference(g, cap.side)
-        if ref_i is None:
-            self._keep(cap, value, alias)
-            return
-        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
-
-    def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
-        if alias:
-            cap.value = value.detach()
-            return
-        cap.value = copy = self.c._snap.take(value)
-        self.c._store.admit(copy, cap)
-
-    def _eager_reference(self, g: Group, side: int) -> int | None:
-        """Index of the capture the new one is compared against now, or None to hold it."""
-        if self.c.eager_mode is None:
-            return None
-        i = g.ref_index if g.ref_index is not None else 0
-        if len(g.captures) < 2:
-            return None
-        held = g.captures[i]
-        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
-            return None
-        return i
-
-    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
-        held = g.captures[held_i]
-        new = g.captures[new_i]
-        new_is_ref = new.side < held.side
-        ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = load(held.value)
-        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        comp = self.c._pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
-        g.ref_index = ref_i
-        g.pairs[cand_i] = comp
-        if self._eager_keep(g, comp):
-            self._keep(new, value, alias)
-        else:
-            new.value = held.value = RELEASED
-
-    def _eager_keep(self, g: Group, comp: Comparison) -> bool:
-        """Whether the planned dump needs this group's tensors after an eager comparison."""
-        mode = self.c.dump_mode
-        failed = is_failing(comp.status)
-        if mode is DumpMode.ALL:
-            return True
-        if mode is DumpMode.NOT_EQUAL:
-            return failed
-        if mode is DumpMode.FIRST_NOT_EQUAL and failed:
-            weight = g.kind in WEIGHT_KINDS
-            best = self.eager_first.get(weight)
-            key = (g.captures[g.ref_index].exec_order, g.step)
-            if best is not None and (best.captures[best.ref_index].exec_order, best.step) <= key:
-                return False
-            if best is not None:
-                for c in best.captures:
-                    if c.is_tensor:
-                        c.value = RELEASED
-            self.eager_first[weight] = g
-            return True
-        return False
-
-    def write_dumps(self, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
-        from parity_tracker.dump import DumpWriter
-
-        writer = DumpWriter(dump_path)
-        paths: dict[int, tuple[str, ...]] = {}
-        ref_side = self.c._log.reference_side()
-        for g in plan:
-            written = []
-            for cap in g.captures:
-                if not isinstance(cap.value, (torch.Tensor, Spilled)):
-                    continue
-                role = _ROLE[cap.side == ref_side]
-                written.append(
-                    writer.write(g.tag, load(cap.value), side=cap.side, role=role, step=g.step)
-                )
-            paths[id(g)] = tuple(p for p in written if p is not None)
-        writer.close()
-        released = [g.tag for g in plan if any(c.value is RELEASED for c in g.captures)]
-        if released:
-            warnings.warn(
-                f"TensorChecker: the eager path already released the tensors of "
-                f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
-                "dump_mode=... to TensorChecker(...) so it keeps them",
-                UserWarning,
-                stacklevel=4,
+    writer = DumpWriter(dump_path)
+    paths: dict[int, tuple[str, ...]] = {}
+    ref_side = checker._log.reference_side()
+    for g in plan:
+        written = []
+        for cap in g.captures:
+            if not isinstance(cap.value, (torch.Tensor, Spilled)):
+                continue
+            role = _ROLE[cap.side == ref_side]
+            written.append(
+                writer.write(g.tag, load(cap.value), side=cap.side, role=role, step=g.step)
             )
-        return paths, writer.subdir
+        paths[id(g)] = tuple(p for p in written if p is not None)
+    writer.close()
+    released = [g.tag for g in plan if any(c.value is RELEASED for c in g.captures)]
+    if released:
+        warnings.warn(
+            f"TensorChecker: the eager path already released the tensors of "
+            f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
+            "dump_mode=... to TensorChecker(...) so it keeps them",
+            UserWarning,
+            stacklevel=4,
+        )
+    return paths, writer.subdir
 
 
 def _fill_pair(rtol: float | None, atol: float | None) -> tuple[float | None, float | None]:

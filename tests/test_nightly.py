@@ -76,12 +76,26 @@ def test_builtin_matrix_has_every_target_and_at_least_14_cells():
     assert len(settings) == len(cells)  # no duplicate cell
 
 
+def test_builtin_matrix_chooses_no_tolerance_and_casts_run_in_budget_mode():
+    """Issue 15: no rtol/atol in the nightly; every fp16/bf16 cast cell is an error budget."""
+    text = (REPO / "pipelines" / "nightly.toml").read_text()
+    assert "rtol" not in text and "atol" not in text
+    cells = load_matrix(REPO / "pipelines" / "nightly.toml")
+    casts = [c for c in cells if dict(c.settings).get("quantization") in ("fp16", "bf16")]
+    assert len(casts) == 5 and all(c.mode == "budget" for c in casts)
+    assert all(c.rtol is None and c.atol is None for c in cells)
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
         ('[[matrix]]\ntarget = "x"\nfoo = [\n', "m.toml:3"),
         ('[[matrix]]\nperturb = "none"\n', "needs target"),
-        (f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n', "allowed: auto, equal, allclose"),
+        (
+            f'[[matrix]]\ntarget = "{TINY}"\nmode = "fuzzy"\n',
+            "allowed: auto, equal, allclose, budget",
+        ),
+        (f'[[matrix]]\ntarget = "{TINY}"\nmode = "budget"\nrtol = 1\natol = 1\n', "no rtol/atol"),
         (f'[[matrix]]\ntarget = "{TINY}"\nperturb = []\n', "non-empty list"),
         (f'[[matrix]]\ntarget = "{TINY}"\n[[matrix]]\ntarget = "{TINY}"\nx = "1"\n', "#2"),
         (f'[[matrix]]\ntarget = "{TINY}"\nrtol = 0.01\n', "rtol without atol"),

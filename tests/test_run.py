@@ -105,12 +105,15 @@ def test_identical_pair_passes_with_null_sqnr(tiny_equal_pair):
     [
         ({}, "equal", "no quantization"),
         ({"quantization": "none", "cache": "off", "distributed": "none"}, "equal", "no "),
-        ({"quantization": "int8"}, "allclose", "quantization=int8"),
+        ({"quantization": "int8"}, "allclose", "integer quantization needs a twin"),
+        ({"quantization": "int8", "twin": "fake-quant"}, "budget", "quantization=int8"),
+        ({"quantization": "bf16"}, "budget", "error budget"),
+        ({"quantization": "bf16", "cache": "kv"}, "allclose", "cache=kv"),
         ({"cache": "first_block"}, "allclose", "cache=first_block"),
-        ({"distributed": "tp2"}, "allclose", "distributed=tp2"),
+        ({"distributed": "tp2"}, "allclose", "not supported for sharded runs yet"),
         ({"random": True}, "allclose", "random=True"),
         ({"random": False}, "equal", "no "),
-        ({"implementation": "onnxruntime"}, "allclose", "implementation=onnxruntime"),
+        ({"implementation": "onnxruntime"}, "budget", "implementation=onnxruntime"),
         ({"implementation": "same"}, "equal", "no "),
     ],
 )
@@ -252,8 +255,8 @@ def test_foreign_candidate_takes_part_through_register():
         environment=ENV,
     )  # fmt: skip
     logits = next(r for r in result.modules.to_pylist() if r["tag"] == "logits")
-    assert result.summary["mode"] == "allclose"
-    assert logits["status"] in ("close", "equal")
+    assert result.summary["mode"] == "budget"  # another implementation: error budget (issue 15)
+    assert logits["status"] in ("close", "equal") and logits["error_ratio"] <= 2.0
     # hooked reference tags have no candidate side
     assert _statuses(result)["checker_model"] == "missing_candidate"
     with pytest.raises(InputError, match="candidate_drive"):

@@ -146,3 +146,36 @@ def test_nan_in_foreign_file_is_read_as_null(tmp_path):
     back = read_table(tmp_path / "f.parquet", "ops")
     assert back.column("cosine").to_pylist() == [None, 1.0]
     assert back.column_names == OPS_SCHEMA.names
+
+
+def test_v1_file_gains_the_budget_columns_as_null():
+    """tests/golden/modules_v1.parquet (v1 → v2 → v3): no error-budget columns before v3."""
+    path = GOLDEN / "modules_v1.parquet"
+    assert tables.schema_version_of(path) == 1
+    assert "error_ratio" not in pq.read_schema(path).names
+    t = read_table(path, "modules")
+    assert t.schema.equals(MODULES_SCHEMA.remove_metadata())
+    rows = t.to_pylist()
+    assert [(r["tag"], r["status"], r["max_abs_diff"]) for r in rows] == [
+        ("checker_fc1", "close", 0.25),
+        ("checker_fc2", "mismatch", 0.5),
+    ]
+    budget = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+    assert all(r[c] is None for r in rows for c in budget)
+
+
+def test_v2_file_gains_the_budget_columns_as_null(tmp_path):
+    budget = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+    v2 = pa.schema([f for f in MODULES_SCHEMA if f.name not in budget])
+    t = rows_to_table([{"tag": "a", "status": "close", "ranks": [1]}], v2)
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"2"}), tmp_path / "v2.parquet")
+    (row,) = read_table(tmp_path / "v2.parquet", "modules").to_pylist()
+    assert row["ranks"] == [1] and all(row[c] is None for c in budget)
+
+
+def test_infinite_error_ratio_round_trips(tmp_path):
+    rows = [{"tag": "a", "status": "mismatch", "mode": "budget", "error_ratio": math.inf,
+             "golden_max_abs_err": 0.5, "twin_max_abs_err": 0.0}]  # fmt: skip
+    path = write_table(rows_to_table(rows, MODULES_SCHEMA), tmp_path / "m.parquet")
+    back = read_table(path).to_pylist()[0]
+    assert back["error_ratio"] == math.inf and back["twin_max_abs_err"] == 0.0

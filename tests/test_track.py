@@ -111,7 +111,8 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
             "tensors/index.json"} <= arts  # fmt: skip
     assert dumped <= arts
     assert {a for a in arts if not a.startswith("tensors/")} == {
-        "tables/modules.parquet", "tables/ops.parquet", "summary.json", "report.html"}  # fmt: skip
+        "tables/modules.parquet", "tables/ops.parquet", "summary.json", "report.html",
+        "tables/failing.csv"}  # fmt: skip
     assert not (in_tmp_cwd / "mlruns").exists()
     loaded = load_run(run_id, tracking_uri=store_uri)
     # log_run stores a new record naming the overridden commit/branch; the result is not edited
@@ -390,7 +391,7 @@ def test_log_run_attaches_given_files_and_rendered_ones(tiny_pair, sqlite_tracki
     client = get_client(sqlite_tracking_uri)
     arts = {a for a in _artifacts(client, run_id) if not a.startswith("tensors/")}
     assert arts == {"tables/modules.parquet", "tables/ops.parquet", "summary.json",
-                    "docs/notes.txt", "pages/report.html"}  # fmt: skip
+                    "docs/notes.txt", "pages/report.html", "tables/failing.csv"}  # fmt: skip
     assert seen == [result.run_id]
     local = client.download_artifacts(run_id, "docs/notes.txt", str(in_tmp_cwd / "dl"))
     assert Path(local).read_text(encoding="utf-8") == "hello"

@@ -57,6 +57,8 @@ DIFF_COLUMNS = (
     "head_status",
     "base_max_abs_diff",
     "head_max_abs_diff",
+    "base_error_ratio",
+    "head_error_ratio",
     "base_cand_hash",
     "head_cand_hash",
     "cand_dtype",
@@ -84,6 +86,8 @@ def decide(
     eps: np.ndarray,
     hash_changed: np.ndarray,
     worse_factor: float = WORSE_FACTOR,
+    base_ratio: np.ndarray | float = np.nan,
+    head_ratio: np.ndarray | float = np.nan,
 ) -> np.ndarray:
     """The change of one tag between a base run and a head run; the whole decision, elementwise.
 
@@ -94,8 +98,9 @@ def decide(
     removed    the tag is only in base
     regression base passing (equal/close), head failing
     fix        base failing, head passing
-    worse      head max_abs_diff > ``worse_factor`` × base max_abs_diff and > ``eps``
-    better     base max_abs_diff > ``worse_factor`` × head max_abs_diff and > ``eps``
+    worse      head max_abs_diff > ``worse_factor`` × base max_abs_diff and > ``eps``, or
+               head error_ratio > ``worse_factor`` × base error_ratio and > 1 (issue 15)
+    better     the same with base and head swapped
     drift      the candidate's content hash changed (numerics moved, the pass/fail class held)
     unchanged  none of the above
     ========== ===============================================================================
@@ -111,13 +116,20 @@ def decide(
             max_abs_diff must exceed to count as worse/better, so 0 → 1e-9 in float32 is not.
         hash_changed: bool array, both candidate hashes known and different.
         worse_factor: the growth factor (default 2, the issue's threshold).
+        base_ratio: float64 array, base ``error_ratio`` (budget runs); NaN where unknown.
+        head_ratio: float64 array, head ``error_ratio``; NaN where unknown. A ratio counts
+            only above 1 (PyTorch's own error at that precision): growth below it is noise.
 
     Returns:
         A numpy array of change labels (str), one per element.
     """
-    with np.errstate(invalid="ignore"):
-        worse = (head_mad > worse_factor * base_mad) & (head_mad > eps)
-        better = (base_mad > worse_factor * head_mad) & (base_mad > eps)
+
+    def grew(new: Any, old: Any, floor: Any) -> np.ndarray:  # the one growth predicate
+        with np.errstate(invalid="ignore"):
+            return (new > worse_factor * old) & (new > floor)
+
+    worse = grew(head_mad, base_mad, eps) | grew(head_ratio, base_ratio, 1.0)
+    better = grew(base_mad, head_mad, eps) | grew(base_ratio, head_ratio, 1.0)
     rules = [
         (~base_present, "new"),
         (~head_present, "removed"),
@@ -130,8 +142,8 @@ def decide(
     return np.select([c for c, _ in rules], [label for _, label in rules], default="unchanged")
 
 
-def _mad(row: Mapping[str, Any] | None) -> float:
-    value = None if row is None else row.get("max_abs_diff")
+def _mad(row: Mapping[str, Any] | None, key: str = "max_abs_diff") -> float:
+    value = None if row is None else row.get(key)
     return np.nan if value is None else float(value)
 
 
@@ -169,6 +181,8 @@ def classify(
         eps=np.array(floor),
         hash_changed=np.array(bh is not None and hh is not None and bh != hh),
         worse_factor=worse_factor,
+        base_ratio=np.array(_mad(base_row, "error_ratio")),
+        head_ratio=np.array(_mad(head_row, "error_ratio")),
     )
     return str(label)
 
@@ -181,6 +195,7 @@ _KEEP = {
     "exec_order": pa.int32(),
     "status": pa.string(),
     "max_abs_diff": pa.float64(),
+    "error_ratio": pa.float64(),
     "cand_hash": pa.string(),
     "cand_dtype": pa.string(),
 }
@@ -251,6 +266,8 @@ def diff_tables(
         eps=eps_arr,
         hash_changed=hash_changed,
         worse_factor=worse_factor,
+        base_ratio=_np(j["base_error_ratio"], np.nan, np.float64),
+        head_ratio=_np(j["head_error_ratio"], np.nan, np.float64),
     )
     names = ("module", "kind", "exec_order")
     pick = {n: pc.coalesce(j[f"head_{n}"], j[f"base_{n}"]) for n in names}
@@ -264,6 +281,8 @@ def diff_tables(
             "head_status": j["head_status"].cast(pa.string()),
             "base_max_abs_diff": j["base_max_abs_diff"].cast(pa.float64()),
             "head_max_abs_diff": j["head_max_abs_diff"].cast(pa.float64()),
+            "base_error_ratio": j["base_error_ratio"],
+            "head_error_ratio": j["head_error_ratio"],
             "base_cand_hash": bh.cast(pa.string()),
             "head_cand_hash": hh.cast(pa.string()),
             "cand_dtype": dtype,

@@ -102,6 +102,7 @@ class CommitPoint:
     output_max_abs_diff: float | None
     output_sqnr_db: float | None
     tag_status: str | None = None
+    error_ratio: float | None = None  # worst error_ratio of a budget run (issue 15)
 
 
 @dataclass
@@ -144,6 +145,7 @@ def _point(run: Any) -> CommitPoint:
         tensors_failing=m.get("tensors_failing"),
         output_max_abs_diff=m.get("output_max_abs_diff"),
         output_sqnr_db=m.get("output_sqnr_db"),
+        error_ratio=m.get("worst_error_ratio"),
     )
 
 

@@ -25,7 +25,7 @@ def _fmt(value: Any) -> str:
 
 
 _SHOWN = ("change", "tag", "step", "base_status", "head_status", "base_max_abs_diff",
-          "head_max_abs_diff")  # fmt: skip
+          "head_max_abs_diff", "base_error_ratio", "head_error_ratio")  # fmt: skip
 _STYLE = {"regression": "bold red", "worse": "red", "expected": "yellow", "fix": "green",
           "better": "green", "drift": "magenta", "new": "cyan", "removed": "cyan"}  # fmt: skip
 

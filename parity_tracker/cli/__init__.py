@@ -19,8 +19,10 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.cli.options import allow_no_commit_option, night_option, store_retry_option
+from parity_tracker.cli.serve import ui_command
 from parity_tracker.errors import EXIT_INFRA, EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
 from parity_tracker.files import jsonio
+from parity_tracker.statuses import BUDGET, RUN_MODES
 
 EXIT_INTERRUPTED = 130
 DEFAULT_CONFIG = "pipelines/nightly.toml"
@@ -97,6 +99,16 @@ def cli(store_retry_s: float | None) -> None:
         os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 
 
+def _run_url(uri: str, experiment: str, run_id: str | None) -> str | None:
+    """The run's page when the store is an MLflow server (``RunStore.run_url``), else None."""
+    from parity_tracker.track.query import RunStore
+
+    try:
+        return RunStore(uri, experiment).run_url(run_id)
+    except ParityTrackerError:
+        return None  # a link is a convenience: an unreachable store must not fail the command
+
+
 # --------------------------------------------------------------------------- targets
 
 
@@ -133,10 +145,12 @@ def targets(as_json: bool) -> None:
 @click.option("--cache", default=None, help="Shortcut for --set cache=VALUE.")
 @click.option(
     "--mode",
-    type=click.Choice(["auto", "equal", "allclose"]),
+    type=click.Choice(["auto", *RUN_MODES]),
     default="auto",
     show_default=True,
-    help="Comparison mode; auto follows the seed's section 2.",
+    help="Comparison mode; auto follows the seed's section 2, with budget (error against a "
+    "float64 golden, at most k=2x PyTorch's own at the candidate's precision) for casts and "
+    "other implementations.",
 )
 @click.option("--rtol", type=float, default=None, help="allclose rtol for every tag.")
 @click.option("--atol", type=float, default=None, help="allclose atol for every tag.")
@@ -183,12 +197,13 @@ def run(
     """One parity run of TARGET, logged to MLflow; exit 0 when parity holds, 1 when not."""
     from parity_tracker.pipeline.run_target import run_target
     from parity_tracker.pipeline.targets import parse_assignments
+    from parity_tracker.track.browse import SOURCE_RUN
     from parity_tracker.track.store import resolve_tracking_uri
 
     shortcuts = {"quantization": quantization, "cache": cache}
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
-    if rtol is not None and mode == "equal":
-        click.echo("warning: --rtol/--atol have no effect with --mode equal", err=True)
+    if rtol is not None and mode in ("equal", BUDGET):
+        click.echo(f"warning: --rtol/--atol have no effect with --mode {mode}", err=True)
     outcome = run_target(
         target,
         settings,
@@ -202,6 +217,7 @@ def run(
         experiment=experiment,
         commit=commit,
         render=report_files,
+        source=SOURCE_RUN,
         keep_repro=int(keep_repro * (1 << 20)),
     )
     uri = resolve_tracking_uri(tracking_uri)
@@ -217,7 +233,9 @@ def run(
             }
         )
     else:
-        T.print_run(result, outcome.run_id, uri, experiment)
+        T.print_run(
+            result, outcome.run_id, uri, experiment, _run_url(uri, experiment, outcome.run_id)
+        )
     if outcome.error is not None:
         raise outcome.error
     if outcome.interrupted:
@@ -313,9 +331,24 @@ def nightly(
         allow_no_commit=allow_no_commit,
         max_cells=max_cells,
     )
-    from parity_tracker.cli.nights import nightly_output
+    from parity_tracker.track.store import resolve_tracking_uri
 
-    nightly_output(ctx, result, tracking_uri, as_json)
+    uri = resolve_tracking_uri(tracking_uri)
+    if as_json:
+        _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
+    else:
+        click.echo(result.digest)
+        url = _run_url(uri, experiment, result.parent_run_id)
+        click.echo(
+            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id)
+        )
+    if result.spooled:
+        click.echo(
+            "tracking store unreachable for some cells; spooled to "
+            + ", ".join(result.spooled) + "; upload them with `parity-tracker sync`",
+            err=True,
+        )  # fmt: skip
+    ctx.exit(result.exit_code)
 
 
 # --------------------------------------------------------------------------- diff
@@ -551,29 +584,44 @@ def sync(tracking_uri: str | None, as_json: bool) -> None:
     click.echo(f"{len(done)} spooled run(s) uploaded, {len(killed)} stale run(s) marked KILLED")
 
 
-def ui_command(uri: str, host: str, port: int) -> list[str]:
-    """The ``mlflow server`` command line serving the store at ``uri``."""
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
+def _ui_urls(uri: str, base: str, experiment: str, explicit: bool) -> dict[str, Any]:
+    """The addresses ``ui`` prints: the experiment's runs view, the list, which one to open.
+
+    The runs view of ``experiment`` (with the parity columns, ``track.browse.runs_url``) is
+    opened; the experiments list instead when the experiment has no runs yet, or when
+    ``--experiment`` was not given and several experiments hold runs.
+    """
+    from parity_tracker.track import browse
+    from parity_tracker.track.query import RunStore
+
+    store = RunStore(uri, experiment)
+    try:
+        exp_id = store.prepare_ui()
+        names = store.experiment_names()
+    except ParityTrackerError as exc:  # e.g. a server store not up yet: its front page
+        click.echo(f"warning: {exc}", err=True)
+        return {"url": base, "runs_url": None, "experiments_url": browse.experiments_url(base),
+                "open": base, "experiments": []}  # fmt: skip
+    runs = browse.runs_url(base, exp_id) if exp_id is not None else None
+    listing = browse.experiments_url(base)
+    several = len(names) > 1
+    opened = runs if runs and (explicit or not several) else listing
+    return {"url": base, "runs_url": runs, "experiments_url": listing, "open": opened,
+            "experiments": names}  # fmt: skip
 
 
 @cli.command()
 @click.option("--port", type=int, default=5000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback).")
-@click.option("--dry-run", is_flag=True, help="Print the URL and command; start nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the URLs and command; start nothing.")
+@click.option(
+    "--open/--no-open",
+    "open_browser",
+    default=None,
+    help="Open the URL in a browser once the server answers (default: when on a terminal).",
+)
 @tracking_uri_option
+@experiment_option
 @json_option
 @click.pass_context
 def ui(
@@ -581,34 +629,49 @@ def ui(
     port: int,
     host: str,
     dry_run: bool,
+    open_browser: bool | None,
     tracking_uri: str | None,
+    experiment: str,
     as_json: bool,
 ) -> None:
-    """Start the MLflow UI on the configured store (bound to 127.0.0.1) and print its URL."""
-    import os
-    import subprocess
+    """Start the MLflow UI on the store (bound to 127.0.0.1) and print the runs view's URL.
 
+    SIGTERM / SIGINT stop the server too; the command exits once the port is free.
+    """
+    from parity_tracker.cli.serve import MODE_HINT, serve
     from parity_tracker.track.store import get_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
+    explicit = ctx.get_parameter_source("experiment") != click.core.ParameterSource.DEFAULT
     if uri.startswith(("http://", "https://")):
-        payload = {"url": uri, "command": None, "note": "the store is already an MLflow server"}
+        urls = _ui_urls(uri, uri.rstrip("/"), experiment, explicit)
+        payload = {**urls, "command": None, "note": "the store is already an MLflow server"}
         if as_json:
             _emit_json(payload)
         else:
-            click.echo(f"MLflow UI: {uri} (already a server)")
+            click.echo(f"MLflow UI: {urls['open']} (the store is already a server)\n{MODE_HINT}")
         return
     get_client(uri)  # create/migrate the store first, so the server starts on a ready database
-    url = f"http://{host}:{port}"
+    base = f"http://{host}:{port}"
+    urls = _ui_urls(uri, base, experiment, explicit)
     command = ui_command(uri, host, port)
     if as_json:
-        _emit_json({"url": url, "command": command, "tracking_uri": uri})
+        _emit_json({**urls, "command": command, "tracking_uri": uri})
     else:
-        click.echo(f"MLflow UI for {uri}\n  open {url}   (Ctrl-C to stop)")
+        T.print_ui(uri, experiment, urls, MODE_HINT)
     if dry_run:
         return
+    if open_browser is None:
+        open_browser = sys.stdout.isatty()
+    on_ready = None
+    if open_browser:
+        import webbrowser
+
+        def on_ready() -> None:
+            webbrowser.open(urls["open"])
+
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    ctx.exit(subprocess.call(command, env=env))
+    ctx.exit(serve(command, host=host, port=port, env=env, on_ready=on_ready))
 
 
 from parity_tracker.cli.nights import nightly_merge  # noqa: E402  (uses the options above)

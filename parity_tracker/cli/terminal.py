@@ -42,7 +42,20 @@ def print_targets(found: Sequence[Any]) -> None:
     console().print(table)
 
 
-def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> None:
+def print_ui(uri: str, experiment: str, urls: dict[str, Any], hint: str) -> None:
+    """What ``parity-tracker ui`` prints: the store, the URL to open, the others, the mode hint."""
+    lines = [f"MLflow UI for {uri}", f"  open {urls['open']}   (Ctrl-C to stop)"]
+    if urls.get("runs_url") and urls["runs_url"] != urls["open"]:
+        lines.append(f"  runs of {experiment!r}: {urls['runs_url']}")
+    if urls["open"] != urls["experiments_url"] and len(urls.get("experiments") or ()) > 1:
+        lines.append(f"  all experiments: {urls['experiments_url']}")
+    lines.append(f"  {hint}")
+    print("\n".join(lines), flush=True)
+
+
+def print_run(
+    result: Any, run_id: str | None, uri: str, experiment: str, url: str | None = None
+) -> None:
     """Print a run's verdict, counts, first divergence, root causes and worst tensors."""
     from rich.markup import escape
     from rich.table import Table
@@ -90,7 +103,10 @@ def print_run(result: Any, run_id: str | None, uri: str, experiment: str) -> Non
         con.print(table)
     if run_id:
         con.print(f"logged: run {run_id} in experiment {experiment!r} at {uri}")
-        con.print(f"open it: {ui_command_line(uri)}   |   {cli_exe()} report {run_id}")
+        if url:
+            con.print(f"open it: {url}   |   {cli_exe()} report {run_id}")
+        else:
+            con.print(f"open it: {ui_command_line(uri)}   |   {cli_exe()} report {run_id}")
 
 
 class RichReporter:

@@ -97,6 +97,9 @@ class Comparison:
     rtol: float | None = None
     atol: float | None = None
     message: str = ""
+    golden_max_abs_err: float | None = None
+    twin_max_abs_err: float | None = None
+    error_ratio: float | None = None
 
     @property
     def passed(self) -> bool:

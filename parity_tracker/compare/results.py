@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parity_tracker.compare.core import Comparison
-from parity_tracker.statuses import is_failing, is_passing
+from parity_tracker.statuses import BUDGET, is_failing, is_passing
 
 __all__ = ["CheckResult", "DumpMode", "TagResult", "format_line", "print_result"]
 
@@ -154,6 +154,10 @@ class CheckResult:
 
 def _status_word(r: TagResult, mode: str) -> str:
     status = r.comparison.status
+    if mode == BUDGET and status in ("close", "mismatch"):  # issue 15: words of the budget
+        ratio = r.comparison.error_ratio
+        word = "within budget" if status == "close" else "over budget"
+        return word if ratio is None else f"{word} ({ratio:.3g}x PyTorch's own error)"
     if is_passing(status):
         return "equal" if mode == "equal" else "close"
     if status == "mismatch":

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -42,6 +43,22 @@ DTYPE_PRECISIONS: dict[torch.dtype, tuple[float, float]] = {
 }
 
 EXACT = (0.0, 0.0)
+
+V = TypeVar("V")
+
+
+def first_match(overrides: Sequence[tuple[str, V]], tag: str | None) -> V | None:
+    """The value of the first ``(glob, value)`` pair whose glob matches ``tag``, else ``None``.
+
+    The one per-tag glob rule of the package (tolerances, error-budget ``k``): ``fnmatch``
+    patterns, case-sensitive (``fnmatch.fnmatchcase``), tried in the order given, first wins.
+    """
+    if tag is None:
+        return None
+    for pattern, value in overrides:
+        if fnmatch.fnmatchcase(tag, pattern):
+            return value
+    return None
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -161,12 +178,7 @@ class Tolerances:
 
     def match(self, tag: str | None) -> tuple[float, float] | None:
         """The ``(rtol, atol)`` of the first override pattern matching ``tag``, else ``None``."""
-        if tag is None:
-            return None
-        for pattern, pair in self.overrides:
-            if fnmatch.fnmatchcase(tag, pattern):
-                return pair
-        return None
+        return first_match(self.overrides, tag)
 
     def resolve(
         self,

@@ -153,6 +153,23 @@ def worst_tensor(rows: Iterable[Row] | Any) -> Row | None:
     return worst[0] if worst else None
 
 
+def worst_error_ratio(rows: Iterable[Row] | Any) -> Row | None:
+    """The row of the largest ``error_ratio`` (issue 15), or None when no row has one.
+
+    ``+inf`` (a candidate that loses values PyTorch keeps) counts as the largest; ties keep
+    the first row in order. Rows of every status count, so a passing run's worst ratio (its
+    headroom under ``k``) is known too.
+    """
+    best: Row | None = None
+    for row in _rows(rows):
+        ratio = row.get("error_ratio")
+        if ratio is None or math.isnan(ratio):
+            continue
+        if best is None or ratio > best["error_ratio"]:
+            best = row
+    return best
+
+
 def passes(
     reference: torch.Tensor,
     candidate: torch.Tensor,

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from parity_tracker.files.atomic import atomic_write
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _SHAPE = pa.list_(pa.int64())
@@ -63,6 +63,11 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("cache_hit", _BOOL),
     pa.field("local_status", _STR),
     pa.field("local_max_abs_diff", _F64),
+    # error budget (issue 15, mode "budget"; null in other modes): e_cand, e_twin and
+    # e_cand / max(e_twin, floor), which may be +inf (parity_tracker.compare.budget)
+    pa.field("golden_max_abs_err", _F64),
+    pa.field("twin_max_abs_err", _F64),
+    pa.field("error_ratio", _F64),
 )
 
 MODULES_SCHEMA = pa.schema(
@@ -167,15 +172,28 @@ def _migrate_v1(table: pa.Table) -> pa.Table:
     return table
 
 
+def _migrate_v2(table: pa.Table) -> pa.Table:
+    """Migrate a v2 table to v3: the error-budget columns added, null.
+
+    v3 adds ``golden_max_abs_err``, ``twin_max_abs_err`` and ``error_ratio`` (issue 15); no run
+    before v3 was compared by budget, so they are null for every earlier row.
+    """
+    for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.float64()))
+    return table
+
+
 # Migrations: version -> function(table) returning the table at version + 1.
-MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1}
+MIGRATIONS: dict[int, Any] = {0: _migrate_v0, 1: _migrate_v1, 2: _migrate_v2}
 
 
 #: Version of the run record ``summary.json`` (``parity_tracker.run.summary.RunSummary``),
 #: kept here beside the tables' version so every on-disk format is versioned in one place.
 #: v0: the untyped dict of before issue 12 (no ``schema_version`` key); v1 adds
-#: ``schema_version``, ``worst_tensor`` and makes ``worst_tensor_histogram`` a field.
-SUMMARY_SCHEMA_VERSION = 1
+#: ``schema_version``, ``worst_tensor`` and makes ``worst_tensor_histogram`` a field; v2 adds
+#: ``worst_error_ratio``, ``worst_error_ratio_tag`` and ``error_ratio_infinite`` (issue 15).
+SUMMARY_SCHEMA_VERSION = 2
 
 
 def _migrate_summary_v0(data: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +206,15 @@ def _migrate_summary_v0(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _migrate_summary_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 → v2: the worst error ratio fields (issue 15) added, None (no budget before v2)."""
+    for key in ("worst_error_ratio", "worst_error_ratio_tag", "error_ratio_infinite"):
+        data.setdefault(key, None)
+    return data
+
+
 #: Summary migrations: version -> function(dict) returning the dict at version + 1.
-SUMMARY_MIGRATIONS: dict[int, Any] = {0: _migrate_summary_v0}
+SUMMARY_MIGRATIONS: dict[int, Any] = {0: _migrate_summary_v0, 1: _migrate_summary_v1}
 
 
 def migrate_summary(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,10 @@ class ParityCase:
             before each comparison, for pairs that see the same positions in different layouts
             (a KV-cache decode step against a full recompute: slice the recompute's last
             position). Returning ``None`` keeps the pair as it is.
+        twin: optional error-budget twin (issue 15): PyTorch at the candidate's precision,
+            e.g. a fake-quantized reference for an int8 candidate; default: the reference cast
+            to the candidate's compute dtype.
+        budgets: optional per-tag error-budget factors ``{glob: k}`` (default k = 2).
     """
 
     reference: Any
@@ -45,6 +49,8 @@ class ParityCase:
     notes: str = ""
     tolerances: dict[str, tuple[float, float]] | None = None
     align: Callable[[str, Any, Any], tuple[Any, Any] | None] | None = None
+    twin: Any = None
+    budgets: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if (self.inputs is None) == (self.drive is None and self.candidate_drive is None):

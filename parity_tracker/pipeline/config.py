@@ -5,7 +5,7 @@ Format (also documented at the top of ``pipelines/nightly.toml``)::
     [[matrix]]
     target = "digits-cnn"                       # a target name or module:function spec
     quantization = ["none", "fp16", "bf16"]     # each list is one axis; a scalar is one value
-    # optional per-entry options: mode = "auto" | "equal" | "allclose", ops = true,
+    # optional per-entry options: mode = "auto" | "equal" | "allclose" | "budget", ops = true,
     # rtol = 1e-3, atol = 1e-5 (both or neither), dump_mode = "NOT_EQUAL"
 
 Each ``[[matrix]]`` entry expands to the cartesian product of its axes (``pipeline.matrix``);
@@ -39,13 +39,14 @@ from parity_tracker.errors import InputError
 from parity_tracker.files.toml import load_toml, validate_model
 from parity_tracker.pipeline.matrix import DEFAULT_DUMP_MODE, Cell, expand
 from parity_tracker.pipeline.targets import check_spec
+from parity_tracker.statuses import BUDGET, RUN_MODES
 
 #: Keys of a ``[[matrix]]`` entry that are options, not setting axes.
 OPTION_KEYS = ("target", "mode", "ops", "rtol", "atol", "dump_mode")
 #: The ``DumpMode`` names a cell may ask for.
 DUMP_MODES = ("NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL")
 #: The comparison modes of a cell.
-CELL_MODES = ("auto", "equal", "allclose")
+CELL_MODES = ("auto", *RUN_MODES)
 #: Most cells a matrix may expand to unless ``--max-cells`` raises it (a 1,000 x 1,000 matrix
 #: was accepted and ran 886 cells, 1.7 GB, in 90 s before this limit; issue 14).
 MAX_CELLS = 1000
@@ -103,7 +104,12 @@ class MatrixEntry(BaseModel):
     def _both_or_neither(self) -> MatrixEntry:
         from parity_tracker.compare.tolerances import check_pair
 
-        check_pair(self.rtol, self.atol)  # ValueError: one without the other, or negative
+        pair = check_pair(self.rtol, self.atol)  # ValueError: one without the other, negative
+        if self.mode == BUDGET and pair is not None:
+            raise ValueError(
+                "mode = 'budget' takes no rtol/atol (the budget is PyTorch's own error at the "
+                "candidate's precision); remove them"
+            )
         return self
 
     def axes(self) -> dict[str, list[str]]:

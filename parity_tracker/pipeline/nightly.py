@@ -4,10 +4,11 @@
 shard's cells (``pipeline.matrix``), opens one parent MLflow run, and for each cell builds the
 target and runs it (``pipeline.run_target``), logs it as a child run, picks its baseline
 (``pipeline.baseline``) and diffs against it (``analysis.diff.diff_runs``), relabelling known
-failures as ``expected``. At the end it logs
-``regressions.parquet`` and the files of the injected renderer (``digest.md``, ``matrix.html``,
-``history.html`` from ``dashboards.digest.nightly_artifacts``) to the parent run, and returns
-the :class:`~parity_tracker.pipeline.results.NightlyResult`.
+failures as ``expected``. At the end it logs ``regressions.parquet``, ``cells.csv`` (one row
+per cell) and the files of the injected renderer (``digest.md``, ``matrix.html``,
+``history.html`` from ``dashboards.digest.nightly_artifacts``) to the parent run, makes the
+digest the parent's run description (``mlflow.note.content``), and returns the
+:class:`~parity_tracker.pipeline.results.NightlyResult`.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ from parity_tracker.pipeline.config import MAX_CELLS, load_matrix
 from parity_tracker.pipeline.matrix import Cell, parse_shard, shard_cells
 from parity_tracker.pipeline.pages import NightlyPages, nightly_pages
 from parity_tracker.pipeline.results import (
+    CELLS_CSV,
     FAIL_ON,
     CellResult,
     NightlyResult,
     cell_status,
+    cells_table,
     regressions_table,
 )
+from parity_tracker.track.browse import SOURCE_NIGHTLY
 from parity_tracker.track.query import RunStore
 
 #: ``render(result, pages) -> {file name: text}``: the files attached to the parent run
@@ -161,7 +165,7 @@ def run_cell(
             cell.target, dict(cell.settings), mode=cell.mode, rtol=cell.rtol, atol=cell.atol,
             dump_mode=cell.dump_mode, capture_ops=cell.ops, tracking_uri=store.uri,
             experiment=store.experiment, parent_run_id=parent_run_id, run_name=cell.name,
-            commit=commit, branch=branch, render=render_run,
+            commit=commit, branch=branch, render=render_run, source=SOURCE_NIGHTLY,
         )  # fmt: skip
     except Exception as exc:  # a broken target must not stop the matrix
         out.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -259,6 +263,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "cells": len(plan.cells),
         },
         tags={"parity.kind": "nightly", TAG_NIGHT: plan.night},
+        source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,
     )
@@ -396,8 +401,9 @@ def _rendered(result: NightlyResult, render: Render | None, store: RunStore) -> 
 
 def _publish(result: NightlyResult, render: Render | None, store: RunStore) -> None:
     """Log ``regressions.parquet`` and the rendered files to the parent run."""
+    from parity_tracker.files.csvfiles import write_csv
     from parity_tracker.files.tables import write_table
-    from parity_tracker.track import log_artifact_files
+    from parity_tracker.track import log_artifact_files, set_description
 
     texts = _rendered(result, render, store)
     result.digest = texts.get("digest.md", "")
@@ -405,9 +411,15 @@ def _publish(result: NightlyResult, render: Render | None, store: RunStore) -> N
         files = {
             "regressions.parquet": write_table(
                 regressions_table(result.cells), Path(tmp) / "regressions.parquet"
-            )
+            ),
+            CELLS_CSV: write_csv(cells_table(result.cells), Path(tmp) / CELLS_CSV),
         }
         for name, text in texts.items():
             files[name] = Path(tmp) / name
             files[name].write_text(text, encoding="utf-8")
         log_artifact_files(result.parent_run_id, files, tracking_uri=store.uri)
+    if result.digest:  # the parent's run page shows the night's digest
+        try:
+            set_description(result.parent_run_id, result.digest, tracking_uri=store.uri)
+        except Exception as exc:
+            warnings.warn(f"nightly digest not set as the run description: {exc!r}", stacklevel=2)

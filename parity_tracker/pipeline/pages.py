@@ -38,20 +38,14 @@ class NightlyPages:
 
 def run_url(tracking_uri: str | None, experiment_id: str | None, run_id: str | None) -> str | None:
     """The run's page on an MLflow server (None for an embedded store: no fixed address)."""
+    from parity_tracker.track.browse import run_url as browse_run_url
+    from parity_tracker.track.browse import server_base
     from parity_tracker.track.store import resolve_tracking_uri
 
-    uri = resolve_tracking_uri(tracking_uri)
-    if not run_id or not experiment_id or not uri.startswith(("http://", "https://")):
+    base = server_base(resolve_tracking_uri(tracking_uri))
+    if not run_id or not experiment_id or base is None:
         return None
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def _experiment_id(store: Any) -> str | None:
-    # Through track's client: RunStore has no call for the experiment id yet.
-    from parity_tracker.track.store import get_client
-
-    exp = get_client(store.uri).get_experiment_by_name(store.experiment)
-    return exp.experiment_id if exp is not None else None
+    return browse_run_url(base, experiment_id, run_id)
 
 
 def _cells(result: NightlyResult, url: Any) -> list[dict[str, Any]]:
@@ -111,7 +105,7 @@ def nightly_pages(result: NightlyResult, store: Any) -> NightlyPages:
     Raises:
         Exception: whatever the store raises; the nightly turns it into a warning.
     """
-    exp_id = _experiment_id(store)
+    exp_id = store.experiment_id()
 
     def url(run_id: str | None) -> str | None:
         return run_url(store.uri, exp_id, run_id)

@@ -18,6 +18,8 @@ from parity_tracker.errors import EXIT_INFRA
 from parity_tracker.files import jsonio
 from parity_tracker.pipeline.matrix import Cell
 
+#: The parent run's one-row-per-cell table (CSV, for MLflow's artifact viewer).
+CELLS_CSV = "cells.csv"
 #: What makes the nightly's exit code 1 (see ``NightlyResult.exit_code``).
 FAIL_ON = ("regression", "mismatch", "never")
 
@@ -199,3 +201,29 @@ def cell_status(c: CellResult) -> str:
     if c.passed:
         return "pass"
     return "expected" if c.changes.get("expected") and not c.unexpected_failing else "fail"
+
+
+def cells_table(cells: Sequence[CellResult]) -> pa.Table:
+    """One row per cell (``cells.csv`` of the parent run), in the matrix's order.
+
+    Columns: ``cell``, ``target``, ``settings`` (JSON), ``status`` (``cell_status``),
+    ``run_id``, ``tensors_failing``, ``output_max_abs_diff``, ``first_divergence``,
+    ``regressions``, ``baseline_run_id``, ``message`` (the error, else the expected entries
+    applied).
+    """
+    rows = [
+        {"cell": c.cell.name, "target": c.cell.target,
+         "settings": jsonio.dumps(dict(c.cell.settings), sort_keys=True), "status": cell_status(c),
+         "run_id": c.run_id, "tensors_failing": c.tensors_failing,
+         "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
+         "regressions": c.changes.get("regression", 0), "baseline_run_id": c.baseline_run_id,
+         "message": c.error or "; ".join(c.expected_used) or None}
+        for c in cells
+    ]  # fmt: skip
+    schema = pa.schema(
+        [("cell", pa.string()), ("target", pa.string()), ("settings", pa.string()),
+         ("status", pa.string()), ("run_id", pa.string()), ("tensors_failing", pa.int64()),
+         ("output_max_abs_diff", pa.float64()), ("first_divergence", pa.string()),
+         ("regressions", pa.int64()), ("baseline_run_id", pa.string()), ("message", pa.string())]
+    )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=schema)

@@ -103,6 +103,7 @@ def run_target(
     branch: str | None = None,
     log: bool = True,
     render: Callable[[Any], Mapping[str, str]] | None = None,
+    source: tuple[str, str] | None = None,
     keep_repro: int | None = None,
 ) -> TargetRun:
     """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
@@ -110,7 +111,7 @@ def run_target(
     Args:
         spec: a target name or ``module:function``.
         settings: setting overrides (``{"quantization": "int8"}``), validated.
-        mode: ``auto`` | ``equal`` | ``allclose``.
+        mode: ``auto`` | ``equal`` | ``allclose`` | ``budget``.
         rtol: allclose rtol for every tag (None: the case's overrides, else the per-dtype
             defaults of torch.testing.assert_close); give both rtol and atol or neither.
         atol: allclose atol for every tag.
@@ -126,6 +127,8 @@ def run_target(
         log: False to run without logging.
         render: ``render(result) -> {artifact path: text}``, the files the logged run gets
             (the CLI passes the dashboards' report renderer); None: ``log_run``'s default.
+        source: ``(mlflow.source.name, mlflow.source.type)`` of the logged run
+            (``track.browse.SOURCE_RUN`` / ``SOURCE_NIGHTLY``); None: ``log_run``'s default.
         keep_repro: bytes kept per reproducer (``run_parity``; None: its default, 0: none).
 
     Raises:
@@ -164,6 +167,7 @@ def run_target(
             commit=commit,
             branch=branch,
             **({} if render is None else {"render": render}),
+            **({} if source is None else {"source": source}),
         )
     except SpooledError as exc:
         out.error = exc

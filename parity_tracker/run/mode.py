@@ -8,6 +8,15 @@ from typing import Any
 
 from parity_tracker.adapters import MEASURED_PARAMS
 from parity_tracker.run.environment import ENV_KEYS
+from parity_tracker.statuses import BUDGET, RUN_MODES
+
+#: Settings whose allclose the error budget cannot replace (issue 15): a cache skips or reuses
+#: computation and random ops draw differently in float64, so a float64 golden says nothing.
+BUDGET_BLOCKERS = frozenset({"cache", "random"})
+#: Settings the error budget does not support yet: a sharded run is compared per rank by
+#: ``parity_tracker.distributed`` (its own pairing), which has no golden side.
+BUDGET_NOT_YET = frozenset({"distributed"})
+BUDGET_NOTE = "; error budget against a float64 golden (issue 15) instead of a tolerance"
 
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
 #: the adapters, e.g. graph breaks, are facts of the run, not configuration).
@@ -23,6 +32,16 @@ def _off(value: Any, *off_values: str) -> bool:
     return str(value).strip().lower() in {"", "false", "0", "no", *off_values}
 
 
+def _integer_without_twin(settings: Mapping[str, Any]) -> bool:
+    """An integer quantization (``int8``, ``int4``, ``uint8``, ``qint8``) and no ``twin`` set.
+
+    PyTorch's own error at int8 is a fake-quantized reference only the caller can build
+    (issue 15: "quantized int8 candidates without a twin stay on allclose").
+    """
+    quant = str(settings.get("quantization") or "").strip().lower()
+    return quant.startswith(("int", "uint", "qint", "quint")) and _off(settings.get("twin"))
+
+
 def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[str, str]:
     """The comparison mode for a run and the reason, following the seed's section 2.
 
@@ -31,21 +50,28 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
     ``quantization`` (not ``none``), ``cache`` (not ``off``), ``distributed`` (not ``none``),
     ``random`` (truthy: dropout, sampling) or ``implementation`` (present and not ``same``).
 
+    Where approximate arithmetic alone calls for it (a cast or other quantization, another
+    implementation: no cache, no random ops; sharding is not supported yet), ``auto`` picks
+    ``budget`` (issue 15) instead; ``run_parity`` still falls back to ``allclose``, with the
+    reason recorded, when the budget cannot run (int8 weights without a twin, random ops in the
+    golden, a golden that cannot run in float64: ``parity_tracker.run.budget``).
+
     Args:
         settings: the run's settings.
-        requested: ``"auto"``, ``"equal"`` or ``"allclose"``; anything but auto is kept.
+        requested: ``"auto"``, ``"equal"``, ``"allclose"`` or ``"budget"``; anything but auto
+            is kept.
 
     Returns:
         ``(mode, reason)``, e.g. ``("allclose", "quantization=int8 (seed §2: approximate
         arithmetic)")``.
 
     Raises:
-        InputError: ``requested`` is not one of the three modes.
+        InputError: ``requested`` is not one of the four modes.
     """
     from parity_tracker.errors import InputError
 
-    if requested not in ("auto", "equal", "allclose"):
-        raise InputError(f"mode must be 'auto', 'equal' or 'allclose', got {requested!r}")
+    if requested not in ("auto", *RUN_MODES):
+        raise InputError(f"mode must be one of auto, {', '.join(RUN_MODES)}; got {requested!r}")
     if requested != "auto":
         return requested, f"mode={requested} requested explicitly"
     checks = (
@@ -56,12 +82,20 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
         ("implementation", ("same",), "the two implementations run different kernels"),
     )
     reasons = [
-        f"{key}={settings[key]} (seed §2: {why})"
+        (key, settings[key], f"{key}={settings[key]} (seed §2: {why})")
         for key, off, why in checks
         if key in settings and not _off(settings[key], *off)
     ]
+    text = "; ".join(why for _, _, why in reasons)
+    blocked = [key for key, _, _ in reasons if key in BUDGET_BLOCKERS]
+    if reasons and not blocked and any(key in BUDGET_NOT_YET for key, _, _ in reasons):
+        return "allclose", text + "; no error budget: not supported for sharded runs yet"
+    if reasons and not blocked and not _integer_without_twin(settings):
+        return BUDGET, text + BUDGET_NOTE
+    if reasons and not blocked:
+        return "allclose", text + "; no error budget: integer quantization needs a twin"
     if reasons:
-        return "allclose", "; ".join(reasons)
+        return "allclose", text
     return "equal", "no quantization, cache, distribution, random ops or other implementation"
 
 

@@ -29,10 +29,10 @@ from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.localize.root_cause import fallback_root_causes
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
-from parity_tracker.run.mode import choose_mode
+from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import build_summary, worst_tensor
-from parity_tracker.statuses import is_failing
+from parity_tracker.statuses import BUDGET, is_failing
 
 # ---------------------------------------------------------------------------------------------
 # running both sides
@@ -330,6 +330,8 @@ def run_parity(
     align: Callable[[str, Any, Any], Any] | None = None,
     seed: int = 0,
     environment: Mapping[str, Any] | None = None,
+    twin: Any = None,
+    budgets: Mapping[str, float] | None = None,
     keep_repro: int = DEFAULT_REPRO_BYTES,
 ) -> RunResult:
     """Run reference then candidate with every module hooked, compare, and build the tables.
@@ -351,7 +353,9 @@ def run_parity(
         candidate_drive: a separate driver for the candidate (default: ``drive``).
         settings: the run's settings (target, candidate, quantization, cache, device, dtype,
             distributed, ...), logged as MLflow params and used by ``mode="auto"``.
-        mode: ``"auto"`` (``choose_mode``), ``"equal"`` or ``"allclose"``.
+        mode: ``"auto"`` (``choose_mode``), ``"equal"``, ``"allclose"`` or ``"budget"`` (error
+            budget, issue 15: golden and twin passes first, ``parity_tracker.run.budget``;
+            ``auto`` falls back to allclose with the reason when the budget cannot run).
         capture_ops: also record every aten op of both forwards (``parity_tracker.ops``) and
             build the ``ops`` table and root causes (seed §4 step 2).
         isolate: re-run each failing candidate module on the reference's inputs
@@ -365,6 +369,10 @@ def run_parity(
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
         environment: the recorded environment (default: ``env.collect_environment()`` now).
+        twin: budget mode: the caller's twin (PyTorch at the candidate's precision, e.g. a
+            fake-quantized reference); default: the reference cast to the candidate's
+            compute dtype (``capture.twin.make_twin``), or the reference itself.
+        budgets: budget mode: per-tag ``{glob: k}`` (default k = 2 for every tag).
         keep_repro: size limit in bytes of each reproducer kept for the first divergence and
             the first root causes (``run.keep``; default 64 MiB; 0 keeps none), written under
             the dump folder as ``repro/`` (logged as ``tensors/repro/``); nothing is kept when
@@ -379,7 +387,8 @@ def run_parity(
 
     Raises:
         InputError: neither or both of ``inputs`` and a drive; an unknown ``mode``; a
-            reference that is not an ``nn.Module``; a non-module candidate without a drive.
+            reference that is not an ``nn.Module``; a non-module candidate without a drive;
+            an explicit ``budget`` that cannot run (``run.budget.prepare`` names why).
     """
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
@@ -407,12 +416,23 @@ def run_parity(
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
+    ops = passes = None
+    if chosen == BUDGET:
+        try:
+            passes = _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill,
+                                    capture_ops, isolate)  # fmt: skip
+        except BaseException:
+            spill.cleanup()
+            raise
+        if passes.sides is None:
+            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
+            settings["mode"] = chosen
     worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
+        budget=passes.sides if chosen == BUDGET else None,
     )  # fmt: skip
-    ops = None
     if capture_ops:
         from parity_tracker.ops import OpSession
 
@@ -442,6 +462,8 @@ def run_parity(
     finally:
         spill.cleanup()
     durations["compare"] = time.perf_counter() - t0
+    if chosen == BUDGET:
+        durations.update(passes.durations_s or {})
     if isolate and status == "completed" and cand_is_module:
         t0 = time.perf_counter()
         with _eval_mode(reference, candidate):
@@ -461,6 +483,20 @@ def run_parity(
         start_time_ms=start_ms, root=root_name(reference), worst_tensor_histogram=hist,
     )  # fmt: skip
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)
+
+
+def _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill, ops, isolate):
+    """The golden and twin passes (``run.budget.prepare``) for the reference's plan."""
+    import sys
+
+    from parity_tracker.run.budget import prepare
+
+    ref, cand = plans
+    return prepare(
+        sys.modules[__name__], ref.model, cand.model, ref.inputs, drive=ref.drive,
+        explicit=requested == BUDGET, twin=twin, budgets=budgets, k=None, align=align,
+        settings=settings, seed=seed, spill=spill.name, capture_ops=ops, isolate=isolate,
+    )  # fmt: skip
 
 
 def _keep(plans, rows, kept, run_id, limit, seed, dump_path, dump_dir) -> Path | None:
@@ -519,6 +555,8 @@ def case_kwargs(case: Any, **kwargs: Any) -> dict[str, Any]:
         "settings": dict(case.settings),
         "tolerances": case.tolerances,
         "align": case.align,
+        "twin": case.twin,
+        "budgets": case.budgets,
     }
     kw.update(kwargs)
     return kw

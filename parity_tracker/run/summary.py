@@ -147,9 +147,11 @@ class RunSummary(Mapping[str, Any]):
         worst_tensor: the worst failing tensor, or None when none failed.
         worst_tensor_histogram: its |candidate − reference| histogram (``run.histogram``), or
             None when no tensor failed or its two sides were not both tensors of one shape.
+        worst_error_ratio, worst_error_ratio_tag, error_ratio_infinite: budget runs' largest
+            ``error_ratio`` and its tag (``ratio_metrics``; infinite: None with the flag True).
         error: the exception of a failed/killed run, else None.
         steps: distinct steps compared. durations_s: seconds per phase (reference,
-            candidate, compare, isolate). start_time_ms: ms since the epoch.
+            candidate, compare, isolate, golden, twin). start_time_ms: ms since the epoch.
         extra: keys of a stored summary this version does not know, kept (never dropped).
         schema_version: ``SUMMARY_SCHEMA_VERSION``.
     """
@@ -182,6 +184,9 @@ class RunSummary(Mapping[str, Any]):
     output_equal: bool | None = None
     worst_tensor: WorstTensor | None = None
     worst_tensor_histogram: dict[str, Any] | None = None
+    worst_error_ratio: float | None = None
+    worst_error_ratio_tag: str | None = None
+    error_ratio_infinite: bool | None = None
     error: RunError | None = None
     steps: int = 0
     durations_s: dict[str, float] = field(default_factory=dict)
@@ -399,6 +404,28 @@ def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
     }
 
 
+def ratio_metrics(table: pa.Table) -> dict[str, Any]:
+    """The worst ``error_ratio`` of a budget run (``compare.verdict.worst_error_ratio``).
+
+    Strict JSON has no infinity: an infinite worst ratio is stored as ``worst_error_ratio``
+    None with ``error_ratio_infinite`` True (as an infinite SQNR is None + ``output_equal``).
+    All three are None when no row has a ratio (a run in another mode).
+    """
+    if "error_ratio" not in table.column_names:
+        return {"worst_error_ratio": None, "worst_error_ratio_tag": None,
+                "error_ratio_infinite": None}  # fmt: skip
+    row = verdict.worst_error_ratio(table.select(["tag", "error_ratio"]).to_pylist())
+    if row is None:
+        return {"worst_error_ratio": None, "worst_error_ratio_tag": None,
+                "error_ratio_infinite": None}  # fmt: skip
+    ratio = row["error_ratio"]
+    return {
+        "worst_error_ratio": _finite(ratio),
+        "worst_error_ratio_tag": row["tag"],
+        "error_ratio_infinite": math.isinf(ratio),
+    }
+
+
 def build_summary(
     modules: pa.Table,
     ops: pa.Table,
@@ -468,6 +495,7 @@ def build_summary(
         "durations_s": dict(durations_s or {}),
         "start_time_ms": start_time_ms,
         "worst_tensor": worst_tensor(modules),
+        **ratio_metrics(modules),
         "worst_tensor_histogram": dict(worst_tensor_histogram) if worst_tensor_histogram else None,
     }
     return RunSummary.from_dict(_json_clean(summary))

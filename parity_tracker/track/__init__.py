@@ -21,7 +21,9 @@ _LAZY = {
         "log",
     ),
     **dict.fromkeys(
-        ("end_run", "log_artifact_files", "record_diff", "start_parent_run"), "parents"
+        ("end_run", "log_artifact_files", "record_diff", "set_description",
+         "start_parent_run"),
+        "parents",
     ),
     **dict.fromkeys(
         ("RunHead", "RunInfo", "RunStore", "find_run_heads", "find_runs", "load_run"), "query"
@@ -61,6 +63,7 @@ __all__ = [
     "run_metrics",
     "run_params",
     "run_tags",
+    "set_description",
     "spool_root",
     "stage_run",
     "start_parent_run",

@@ -8,13 +8,17 @@ and batched calls:
 - tags: ``mlflow.source.git.commit`` and ``mlflow.source.git.branch`` (set explicitly),
   ``mlflow.parentRunId`` when nested, ``parity.run_id``, ``parity.status``, ``parity.passed``,
   ``parity.config_fingerprint``; ``parity.complete`` = ``true`` last, once everything is stored;
+  the UI's (``track.browse``): ``verdict``, ``first_divergence``, the markdown description
+  ``mlflow.note.content`` and ``mlflow.source.name`` / ``mlflow.source.type``;
 - metrics (step 0): ``tensors_compared``, ``tensors_passing``, ``tensors_failing``,
   ``first_divergence_order``, ``output_max_abs_diff``, ``output_sqnr_db``, plus
-  ``tensors_skipped``, ``ops_compared`` and ``ops_failing``. A metric whose value is None is
+  ``tensors_skipped``, ``ops_compared``, ``ops_failing`` and ``worst_error_ratio`` (budget
+  runs, issue 15; None when infinite: see ``summary.json``). A metric whose value is None is
   not logged: ``first_divergence_order`` when nothing diverged, ``output_*`` when no root
   output was compared, and ``output_sqnr_db`` when the outputs are identical (infinite SQNR;
   MLflow's SQL store cannot keep inf — the summary says ``output_equal: true``);
-- artifacts: ``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``
+- artifacts: ``tables/modules.parquet``, ``tables/ops.parquet``, ``tables/failing.csv`` (the
+  failing rows, capped; only when rows fail), ``summary.json``
   (``RunSummary.to_json()``), the files the caller passes (``artifacts=``, ``render=``: e.g.
   ``report.html``; this package never renders) and the dumped tensors with their index under
   ``tensors/`` (one ``log_artifacts`` call per folder).
@@ -46,11 +50,20 @@ from typing import Any
 
 from parity_tracker.errors import InfrastructureError, InputError
 from parity_tracker.files.atomic import atomic_write_json, atomic_write_text
+from parity_tracker.files.csvfiles import failing_rows, write_csv
 from parity_tracker.files.safe_paths import check_tree_inside, resolve_inside
 from parity_tracker.files.tables import read_table, write_table
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.summary import RUN_STATUSES
+from parity_tracker.track.browse import (
+    FAILING_CSV,
+    REPORT_FILE,
+    SOURCE_LIBRARY,
+    Source,
+    describe_run,
+    ui_tags,
+)
 from parity_tracker.track.owner import (
     current_owner,
     drop_staging,
@@ -80,7 +93,7 @@ CONTRACT_METRICS = (
     "output_max_abs_diff",
     "output_sqnr_db",
 )
-EXTRA_METRICS = ("tensors_skipped", "ops_compared", "ops_failing")
+EXTRA_METRICS = ("tensors_skipped", "ops_compared", "ops_failing", "worst_error_ratio")
 #: Params derived by the run, logged next to the settings and environment.
 DERIVED_PARAMS = ("mode", "mode_reason", "config_fingerprint")
 _PARAM_MAX = 6000  # MLflow's limit on a param value's length
@@ -221,6 +234,25 @@ def _copy_artifacts(art: Path, artifacts: Mapping[str, str | os.PathLike[str]] |
         shutil.copyfile(local, target)
 
 
+def _stage_ui(result: RunResult, art: Path, source: Source) -> dict[str, str]:
+    """Write ``tables/failing.csv`` (when rows fail) and return the run's UI tags.
+
+    The tags (``browse.ui_tags``) carry the description, which says how many failing rows the
+    CSV holds (capped at ``files.csvfiles.FAILING_CSV_MAX_ROWS``) and whether ``report.html``
+    is among the artifacts.
+    """
+    rows, total = failing_rows(result.modules, result.ops)
+    if total:
+        write_csv(rows, art / FAILING_CSV)
+    text = describe_run(
+        result.record,
+        failing_csv_rows=rows.num_rows if total else 0,
+        failing_total=total,
+        report=(art / REPORT_FILE).is_file(),
+    )
+    return ui_tags(result.record, source, text)
+
+
 def stage_run(
     result: RunResult,
     folder: Path,
@@ -231,19 +263,26 @@ def stage_run(
     run_name: str | None,
     artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
     render: Renderer | None = None,
+    source: Source = SOURCE_LIBRARY,
 ) -> Path:
     """Write everything ``log_run`` uploads into ``folder`` (the spool's format).
 
     Layout: ``run.json`` (experiment, run name, parent, params, metrics, tags, status, times)
     and ``artifacts/`` (``tables/modules.parquet``, ``tables/ops.parquet``, ``summary.json``,
-    the files of ``artifacts`` and of ``render``, e.g. ``report.html``). Tensors are not copied
-    here (see ``_spool``).
+    the files of ``artifacts`` and of ``render``, e.g. ``report.html``; ``tables/failing.csv``
+    when rows fail). Tensors are not copied here (see ``_spool``). The tags include the UI's
+    (``browse.ui_tags``: verdict, first divergence, description, ``source``).
     """
     art = folder / "artifacts"
     write_table(result.modules, art / "tables" / "modules.parquet")
     write_table(result.ops, art / "tables" / "ops.parquet")
     _copy_artifacts(art, artifacts)
     _write_rendered(result, art, render)
+    try:
+        shown = _stage_ui(result, art, source)
+    except Exception as exc:  # a description bug must not lose the run
+        warnings.warn(f"UI tags not written: {exc!r}", RuntimeWarning, stacklevel=2)
+        shown = {}
     atomic_write_text(art / "summary.json", result.record.to_json())
     fault_point("staging")
     now = int(time.time() * 1000)
@@ -255,7 +294,7 @@ def stage_run(
         "parent_run_id": parent_run_id,
         "params": run_params(result),
         "metrics": run_metrics(result),
-        "tags": run_tags(result, parent_run_id),
+        "tags": {**shown, **run_tags(result, parent_run_id)},
         "status": RUN_STATUSES[result.record.status],
         "start_time": int(result.record.start_time_ms or now),
         "end_time": now,
@@ -422,6 +461,7 @@ def log_run(
     spool_dir: str | os.PathLike[str] | None = None,
     artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
     render: Renderer | None = legacy_report_renderer,
+    source: Source = SOURCE_LIBRARY,
 ) -> str:
     """Record a parity run as one MLflow run (see the module docstring for exactly what).
 
@@ -443,6 +483,8 @@ def log_run(
             fault only warns); None for none. The default is TRANSITIONAL
             (``legacy_report_renderer``: ``report.html`` from the dashboards) until the layer
             above passes its own.
+        source: ``(mlflow.source.name, mlflow.source.type)``, the runs table's Source column
+            (``browse.SOURCE_RUN`` for the CLI, ``SOURCE_NIGHTLY`` for nightly cells).
 
     Returns:
         The MLflow run id (also set on ``result.tracking_run_id``, the one field of the
@@ -469,6 +511,7 @@ def log_run(
             run_name=run_name,
             artifacts=artifacts,
             render=render,
+            source=source,
         )
         fault_point("staged")
         try:

@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from parity_tracker.errors import InfrastructureError, InputError
+from parity_tracker.track.browse import (
+    TAG_DESCRIPTION,
+    TAG_SOURCE_NAME,
+    TAG_SOURCE_TYPE,
+    Source,
+    clip,
+)
 from parity_tracker.track.log import _BATCH, _chunks, _param_value
 from parity_tracker.track.store import (
     get_client,
@@ -29,11 +36,13 @@ def start_parent_run(
     tags: Mapping[str, Any] | None = None,
     commit: str | None = None,
     branch: str | None = None,
+    source: Source | None = None,
 ) -> str:
     """Open a run that parity runs nest under (``log_run(parent_run_id=...)``); returns its id.
 
     The git commit/branch (read with git unless given) are set as ``mlflow.source.git.*``
-    tags. Close it with ``end_run``.
+    tags; ``source`` (``(name, type)``, e.g. ``browse.SOURCE_NIGHTLY``) as
+    ``mlflow.source.name`` / ``mlflow.source.type``. Close it with ``end_run``.
 
     Raises:
         InfrastructureError: the store could not be reached.
@@ -48,6 +57,7 @@ def start_parent_run(
         "mlflow.source.git.commit": commit or git["git_commit"],
         "mlflow.source.git.branch": branch or git["git_branch"],
         "parity.kind": "parent",
+        **({TAG_SOURCE_NAME: source[0], TAG_SOURCE_TYPE: source[1]} if source else {}),
         **current_owner().tags(),  # sync marks it KILLED if this process dies (track.owner)
         **{k: str(v) for k, v in (tags or {}).items()},
     }
@@ -147,3 +157,19 @@ def record_diff(
         retry(client.set_tag, run_id, TAG_BASELINE, baseline_run_id or "none")
     except Exception as exc:
         raise InfrastructureError(f"cannot record the diff on run {run_id}: {exc}") from exc
+
+
+def set_description(run_id: str, text: str, *, tracking_uri: str | None = None) -> None:
+    """Make ``text`` (markdown) the run's description, shown on its page in the MLflow UI.
+
+    Stored in the tag ``mlflow.note.content``, cut to MLflow's 8,000-character tag limit
+    (ending "… (cut; see digest.md)").
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    value = clip(text, "\n… (cut; see digest.md)\n")
+    try:
+        retry(get_client(tracking_uri).set_tag, run_id, TAG_DESCRIPTION, value)
+    except Exception as exc:
+        raise InfrastructureError(f"cannot set the description of run {run_id}: {exc}") from exc

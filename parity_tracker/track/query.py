@@ -145,7 +145,6 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     """
     from mlflow.exceptions import MlflowException
 
-
     check_run_id(run_id)
     uri = resolve_tracking_uri(tracking_uri)
     try:
@@ -642,3 +641,83 @@ class RunStore:
             for c in children
             if "config_fingerprint" in c.data.params
         }
+
+    # -- the MLflow UI (``track.browse``)
+    def experiment_id(self) -> str | None:
+        """The experiment's id, None when it does not exist yet.
+
+        Raises:
+            InfrastructureError: the store could not be reached.
+        """
+        try:
+            exp = retry(get_client(self.uri).get_experiment_by_name, self.experiment)
+        except Exception as exc:
+            raise InfrastructureError(f"cannot read experiments of {self.uri}: {exc}") from exc
+        return None if exp is None else exp.experiment_id
+
+    def run_url(self, run_id: str | None, base: str | None = None) -> str | None:
+        """The run's page in the MLflow UI at ``base`` (default: the store, when it is a server).
+
+        None when there is no address (an embedded store and no ``base``), no run id, or no
+        experiment.
+        """
+        from parity_tracker.track.browse import run_url, server_base
+
+        base = base or server_base(self.uri)
+        exp_id = self.experiment_id() if base and run_id else None
+        return run_url(base, exp_id, run_id) if base and run_id and exp_id else None
+
+    def experiment_url(self, base: str | None = None) -> str | None:
+        """The experiment's runs table (parity view) in the MLflow UI at ``base`` (as run_url)."""
+        from parity_tracker.track.browse import runs_url, server_base
+
+        base = base or server_base(self.uri)
+        exp_id = self.experiment_id() if base else None
+        return runs_url(base, exp_id) if base and exp_id else None
+
+    def experiment_names(self) -> list[str]:
+        """Names of the store's active experiments that hold at least one run.
+
+        Raises:
+            InfrastructureError: the store could not be reached.
+        """
+        try:
+            client = get_client(self.uri)
+            exps = retry(client.search_experiments, max_results=1000)
+            return [
+                e.name for e in exps if retry(client.search_runs, [e.experiment_id], max_results=1)
+            ]
+        except Exception as exc:
+            raise InfrastructureError(f"cannot read experiments of {self.uri}: {exc}") from exc
+
+    def prepare_ui(self) -> str | None:
+        """Make the experiment ready for the UI; returns its id (None when it does not exist).
+
+        Sets ``mlflow.experimentKind`` (classic runs view) when the experiment has none, and
+        rewrites the parity saved view with the setting params its runs use (newest 1000 runs).
+
+        Raises:
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track import browse
+
+        try:
+            client = get_client(self.uri)
+            exp = retry(client.get_experiment_by_name, self.experiment)
+            if exp is None:
+                return None
+            runs = retry(client.search_runs, [exp.experiment_id], max_results=1000)
+            skip = {*ENV_KEYS, "mode_reason", "config_fingerprint", "mode"}
+            keys = browse.setting_keys(
+                (r.data.params for r in runs if TAG_RUN_ID in r.data.tags), skip
+            )
+            tags = browse.experiment_tags(keys)
+            if exp.tags.get(browse.TAG_EXPERIMENT_KIND):
+                tags.pop(browse.TAG_EXPERIMENT_KIND)
+            for key, value in tags.items():
+                retry(client.set_experiment_tag, exp.experiment_id, key, value)
+        except Exception as exc:
+            raise InfrastructureError(
+                f"cannot prepare {self.experiment!r} in {self.uri}: {exc}"
+            ) from exc
+        return exp.experiment_id

@@ -305,6 +305,9 @@ def get_client(uri: str | None = None) -> MlflowClient:
 def get_or_create_experiment(client: MlflowClient, name: str) -> str:
     """Id of experiment ``name``, creating it with an explicit artifact location if missing.
 
+    A new experiment gets ``browse.experiment_tags()``: it opens in the UI's classic runs view
+    (``mlflow.experimentKind``) and holds the parity saved view of the runs table.
+
     Creation is serialised by the store's file lock (SQLite) and tolerates another process
     creating the same experiment at the same moment.
     """
@@ -320,8 +323,13 @@ def get_or_create_experiment(client: MlflowClient, name: str) -> str:
         if exp is not None:
             return exp.experiment_id
         location = f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}" if root else None
+        from parity_tracker.track.browse import experiment_tags
+
         try:
-            return retry(client.create_experiment, name, artifact_location=location)
+            return retry(
+                client.create_experiment, name, artifact_location=location,
+                tags=experiment_tags(),
+            )  # fmt: skip
         except MlflowException as exc:
             if "already exists" not in str(exc).lower():
                 raise

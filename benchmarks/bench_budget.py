@@ -1,0 +1,86 @@
+"""Measurement 7 (issue 15): a ``mode="budget"`` run ÷ the plain forwards it stands for.
+
+The pair: the transformer of measurement 1 (fp32 reference) against a copy cast to bf16 that
+casts its inputs (a pre-hook), the case the nightly's cast cells are. The budget run
+(``run_parity(mode="budget")``, no dumps) does a float64 golden pass under the dispatch mode,
+a twin pass (the reference cast to bf16, reduced to errors as captured), then the reference
+and the candidate, all hooked.
+
+- **÷ three plain forwards** (target ≤ 1.5): the plain float64 golden forward (a float64
+  copy, no dispatch mode), the plain twin forward and the plain candidate forward.
+- **÷ two plain forwards** (information): the plain reference and candidate forwards, the
+  denominator of measurement 1.
+
+Time spent building the golden and twin copies (``deepcopy``) is inside the run's time.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from benchmarks import cases
+from benchmarks._common import Row, alternate, failed, judged, medians, paired_ratio
+
+NAME = "7 budget run ÷ plain"
+TARGET = 1.5
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    model.register_forward_pre_hook(
+        lambda _m, args: tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
+    )
+    return model
+
+
+def _contenders(pair: Any) -> dict[str, Any]:
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    ref, x = pair.reference.eval(), pair.inputs
+    cand = _cast(copy.deepcopy(ref).bfloat16(), torch.bfloat16).eval()
+    twin = _cast(copy.deepcopy(ref).bfloat16(), torch.bfloat16).eval()
+    golden = copy.deepcopy(ref).double().eval()
+    x64 = tuple(t.double() if t.is_floating_point() else t for t in x)
+
+    def plain(*models_inputs: tuple[torch.nn.Module, tuple]) -> None:
+        with torch.no_grad():
+            for model, inputs in models_inputs:
+                model(*inputs)
+
+    def budget() -> None:
+        run_parity(ref, cand, x, mode="budget", dump_mode=DumpMode.NOT, environment={})
+
+    return {
+        "plain3": lambda: plain((golden, x64), (twin, x), (cand, x)),
+        "plain2": lambda: plain((ref, x), (cand, x)),
+        "budget": budget,
+    }
+
+
+def run(quick: bool) -> list[Row]:
+    """The two ratios on the transformer (``--quick``: its 2-layer size)."""
+    try:
+        pair = cases.transformer(quick)
+        torch.backends.mha.set_fastpath_enabled(False)
+        times = alternate(_contenders(pair), cases.REPEATS[quick])
+    except Exception as exc:
+        return [failed(NAME, "transformer bf16 cast", exc, f"≤ {TARGET:g}")]
+    med = medians(times)
+    extra = {"medians_s": med, "repeats": cases.REPEATS[quick]}
+    detail = (
+        f"{pair.label}, bf16 cast candidate; medians: budget {med['budget']:.3f} s, "
+        f"3 plain (golden f64 + twin + candidate) {med['plain3']:.3f} s, "
+        f"2 plain (reference + candidate) {med['plain2']:.3f} s"
+    )
+    three = paired_ratio(times, "budget", "plain3")
+    two = paired_ratio(times, "budget", "plain2")
+    row3 = judged(
+        NAME, f"{pair.label} ÷ 3 plain forwards", three, "×", TARGET, detail=detail, extra=extra
+    )
+    return [
+        row3,
+        Row(NAME, f"{pair.label} ÷ 2 plain forwards", two, "×", detail=detail, extra=extra),
+    ]

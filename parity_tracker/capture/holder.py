@@ -1,0 +1,103 @@
+"""What the TensorChecker does with each captured tensor: hold a snapshot, or compare at once.
+
+Deferred path: a counted snapshot (parameters by reference). Eager path (``TensorChecker(
+eager_mode=...)``): when the second side's tensor of a tag arrives it is compared with the held
+one and both are released, unless the planned dump needs them (``DumpMode``), so peak memory is
+one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parity_tracker.capture.modules import Capture, Group
+from parity_tracker.capture.store import Spilled
+from parity_tracker.compare.core import Comparison
+from parity_tracker.compare.pairing import RELEASED, load
+from parity_tracker.compare.results import DumpMode
+from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
+
+
+class Holder:
+    """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
+
+    Deferred path: a counted snapshot (parameters by reference). Eager path: when the second
+    side's tensor of a tag arrives it is compared with the held one and both are released,
+    unless the planned dump needs them. Also writes the dumps of a check.
+    """
+
+    def __init__(self, checker: Any) -> None:  # the TensorChecker facade that owns it
+        self.c = checker
+        self.eager_first: dict[bool, Group] = {}
+
+    def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
+        """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
+        if self.c.reduce_to is not None:
+            cap.value = self.c.reduce_to(g.tag, g.step, value)
+            return
+        ref_i = self._eager_reference(g, cap.side)
+        if ref_i is None:
+            self._keep(cap, value, alias)
+            return
+        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
+
+    def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
+        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
+        if alias:
+            cap.value = value.detach()
+            return
+        cap.value = copy = self.c._snap.take(value)
+        self.c._store.admit(copy, cap)
+
+    def _eager_reference(self, g: Group, side: int) -> int | None:
+        """Index of the capture the new one is compared against now, or None to hold it."""
+        if self.c.eager_mode is None:
+            return None
+        i = g.ref_index if g.ref_index is not None else 0
+        if len(g.captures) < 2:
+            return None
+        held = g.captures[i]
+        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
+            return None
+        return i
+
+    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
+        held = g.captures[held_i]
+        new = g.captures[new_i]
+        new_is_ref = new.side < held.side
+        ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
+        held_value = load(held.value)
+        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
+        budget = self.c.eager_mode == BUDGET
+        pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
+        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
+        g.ref_index = ref_i
+        g.pairs[cand_i] = comp
+        if self._eager_keep(g, comp):
+            self._keep(new, value, alias)
+        else:
+            new.value = held.value = RELEASED
+
+    def _eager_keep(self, g: Group, comp: Comparison) -> bool:
+        """Whether the planned dump needs this group's tensors after an eager comparison."""
+        mode = self.c.dump_mode
+        failed = is_failing(comp.status)
+        if mode is DumpMode.ALL:
+            return True
+        if mode is DumpMode.NOT_EQUAL:
+            return failed
+        if mode is DumpMode.FIRST_NOT_EQUAL and failed:
+            weight = g.kind in WEIGHT_KINDS
+            best = self.eager_first.get(weight)
+            key = (g.captures[g.ref_index].exec_order, g.step)
+            if best is not None and (best.captures[best.ref_index].exec_order, best.step) <= key:
+                return False
+            if best is not None:
+                for c in best.captures:
+                    if c.is_tensor:
+                        c.value = RELEASED
+            self.eager_first[weight] = g
+            return True
+        return False

@@ -1,0 +1,462 @@
+"""Error budgets: is the candidate's difference a bug, or rounding PyTorch itself would make?
+
+Issue 15. A ``budget`` comparison has three sides of one tag:
+
+- **golden**: the reference computed in float64 (:mod:`parity_tracker.capture.golden`);
+- **twin**: the reference computed the way PyTorch computes it at the candidate's precision
+  (:mod:`parity_tracker.capture.twin`; the reference itself when the candidate has its dtype);
+- **candidate**.
+
+The one formula (:func:`error_ratio`)::
+
+    e_cand = max |candidate − golden|          (golden_max_abs_err)
+    e_twin = max |twin − golden|               (twin_max_abs_err)
+    floor  = eps(compared dtype) · max |golden|   (one ULP at the tag's largest magnitude)
+    error_ratio = e_cand / max(e_twin, floor)
+
+and the tag is within budget exactly when ``error_ratio ≤ k`` (:func:`budget_status`: the
+verdict is derived from the ratio alone, plus bitwise equality with the reference for
+``equal``, so the two can never disagree). ``k`` defaults to :data:`DEFAULT_K` = 2, the bound
+of FlashAttention's tests: the output error of the kernel against a float32 reference is
+asserted to be at most twice the error of PyTorch's own implementation at bf16/fp16 against
+that reference (Dao-AILab/flash-attention, ``tests/test_flash_attn.py``:
+``assert (out - out_ref).abs().max().item() <= 2 * (out_pt - out_ref).abs().max().item()``).
+
+The compared dtype is the lower-precision one of the candidate and the twin (larger
+``torch.finfo(dtype).eps``), as
+:func:`parity_tracker.compare.tolerances.default_tolerances` lets the lower-precision side
+win. Integer and bool sides have no eps: their floor is 0.
+
+Non-finite values (never a NaN ratio):
+
+- an element is exact (error 0) when it equals the golden element, NaN matching NaN and
+  ±inf matching the same-signed inf; any other non-finite element (the side loses a value the
+  golden has, or has a finite value where the golden has none) has error ``+inf``;
+- the floor uses the largest FINITE ``|golden|`` (0 when none is finite);
+- ``0 / anything = 0``; ``x / 0 = +inf`` for ``x > 0``; ``finite / inf = 0``; and when both
+  ``e_cand`` and ``e_twin`` are ``+inf`` (both lose values, e.g. an fp16 overflow PyTorch
+  makes too) the ratio is the number of elements the candidate loses over the number the
+  twin loses (1.0: as many as PyTorch at that precision).
+
+``error_ratio`` may therefore be ``+inf`` (a candidate that loses values PyTorch keeps, or any
+error where the golden and the twin are exact and zero); writers of strict JSON must map it.
+
+The twin need not be kept: :func:`side_error` reduces its value of a tag to an
+:class:`ErrorScan` (a few numbers) as soon as it is captured, and :func:`budget_compare`
+accepts that scan in place of the twin's tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from parity_tracker.compare.convert import to_tensor
+from parity_tracker.compare.core import Comparison, compare_tensors
+from parity_tracker.compare.hashing import dtype_name
+from parity_tracker.compare.metrics import flat
+from parity_tracker.compare.tolerances import first_match
+from parity_tracker.errors import InputError
+
+DEFAULT_K = 2.0
+"""Default budget factor: FlashAttention's tests (module docstring give the line)."""
+MODE = "budget"
+CHUNK = 1 << 20
+"""Elements per chunk of the float64 error pass (8 MiB per float64 chunk)."""
+
+
+def check_k(k: float, what: str = "k") -> float:
+    """Validate a budget factor: a finite number ≥ 1.
+
+    Below 1, a candidate bitwise identical to the twin (ratio 1) would be over budget.
+
+    Raises:
+        InputError: when ``k`` is not a finite number ≥ 1 (names ``what`` and the value).
+    """
+    try:
+        value = float(k)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a number >= 1, got {k!r}") from None
+    if not (math.isfinite(value) and value >= 1.0):
+        raise InputError(
+            f"{what} must be a finite number >= 1 (a candidate identical to PyTorch at its "
+            f"precision has error_ratio 1), got {k!r}"
+        )
+    return value
+
+
+class Budgets:
+    """Resolves the budget factor ``k`` of one tag: explicit > first matching glob > default.
+
+    Globs follow :func:`parity_tracker.compare.tolerances.first_match` (the package's one
+    per-tag glob rule: ``fnmatch``, case-sensitive, first pattern in the given order wins).
+
+    Args:
+        overrides: mapping (or iterable of pairs) from glob pattern to ``k``.
+        k: the factor of tags without an override (default :data:`DEFAULT_K`).
+
+    Raises:
+        InputError: when a ``k`` is not a finite number ≥ 1.
+    """
+
+    def __init__(
+        self,
+        overrides: Mapping[str, float] | Iterable[tuple[str, float]] | None = None,
+        *,
+        k: float = DEFAULT_K,
+    ) -> None:
+        items = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
+        self.overrides = [(str(p), check_k(v, f"budget k for {p!r}")) for p, v in items]
+        self.default = check_k(k)
+
+    def resolve(self, tag: str | None, k: float | None = None) -> float:
+        """The ``k`` of ``tag``: ``k`` when given, else the first matching override or default."""
+        if k is not None:
+            return check_k(k)
+        found = first_match(self.overrides, tag)
+        return self.default if found is None else found
+
+
+@dataclass(frozen=True)
+class ErrorScan:
+    """One side's error against the golden: all a budget needs to keep of the twin.
+
+    Attributes:
+        max_abs_err: ``max |side − golden|`` in float64 (``+inf`` when the side loses a value;
+            module docstring gives the non-finite rule); 0.0 for an empty tensor; ``None``
+            when ``problem`` is set.
+        lost: elements where the golden is finite and the side is not, or the other way round.
+        dtype: the side's dtype as compared (its eps enters the floor); ``None`` with
+            ``problem``.
+        problem: why the error could not be computed (no data, shape differs), else ``""``.
+    """
+
+    max_abs_err: float | None
+    lost: int = 0
+    dtype: torch.dtype | None = None
+    problem: str = ""
+
+
+def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
+    """``max |side − golden|`` computed in float64 (complex128 for complex), chunk by chunk.
+
+    Args:
+        side: a dense CPU tensor of the golden's shape, any dtype.
+        golden: the float64 golden, dense CPU tensor.
+
+    Returns:
+        An :class:`ErrorScan`; non-finite elements follow the module docstring's rule.
+    """
+    s, g = flat(side), flat(golden)
+    wide = torch.complex128 if (s.is_complex() or g.is_complex()) else torch.float64
+    worst, lost = 0.0, 0
+    for lo in range(0, s.numel(), CHUNK):
+        a, b = s[lo : lo + CHUNK].to(wide), g[lo : lo + CHUNK].to(wide)
+        top = _max_abs(a - b) if a.numel() else 0.0
+        if not math.isfinite(top):  # rare: a non-finite element on either side
+            top, bad = _non_finite(a, b)
+            lost += bad
+        worst = max(worst, top)
+    return ErrorScan(worst, lost, side.dtype)
+
+
+def _max_abs(d: torch.Tensor) -> float:
+    """``max |d|`` of a non-empty float64/complex128 tensor; NaN when ``d`` holds a NaN.
+
+    Real: one ``aminmax`` pass (``max(-min, max)``) instead of ``abs`` then ``max``.
+    """
+    if d.is_complex():
+        return float(d.abs().max())
+    lo, hi = torch.aminmax(d)
+    return max(-float(lo), float(hi)) if not (lo.isnan() or hi.isnan()) else math.nan
+
+
+def _non_finite(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
+    """``(max error, elements lost)`` of a chunk holding a non-finite element.
+
+    Equal elements (NaN matching NaN, ±inf the same inf) have error 0; any other non-finite
+    difference counts as lost, error ``+inf`` (module docstring).
+    """
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    d = torch.where(same, 0.0, (a - b).abs().to(torch.float64))
+    bad = ~torch.isfinite(d)
+    lost = int(bad.sum())
+    return (math.inf if lost else float(d.max())), lost
+
+
+def _golden64(golden: Any) -> torch.Tensor | str:
+    """The golden as a dense CPU float64 (complex128) tensor, or why it cannot be used."""
+    g = to_tensor(golden, "golden")
+    if g.status:
+        return f"golden: {g.message or g.status}"
+    return g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
+
+
+def _side_error(golden64: torch.Tensor, side: Any, name: str) -> ErrorScan:
+    s = to_tensor(side, name)
+    if s.status:
+        return ErrorScan(None, problem=f"{name}: {s.message or s.status}")
+    if s.tensor.shape != golden64.shape:
+        return ErrorScan(
+            None,
+            problem=(
+                f"golden shape {tuple(golden64.shape)} differs from the {name}'s "
+                f"{tuple(s.tensor.shape)}; the budget needs one shape on all three sides"
+            ),
+        )
+    return max_abs_err(s.tensor, golden64)
+
+
+def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
+    """Reduce one side's value of a tag to its error against the golden.
+
+    Call it for the twin as soon as the twin's value is captured, then keep only the
+    :class:`ErrorScan` (a few numbers) and pass it to :func:`budget_compare` as ``twin``.
+
+    Args:
+        golden: the tag's golden value (any input :func:`parity_tracker.compare.convert.to_tensor`
+            accepts; promoted to float64).
+        side: the side's value, of the golden's shape.
+        name: the side's name for messages.
+
+    Returns:
+        An :class:`ErrorScan`; ``problem`` says why it could not be computed (never raises).
+    """
+    golden64 = _golden64(golden)
+    if isinstance(golden64, str):
+        return ErrorScan(None, problem=golden64)
+    return _side_error(golden64, side, name)
+
+
+def compared_eps(*dtypes: torch.dtype) -> float:
+    """``torch.finfo(dtype).eps`` of the lowest-precision floating dtype given.
+
+    0.0 when none is floating or complex (integers and bools are exact).
+    """
+    eps = [float(torch.finfo(d).eps) for d in dtypes if d.is_floating_point or d.is_complex]
+    return max(eps, default=0.0)
+
+
+def budget_floor(golden: torch.Tensor, eps: float) -> float:
+    """``eps · max |golden|`` over the golden's finite elements (0.0 when none is finite).
+
+    Read chunk by chunk (:data:`CHUNK` elements), so the extra memory is one chunk.
+    """
+    g, top = flat(golden), 0.0
+    for lo in range(0, g.numel(), CHUNK):
+        a = g[lo : lo + CHUNK].abs()
+        m = float(a.max()) if a.numel() else 0.0
+        if not math.isfinite(m):  # rare: keep the finite elements only
+            a = a[torch.isfinite(a)]
+            m = float(a.max()) if a.numel() else 0.0
+        top = max(top, m)
+    return eps * top
+
+
+def error_ratio(cand: ErrorScan, twin: ErrorScan, floor: float) -> float:
+    """``e_cand / max(e_twin, floor)``, never NaN (module docstring gives the conventions).
+
+    Args:
+        cand: the candidate's error against the golden.
+        twin: the twin's error against the golden.
+        floor: ``eps(compared dtype) · max |golden|`` (:func:`budget_floor`).
+    """
+    e_cand, den = cand.max_abs_err, max(twin.max_abs_err, floor)
+    if e_cand == 0.0:
+        return 0.0
+    if den == 0.0:
+        return math.inf
+    if math.isinf(e_cand) and math.isinf(den):
+        return cand.lost / twin.lost
+    return e_cand / den
+
+
+def budget_status(ratio: float, k: float, bitwise_equal: bool) -> str:
+    """The budget verdict, from the ratio alone (plus equality for ``equal``).
+
+    ``mismatch`` when ``ratio > k``, else ``equal`` when the candidate equals the reference
+    (``compare_tensors`` ``equal`` semantics), else ``close``.
+    """
+    if ratio > k:
+        return "mismatch"
+    return "equal" if bitwise_equal else "close"
+
+
+@dataclass(frozen=True)
+class BudgetComparison:
+    """The budget verdict of one tag and its numbers.
+
+    Attributes:
+        status: ``equal``, ``close`` or ``mismatch`` (:func:`budget_status`), or the status of
+            an unusable pair (``shape_mismatch``, ``skipped``, ``error``) with budget numbers
+            ``None``.
+        k: the budget factor used.
+        golden_max_abs_err: ``e_cand = max |candidate − golden|``.
+        twin_max_abs_err: ``e_twin = max |twin − golden|``.
+        floor: ``eps(compared dtype) · max |golden|``.
+        error_ratio: ``e_cand / max(e_twin, floor)``; may be ``+inf``, never NaN.
+        compared_dtype: name of the dtype whose eps gives the floor (``None``: no float side).
+        comparison: the usual candidate-vs-reference record (``max_abs_diff``, ...), with
+            ``mode="budget"`` and this record's status and message.
+        message: the verdict in words.
+    """
+
+    status: str
+    k: float
+    golden_max_abs_err: float | None
+    twin_max_abs_err: float | None
+    floor: float | None
+    error_ratio: float | None
+    compared_dtype: str | None
+    comparison: Comparison
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        """True when the status is ``equal`` or ``close``."""
+        return self.comparison.passed
+
+    def columns(self) -> dict[str, Any]:
+        """The three budget columns of the ``modules``/``ops`` tables (issue 15)."""
+        return {
+            "golden_max_abs_err": self.golden_max_abs_err,
+            "twin_max_abs_err": self.twin_max_abs_err,
+            "error_ratio": self.error_ratio,
+        }
+
+
+def _g(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _verdict_message(status: str, e_c: float, e_t: float, floor: float, ratio: float, k, dtype):
+    den = max(e_t, floor)
+    if status == "equal":
+        return f"bitwise equal to the reference (error_ratio {_g(ratio)} <= k={_g(k)})"
+    where = "within" if status == "close" else "over"
+    return (
+        f"{where} budget: error vs the float64 golden {_g(e_c)} is {_g(ratio)}x PyTorch's own "
+        f"error at {dtype} (max(twin error {_g(e_t)}, floor {_g(floor)}) = {_g(den)}); "
+        f"allowed k={_g(k)}"
+    )
+
+
+def _far_note(status: str, diff: float | None, e_cand: float, floor: float, ratio: float, k):
+    """The note for a candidate far from the reference yet within budget (issue 15 §2).
+
+    Said when the candidate is more accurate than the twin (``ratio < 1``) and its difference
+    from the reference exceeds ``k · max(e_cand, floor)``: the reference itself is then far
+    from the golden, e.g. the candidate skips a rounding the model asks for.
+    """
+    if status != "close" or diff is None or ratio >= 1.0 or not diff > k * max(e_cand, floor):
+        return ""
+    return (
+        f"max_abs_diff vs the reference {_g(diff)} is over k={_g(k)}x the candidate's own error "
+        f"{_g(e_cand)}: the candidate is far more accurate than PyTorch at this precision "
+        f"(e.g. it skips a rounding the model asks for)"
+    )
+
+
+def budget_compare(
+    golden: Any,
+    twin: Any,
+    candidate: Any,
+    *,
+    reference: Any = None,
+    k: float | None = None,
+    tag: str | None = None,
+    budgets: Budgets | None = None,
+) -> BudgetComparison:
+    """Compare a candidate with its reference by error budget (the formula of the module).
+
+    Args:
+        golden: the tag's value from the float64 golden run (promoted to float64 here).
+        twin: the tag's value from the twin (PyTorch at the candidate's precision), or its
+            :class:`ErrorScan` from :func:`side_error` (then ``reference`` is required).
+        candidate: the candidate's value; the golden and the twin must have its shape.
+        reference: the reference's value, for ``equal`` and the usual candidate-vs-reference
+            columns; ``None`` means the twin is the reference (candidate of the reference's
+            dtype).
+        k: explicit budget factor; else ``budgets`` resolves it for ``tag``, else
+            :data:`DEFAULT_K`.
+        tag: the tag, for per-tag ``k`` overrides.
+        budgets: per-tag ``k`` overrides (:class:`Budgets`).
+
+    Returns:
+        A frozen :class:`BudgetComparison`. A candidate-vs-reference pair that cannot be
+        compared (shape mismatch, no data, unsupported type) keeps that status with budget
+        numbers ``None``; a golden or twin that cannot be used gives ``error``.
+
+    Raises:
+        InputError: when ``k`` (explicit or resolved) is not a finite number ≥ 1, or the twin
+            is an :class:`ErrorScan` and no ``reference`` is given.
+    """
+    k = (budgets or Budgets()).resolve(tag, k)
+    if isinstance(twin, ErrorScan) and reference is None:
+        raise InputError("budget_compare: pass reference= when the twin is given as an ErrorScan")
+    base = compare_tensors(twin if reference is None else reference, candidate, mode="equal")
+    if base.status not in ("equal", "mismatch"):
+        return _unusable(base, k, base.status, base.message)
+    golden64 = _golden64(golden)
+    if isinstance(golden64, str):
+        return _unusable(base, k, "error", f"budget not computed: {golden64}")
+    cand_err = _side_error(golden64, candidate, "candidate")
+    twin_err = twin if isinstance(twin, ErrorScan) else _side_error(golden64, twin, "twin")
+    problem = cand_err.problem or twin_err.problem
+    if problem:
+        return _unusable(base, k, "error", f"budget not computed: {problem}")
+    return _judged(base, k, golden64, cand_err, twin_err)
+
+
+def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan):
+    """The budget record of a pair whose three sides were all usable."""
+    floor = budget_floor(golden64, compared_eps(cand.dtype, twin.dtype))
+    ratio = error_ratio(cand, twin, floor)
+    status = budget_status(ratio, k, base.status == "equal")
+    dtype = _low_dtype(cand.dtype, twin.dtype)
+    e_c, e_t = cand.max_abs_err, twin.max_abs_err
+    parts = (
+        _verdict_message(status, e_c, e_t, floor, ratio, k, dtype),
+        _far_note(status, base.max_abs_diff, e_c, floor, ratio, k),
+        _lost_note(cand, twin),
+        base.message if status == "mismatch" else "",
+    )
+    message = "; ".join(p for p in parts if p)
+    columns = dict(golden_max_abs_err=e_c, twin_max_abs_err=e_t, error_ratio=ratio)
+    return BudgetComparison(
+        status=status,
+        k=k,
+        golden_max_abs_err=e_c,
+        twin_max_abs_err=e_t,
+        floor=floor,
+        error_ratio=ratio,
+        compared_dtype=dtype,
+        comparison=replace(base, status=status, mode=MODE, message=message, **columns),
+        message=message,
+    )
+
+
+def _low_dtype(*dtypes: torch.dtype) -> str | None:
+    """Name of the dtype whose eps is the floor's (the lower precision; ``None``: no float)."""
+    floats = [d for d in dtypes if d.is_floating_point or d.is_complex]
+    if not floats:
+        return None
+    return dtype_name(max(floats, key=lambda d: float(torch.finfo(d).eps)))
+
+
+def _lost_note(cand: ErrorScan, twin: ErrorScan) -> str:
+    if not (cand.lost or twin.lost):
+        return ""
+    return (
+        f"non-finite where the golden is finite (or the reverse): candidate {cand.lost}, "
+        f"twin {twin.lost} elements"
+    )
+
+
+def _unusable(base: Comparison, k: float, status: str, message: str) -> BudgetComparison:
+    comparison = replace(base, status=status, mode=MODE, message=message)
+    return BudgetComparison(status, k, None, None, None, None, None, comparison, message)

@@ -1,0 +1,181 @@
+"""The golden and twin passes of a ``mode="budget"`` run (issue 15).
+
+Before the reference and the candidate run (``run_parity``), a budget run captures two more
+sides of every tag, each in its own checker hooked on its own model:
+
+1. **golden**: :func:`~parity_tracker.capture.golden.golden_copy` of the reference, run under
+   :func:`~parity_tracker.capture.golden.golden_mode` on the inputs promoted to float64; its
+   captures are held in the bounded spilling snapshot store (``max_resident_bytes``).
+2. **twin**: the caller's twin, or :func:`~parity_tracker.capture.twin.make_twin` of the
+   reference at the candidate's compute dtype, run on the inputs cast to that dtype. Each twin
+   value is reduced to its error against the golden as soon as it is captured
+   (:func:`~parity_tracker.capture.sides.twin_reducer`). When the candidate computes in the
+   reference's dtype, the twin is the reference itself and no twin pass runs.
+
+:func:`prepare` returns the :class:`~parity_tracker.capture.sides.BudgetSides` the eager
+checker judges each pair with, or the reason ``mode="auto"`` falls back to ``allclose``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from parity_tracker.errors import InputError
+
+#: Resident budget of the golden's snapshots (bytes): the eager checker's default, 256 MiB.
+GOLDEN_RESIDENT_BYTES = 256 << 20
+
+
+@dataclass
+class Passes:
+    """What the golden and twin passes produced.
+
+    Attributes:
+        sides: the budget sides for the eager checker (``None`` when falling back).
+        reason: why ``auto`` falls back to ``allclose`` (``""`` when the budget runs).
+        durations_s: seconds of the golden and twin passes.
+    """
+
+    sides: Any
+    reason: str = ""
+    durations_s: dict[str, float] | None = None
+
+
+def _refuse_or_fall_back(explicit: bool, reason: str) -> Passes:
+    if explicit:
+        raise InputError(f"mode='budget' cannot run: {reason}")
+    return Passes(None, f"budget not used: {reason}; compared by allclose instead")
+
+
+def _golden_pass(run: Any, reference: Any, drive: Any, inputs: Any, seed: int, spill: str):
+    """Run the golden; returns ``(checker, random_ops)``."""
+    import torch
+
+    from parity_tracker.capture.golden import golden_copy, golden_mode, promote
+    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
+
+    checker = TensorChecker(
+        verbose=False, max_resident_bytes=GOLDEN_RESIDENT_BYTES, spill_dir=spill
+    )
+    model = golden_copy(reference)
+    plan = run._Plan(0, model, drive, None if inputs is None else promote(inputs))
+    hooks = module_register_tensor_checker(model, checker, side=0)
+    with run._eval_mode(model), hooks, golden_mode() as mode, torch.no_grad():
+        run._run_side(plan, checker, None, seed)
+    return checker, list(mode.random_ops)
+
+
+def _twin_pass(run: Any, twin: Any, cast: Any, drive: Any, inputs: Any, seed: int, golden, align):
+    """Run the twin with each value reduced to its ErrorScan (kept whole when ``align``)."""
+    from parity_tracker.capture.sides import twin_reducer
+    from parity_tracker.capture.twin import cast_floating
+    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
+
+    reduce = None if align is not None else twin_reducer(golden._log)
+    checker = TensorChecker(verbose=False, reduce_to=reduce)
+    if inputs is not None and cast is not None:
+        inputs = cast_floating(inputs, cast)
+    plan = run._Plan(0, twin, drive, inputs)
+    with run._eval_mode(twin), module_register_tensor_checker(twin, checker, side=0):
+        run._run_side(plan, checker, None, seed)
+    return checker
+
+
+def _twin_model(reference: Any, candidate: Any, twin: Any, settings: Mapping[str, Any]):
+    """``(twin model or None for the reference itself, dtype to cast inputs to or None)``."""
+    from parity_tracker.capture.twin import compute_dtype, make_twin
+
+    if twin is not None:
+        return twin, None
+    override = settings.get("compute_dtype")
+    cand_dtype = (
+        compute_dtype(candidate, override) if hasattr(candidate, "parameters") or override else None
+    )
+    model = make_twin(reference, cand_dtype)
+    return (None, None) if model is reference else (model, cand_dtype)
+
+
+def prepare(
+    run: Any,
+    reference: Any,
+    candidate: Any,
+    inputs: Any,
+    *,
+    drive: Callable[..., Any] | None,
+    explicit: bool,
+    twin: Any,
+    budgets: Mapping[str, float] | None,
+    k: float | None,
+    align: Any,
+    settings: Mapping[str, Any],
+    seed: int,
+    spill: str,
+    capture_ops: bool,
+    isolate: bool,
+) -> Passes:
+    """Run the golden and twin passes, or say why the budget cannot run.
+
+    Args:
+        run: the ``parity_tracker.run.run`` module (its side runner, shared, not copied).
+        reference: the reference model.
+        candidate: the candidate (its compute dtype gives the twin's).
+        inputs: the run's inputs, or ``None`` with ``drive`` (the reference's driver).
+        drive: the reference's ``drive(model, rec)``.
+        explicit: ``mode="budget"`` was requested (refuse) rather than chosen by ``auto``
+            (fall back to allclose with the reason).
+        twin: the caller's twin model (``ParityCase.twin``), or ``None`` to make one.
+        budgets: per-tag ``{glob: k}``.
+        k: the default factor (``None``: 2, ``compare.budget.DEFAULT_K``).
+        align: the run's ``align`` (the twin is then kept whole, aligned when judged).
+        settings: the run's settings (``compute_dtype`` overrides the candidate's dtype).
+        seed: the run's seed (both passes are seeded like the sides).
+        spill: the run's spill folder.
+        capture_ops: op capture requested (refused: not supported with a budget yet).
+        isolate: isolation requested (refused likewise).
+
+    Raises:
+        InputError: (exit 2) with ``explicit``: op capture or isolation asked for (not
+            supported in budget mode yet), an infeasible golden (``budget_infeasible``), a
+            golden forward that raises, or random ops in the golden run (named).
+    """
+    import time
+
+    from parity_tracker.capture.golden import require_deterministic
+    from parity_tracker.capture.sides import BudgetSides
+    from parity_tracker.capture.twin import budget_infeasible
+    from parity_tracker.compare.budget import DEFAULT_K, Budgets
+
+    table = Budgets(budgets, k=DEFAULT_K if k is None else k)  # validate before running
+    if capture_ops or isolate:
+        what = "capture_ops (--ops)" if capture_ops else "isolate (--isolate)"
+        return _refuse_or_fall_back(
+            explicit, f"{what} is not supported in budget mode yet; use mode='allclose'"
+        )
+    reason = budget_infeasible(reference, candidate, twin=twin)
+    if reason:
+        return _refuse_or_fall_back(explicit, reason)
+    t0 = time.perf_counter()
+    try:
+        golden, random_ops = _golden_pass(run, reference, drive, inputs, seed, spill)
+    except InputError:
+        raise
+    except Exception as exc:
+        why = f"the float64 golden forward raised {type(exc).__name__}: {exc}"[:500]
+        return _refuse_or_fall_back(explicit, why)
+    if random_ops:
+        if explicit:
+            require_deterministic(random_ops)
+        return Passes(None, f"budget not used: the float64 golden run calls the random op "
+                      f"{random_ops[0].op}; compared by allclose instead")  # fmt: skip
+    durations = {"golden": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    model, cast = _twin_model(reference, candidate, twin, settings)
+    twin_log = None
+    if model is not None:
+        twin_log = _twin_pass(run, model, cast, drive, inputs, seed, golden, align)._log
+        durations["twin"] = time.perf_counter() - t0
+    sides = BudgetSides(golden._log, twin_log, table, align, release=True)
+    sides.owner = golden  # the golden checker owns its snapshots' spill folder: keep it alive
+    return Passes(sides, "", durations)
