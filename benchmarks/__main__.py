@@ -3,7 +3,8 @@
 ``--quick`` (CI, under a minute): measurements 1, 2, 4 and 6 at small sizes, to prove the
 harness works; their figures are informational (``_common.informational``: the targets are
 set for the full sizes, and the quick sizes' fixed per-call costs say nothing about them).
-``--full`` (``make bench``): all six at the issue's sizes. Results go to
+``--full`` (``make bench``): all seven at the issue's sizes (7: a
+tracking server, issue 18). Results go to
 ``benchmarks/results/latest.json``; the exit status is 0 unless a measurement raised
 (an ``error`` row), whatever the figures — these are not timed tests.
 """
@@ -32,6 +33,7 @@ MEASUREMENTS = {
     5: "benchmarks.bench_memory",
     6: "benchmarks.bench_storage",
     7: "benchmarks.bench_budget",
+    8: "benchmarks.bench_server",
 }
 QUICK = (1, 2, 4, 6)
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"

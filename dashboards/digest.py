@@ -28,10 +28,12 @@ def render_digest(
     to its run page when the store has addresses (an MLflow server).
     """
     urls = urls or {}
+    index, count = result.shard
+    shard = f"all {count} shards" if index == 0 else f"shard {index}/{count}"
     lines = [
         f"# Parity nightly — {result.headline}",
         "",
-        f"commit `{result.commit or 'unknown'}` · shard {result.shard[0]}/{result.shard[1]} · "
+        f"commit `{result.commit or 'unknown'}` · night `{result.night or '-'}` · {shard} · "
         f"{len(result.cells)} cells · {result.regressions} regressions · "
         f"fail-on {result.fail_on} · parent run `{result.parent_run_id}`",
         "",
@@ -52,6 +54,10 @@ def render_digest(
         )
     lines += _section_rows(result.cells, "regression", "Regressions", limit)
     lines += _section_rows(result.cells, "worse", "Worse (max abs diff grew)", limit)
+    unbased = [c for c in result.cells if c.run_id and not c.baseline_run_id and not c.error]
+    if unbased:
+        lines += ["", "## Cells without a baseline (every tag new; nothing to regress from)", ""]
+        lines += [f"- {c.cell.name}" for c in unbased]
     errors = [c for c in result.cells if c.error]
     if errors:
         lines += ["", "## Cells that did not complete", ""]

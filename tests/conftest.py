@@ -57,6 +57,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A refused connection to a test server must fail fast, not after MLflow's default retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+# ...and parity_tracker's own retry window on server faults (default 90 s) is off unless a test
+# sets it (tests/test_server_stack.py does, for its restart).
+os.environ.setdefault("PARITY_TRACKER_STORE_RETRY_S", "0")
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -350,7 +350,8 @@ def _modules_of(run: Any, store: Any) -> tuple[pa.Table | None, Any, str | None]
     if isinstance(run, str):
         if store is None:
             raise InputError(f"diff_runs got run id {run!r} without a store; pass store=RunStore")
-        run = store.load(run)
+        # tables and settings only (``RunStore.load_tables``): no RunResult, so no torch import
+        run = store.load_tables(run) if hasattr(store, "load_tables") else store.load(run)
     if isinstance(run, pa.Table):
         return run, None, None
     return run.modules, run, getattr(run, "tracking_run_id", None)
@@ -393,9 +394,9 @@ def diff_runs(
     base_tab, _, base_id = _modules_of(base, store)
     if head_tab is None:
         raise InputError("diff_runs needs a head run")
-    if isinstance(base, str):
+    if isinstance(base, str) and base_id is None:
         base_id = base
-    if isinstance(head, str):
+    if isinstance(head, str) and head_id is None:
         head_id = head
     if base_tab is None:
         base_tab = head_tab.schema.empty_table()

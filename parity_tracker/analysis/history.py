@@ -158,6 +158,7 @@ def build_history(
     tag: str | None = None,
     last: int | None = None,
     store: RunStore | None = None,
+    heads: Sequence[Any] | None = None,
 ) -> History:
     """The history of ``target`` with ``settings`` across commits.
 
@@ -173,6 +174,8 @@ def build_history(
             place when the artifacts are local, else downloaded).
         last: keep only the newest ``last`` commits.
         store: the ``RunStore`` read (default: ``RunStore(tracking_uri, experiment)``).
+        heads: the matching runs' heads when already read (``RunStore.heads`` with the same
+            filters); default: read them.
 
     Raises:
         InputError: no run matches (names the target and settings), or ``tag`` is in none of
@@ -181,7 +184,7 @@ def build_history(
     """
     wanted = {"target": target, **{str(k): str(v) for k, v in (settings or {}).items()}}
     store = store or RunStore(tracking_uri, experiment)
-    runs = store.heads(**wanted)
+    runs = list(heads) if heads is not None else store.heads(**wanted)
     skipped = [r.run_id for r in runs if getattr(r, "incomplete", False)]
     runs = [r for r in runs if not getattr(r, "incomplete", False)]
     if not runs:
@@ -207,6 +210,9 @@ def build_history(
                 f"tags look like: {', '.join(sample)}"
             )
         failing = [None if p.tag_status is None else not is_passing(p.tag_status) for p in points]
+    # a run without a commit cannot be a first bad commit: unknown, it neither extends nor
+    # breaks the streak (runs made outside a git checkout with --allow-no-commit)
+    failing = [None if p.commit is None else f for p, f in zip(points, failing, strict=True)]
     index = first_bad(failing)
     return History(
         target=target,

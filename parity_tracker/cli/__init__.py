@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from parity_tracker.cli import terminal as T
+from parity_tracker.cli.options import allow_no_commit_option, night_option, store_retry_option
 from parity_tracker.cli.serve import ui_command
 from parity_tracker.errors import EXIT_INFRA, EXIT_OK, EXIT_PARITY_FAILURE, ParityTrackerError
 from parity_tracker.files import jsonio
@@ -91,8 +92,11 @@ def report_files(result: Any) -> dict[str, str]:
 
 @click.group(cls=ParityGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="parity-tracker")
-def cli() -> None:
+@store_retry_option
+def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
+    if store_retry_s is not None:  # read by track.store.retry_window_s
+        os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 
 
 def _run_url(uri: str, experiment: str, run_id: str | None) -> str | None:
@@ -276,6 +280,8 @@ def run(
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
 @click.option("--branch", default=None, help="Branch to record (default: read with git).")
+@night_option
+@allow_no_commit_option
 @click.option(
     "--max-cells",
     type=click.IntRange(min=1),
@@ -296,13 +302,17 @@ def nightly(
     experiment: str,
     commit: str | None,
     branch: str | None,
+    night: str | None,
+    allow_no_commit: bool,
     max_cells: int,
     as_json: bool,
 ) -> None:
-    """Run the matrix, diff every cell against its baseline, print the digest."""
+    """Run the matrix (or a --shard of it), diff each cell against its baseline, print the digest.
+
+    Shards of one night share --night; join them with `parity-tracker nightly-merge --night ID`.
+    """
     from parity_tracker.dashboards.digest import nightly_artifacts
     from parity_tracker.pipeline.nightly import run_nightly
-    from parity_tracker.track.store import resolve_tracking_uri
 
     result = run_nightly(
         config,
@@ -317,8 +327,12 @@ def nightly(
         reporter=None if as_json else T.RichReporter(),
         render=nightly_artifacts,
         render_run=report_files,
+        night=night,
+        allow_no_commit=allow_no_commit,
         max_cells=max_cells,
     )
+    from parity_tracker.track.store import resolve_tracking_uri
+
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
@@ -458,18 +472,13 @@ def history(
     current failing streak).
     """
     from parity_tracker.analysis.history import build_history
-    from parity_tracker.pipeline.targets import parse_assignments, resolve_target
+    from parity_tracker.pipeline.select import history_selection
+    from parity_tracker.pipeline.targets import parse_assignments
+    from parity_tracker.track.query import RunStore
 
-    resolved = resolve_target(target)
-    settings = resolved.validate(parse_assignments(sets))
-    hist = build_history(
-        resolved.name,
-        settings,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        tag=tag,
-        last=last,
-    )
+    store = RunStore(tracking_uri, experiment)
+    name, settings, heads = history_selection(target, parse_assignments(sets), store)
+    hist = build_history(name, settings, tag=tag, last=last, store=store, heads=heads)
     if hist.skipped:
         click.echo(
             f"skipped {len(hist.skipped)} incomplete run(s) (writer stopped during the upload; "
@@ -479,7 +488,7 @@ def history(
     if as_json:
         _emit_json(hist.to_dict())
         return
-    T.print_history(hist, f"history of {resolved.name} {settings}", tag)
+    T.print_history(hist, f"history of {name} {settings}", tag)
 
 
 # --------------------------------------------------------------------------- report, sync, ui
@@ -502,10 +511,13 @@ def report(
 ) -> None:
     """Rebuild the HTML report of RUN_ID from its stored tables."""
     from parity_tracker.dashboards.report import render_run_report
-    from parity_tracker.track import load_run, log_artifact_files
+    from parity_tracker.track import log_artifact_files
+    from parity_tracker.track.query import RunStore
     from parity_tracker.track.store import parity_home
 
-    html = render_run_report(load_run(run_id, tracking_uri=tracking_uri))
+    store = RunStore(tracking_uri)
+    run_id = store.resolve_run_id(run_id)  # a unique prefix is enough
+    html = render_run_report(store.load(run_id))
     path = Path(output) if output else parity_home() / "reports" / run_id / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
@@ -530,7 +542,9 @@ def repro(
 ) -> None:  # fmt: skip
     """Write a standalone failing test (op or module) for RUN_ID's divergence."""
     from parity_tracker.repro import reproduce_run
+    from parity_tracker.track.query import RunStore
 
+    run_id = RunStore(tracking_uri).resolve_run_id(run_id)  # a unique prefix is enough
     rep = reproduce_run(run_id, tag=tag, out=out, upload=upload, tracking_uri=tracking_uri)
     if as_json:
         _emit_json({"run_id": run_id, "path": str(rep.path.resolve()), "item": rep.item,
@@ -658,6 +672,11 @@ def ui(
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     ctx.exit(serve(command, host=host, port=port, env=env, on_ready=on_ready))
+
+
+from parity_tracker.cli.nights import nightly_merge  # noqa: E402  (uses the options above)
+
+cli.add_command(nightly_merge)
 
 
 def main(argv: list[str] | None = None) -> None:

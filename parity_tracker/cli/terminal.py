@@ -166,7 +166,8 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
     for col in [*cols, *(["tag status"] if tag else [])]:
         table.add_column(col)
     for p in hist.points:
-        mark = " <- first bad" if p.commit == hist.first_bad_commit else ""
+        bad = hist.first_bad_commit
+        mark = " <- first bad" if bad is not None and p.commit == bad else ""
         cells = [
             str(p.commit)[:12] + mark,
             p.run_id[:12],

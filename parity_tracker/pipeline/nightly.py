@@ -83,6 +83,7 @@ class _Plan:
     today: dt.date
     commit: str | None
     branch: str | None
+    night: str
 
 
 class Reporter:
@@ -209,8 +210,15 @@ def _cell(
 
 def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
           expected: str | Path | None, commit: str | None, branch: str | None,
-          today: dt.date | None, store: RunStore, max_cells: int = MAX_CELLS) -> _Plan:  # fmt: skip
-    """Read and check the inputs (matrix, shard, expected file, baseline) before any work."""
+          today: dt.date | None, store: RunStore, night: str | None = None,
+          allow_no_commit: bool = False, max_cells: int = MAX_CELLS) -> _Plan:  # fmt: skip
+    """Read and check the inputs (matrix, shard, expected file, baseline) before any work.
+
+    Raises:
+        InputError: as ``run_nightly``; also no commit (neither given nor readable with git)
+            unless ``allow_no_commit``: a night without a commit cannot be bisected.
+    """
+    from parity_tracker.pipeline.night import check_night_id, default_night_id
     from parity_tracker.run.environment import git_info
 
     if fail_on not in FAIL_ON:
@@ -220,20 +228,30 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     expected = Path(config).with_name("expected.toml") if expected is None else expected
     entries = load_expected(expected)
     git = git_info()
+    commit = commit or git["git_commit"]
+    if not commit and not allow_no_commit:
+        raise InputError(
+            "cannot read the git commit (not a git checkout, or git missing): pass --commit SHA, "
+            "or --allow-no-commit to record none (history cannot place such runs)"
+        )
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    night = check_night_id(night) if night else default_night_id(commit, config, today)
     return _Plan(
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
         explicit=resolve_baseline_runs(baseline, store), fail_on=fail_on,
-        entries=entries, today=today or dt.datetime.now(dt.timezone.utc).date(),
-        commit=commit or git["git_commit"], branch=branch or git["git_branch"],
+        entries=entries, today=today, commit=commit, branch=branch or git["git_branch"],
+        night=night,
     )  # fmt: skip
 
 
 def _start(plan: _Plan, store: RunStore) -> str:
     """Open the nightly's parent run."""
-    from parity_tracker.track import start_parent_run
+    from parity_tracker.pipeline.night import CELLS_FILE, cells_json
+    from parity_tracker.track import log_artifact_files, start_parent_run
+    from parity_tracker.track.parents import TAG_NIGHT
 
     index, count = plan.shard
-    return start_parent_run(
+    parent = start_parent_run(
         tracking_uri=store.uri,
         experiment=store.experiment,
         run_name=f"nightly {index}/{count}",
@@ -244,11 +262,16 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "fail_on": plan.fail_on,
             "cells": len(plan.cells),
         },
-        tags={"parity.kind": "nightly"},
+        tags={"parity.kind": "nightly", TAG_NIGHT: plan.night},
         source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,
     )
+    with tempfile.TemporaryDirectory(prefix="parity-cells-") as tmp:
+        path = Path(tmp) / CELLS_FILE  # the cells planned, so a merge can name missing ones
+        path.write_text(cells_json(plan.cells), encoding="utf-8")
+        log_artifact_files(parent, {CELLS_FILE: path}, tracking_uri=store.uri)
+    return parent
 
 
 def run_nightly(
@@ -267,6 +290,8 @@ def run_nightly(
     reporter: Reporter | None = None,
     render: Render | None = None,
     render_run: RunRender | None = None,
+    night: str | None = None,
+    allow_no_commit: bool = False,
 ) -> NightlyResult:
     """Run this shard of the matrix in ``config`` under one parent MLflow run (module docstring).
 
@@ -288,12 +313,18 @@ def run_nightly(
             (the CLI passes ``dashboards.digest.nightly_artifacts``); its ``digest.md`` becomes
             ``NightlyResult.digest``. None attaches nothing else.
         render_run: the files each cell's run gets (``report.html``), passed to ``log_run``.
+        night: the night id shared by every shard (default
+            ``pipeline.night.default_night_id``: UTC date, commit, matrix file hash), tagged
+            ``parity.night`` on the parent run; ``parity-tracker nightly-merge`` joins them.
+        allow_no_commit: run even when no commit is given or readable (recorded as none).
 
     Returns:
         The ``NightlyResult``.
 
     Raises:
-        InputError: malformed config or expected file, bad shard or fail_on, unknown baseline.
+        InputError: malformed config or expected file, bad shard or fail_on, unknown baseline,
+            no commit (see ``allow_no_commit``); an explicit ``baseline`` that covers none of
+            the shard's cells (raised after the shard is stored and published).
         InfrastructureError: the store could not be reached to open the parent run. (Cells
             the store refused later are spooled; ``NightlyResult.spooled`` lists them and
             ``exit_code`` is then 3.)
@@ -303,12 +334,18 @@ def run_nightly(
 
     store = RunStore(tracking_uri, experiment)
     plan = _plan(config, shard=shard, baseline=baseline, fail_on=fail_on, expected=expected,
-                 commit=commit, branch=branch, today=today, store=store,
-                 max_cells=max_cells)  # fmt: skip
+                 commit=commit, branch=branch, today=today, store=store, night=night,
+                 allow_no_commit=allow_no_commit, max_cells=max_cells)  # fmt: skip
     reporter = reporter or Reporter()
     parent = _start(plan, store)
     out = NightlyResult(
-        parent, plan.commit, plan.shard, [], expired_entries(plan.entries, plan.today), fail_on
+        parent,
+        plan.commit,
+        plan.shard,
+        [],
+        expired_entries(plan.entries, plan.today),
+        fail_on,
+        night=plan.night,
     )
     reporter.start(len(plan.cells))
     try:
@@ -324,7 +361,26 @@ def run_nightly(
         reporter.stop()
     _publish(out, render, store)
     end_run(parent, "FINISHED", tracking_uri=store.uri)
+    _check_explicit(plan, out)
     return out
+
+
+def _check_explicit(plan: _Plan, out: NightlyResult) -> None:
+    """An explicit ``--baseline`` must cover at least one cell that ran.
+
+    Raises:
+        InputError: it covers none (e.g. another shard's parent): silently diffing against
+            nothing would report PASS.
+    """
+    ran = [c for c in out.cells if c.fingerprint]
+    if plan.explicit is None or not ran or any(c.baseline_run_id for c in ran):
+        return
+    raise InputError(
+        f"--baseline {plan.baseline} covers none of this shard's {len(ran)} cells (no run of "
+        f"the same configuration under it; another shard's parent?). The cells are stored "
+        f"under nightly run {out.parent_run_id}; use --baseline auto, or merge the night with "
+        f"`parity-tracker nightly-merge --night {plan.night}`"
+    )
 
 
 def _rendered(result: NightlyResult, render: Render | None, store: RunStore) -> dict[str, str]:

@@ -57,7 +57,11 @@ class CellResult:
 
 @dataclass
 class NightlyResult:
-    """The whole nightly: every cell, the digest, and the verdict."""
+    """The whole nightly: every cell, the digest, and the verdict.
+
+    ``shard`` is ``(I, N)`` for one shard, ``(0, N)`` for a night merged from N shards
+    (``pipeline.night.merge_night``); ``night`` is the night id.
+    """
 
     parent_run_id: str | None
     commit: str | None
@@ -66,6 +70,7 @@ class NightlyResult:
     expired: list[ExpectedEntry]
     fail_on: str
     digest: str = ""
+    night: str | None = None
 
     @property
     def regressions(self) -> int:
@@ -130,6 +135,7 @@ class NightlyResult:
             "parent_run_id": self.parent_run_id,
             "commit": self.commit,
             "shard": f"{self.shard[0]}/{self.shard[1]}",
+            "night": self.night,
             "fail_on": self.fail_on,
             "exit_code": self.exit_code,
             "headline": self.headline,

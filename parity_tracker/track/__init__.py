@@ -9,36 +9,37 @@ runs, behind ``RunStore.tag_statuses``). The names below keep the old
 
 from __future__ import annotations
 
-from parity_tracker.track.log import (
-    CONTRACT_METRICS,
-    DERIVED_PARAMS,
-    EXTRA_METRICS,
-    SpooledError,
-    log_run,
-    run_metrics,
-    run_params,
-    run_tags,
-    spool_root,
-    stage_run,
-    sync_spool,
-)
-from parity_tracker.track.owner import STALE_RUN_TIMEOUT_S, reap_stale_runs
-from parity_tracker.track.parents import (
-    end_run,
-    log_artifact_files,
-    record_diff,
-    set_description,
-    start_parent_run,
-)
-from parity_tracker.track.query import (
-    RunHead,
-    RunInfo,
-    RunStore,
-    find_run_heads,
-    find_runs,
-    load_run,
-)
-from parity_tracker.track.store import TAG_COMPLETE, TAG_RUN_ID
+import importlib
+from typing import Any
+
+# Loaded on first use, so that the read-only commands (history, diff) import neither torch
+# (through ``track.log`` -> ``run.result``) nor mlflow until they need them.
+_LAZY = {
+    **dict.fromkeys(
+        ("CONTRACT_METRICS", "DERIVED_PARAMS", "EXTRA_METRICS", "SpooledError", "log_run",
+         "run_metrics", "run_params", "run_tags", "spool_root", "stage_run", "sync_spool"),
+        "log",
+    ),
+    **dict.fromkeys(
+        ("end_run", "log_artifact_files", "record_diff", "set_description",
+         "start_parent_run"),
+        "parents",
+    ),
+    **dict.fromkeys(
+        ("RunHead", "RunInfo", "RunStore", "find_run_heads", "find_runs", "load_run"), "query"
+    ),
+    "STALE_RUN_TIMEOUT_S": "owner",
+    "reap_stale_runs": "owner",
+    "TAG_COMPLETE": "store",
+    "TAG_RUN_ID": "store",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"parity_tracker.track.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'parity_tracker.track' has no attribute {name!r}")
+
 
 __all__ = [
     "CONTRACT_METRICS",

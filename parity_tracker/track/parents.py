@@ -132,6 +132,8 @@ def log_artifact_files(
 
 #: Tag naming the baseline a stored run was diffed against (``none`` when it had none).
 TAG_BASELINE = "parity.baseline_run_id"
+#: Tag of a nightly's parent run: the night it belongs to (all shards of a night share it).
+TAG_NIGHT = "parity.night"
 
 
 def record_diff(

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity_tracker.errors import (
     IncompleteRunError,
@@ -25,8 +25,6 @@ from parity_tracker.errors import (
 from parity_tracker.files.safe_paths import check_tree_inside
 from parity_tracker.files.tables import read_table
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.result import RunResult
-from parity_tracker.run.summary import RunSummary
 from parity_tracker.track.store import (
     TAG_COMPLETE,
     TAG_RUN_ID,
@@ -38,6 +36,9 @@ from parity_tracker.track.store import (
     resolve_tracking_uri,
     retry,
 )
+
+if TYPE_CHECKING:
+    from parity_tracker.run.result import RunResult
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class RunInfo:
         status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
         parity_run_id: the ``parity.run_id`` tag (the ``run_id`` column of the tables).
         params: every param, as stored (strings).
+        artifact_uri: the run's artifact root (``mlflow-artifacts:/...``, ``s3://...``,
+            ``file:///...``), None when unknown.
+        tags: every tag, as stored.
         incomplete: its writer stopped before storing it whole (``store.is_incomplete``).
     """
 
@@ -69,6 +73,8 @@ class RunInfo:
     status: str
     parity_run_id: str | None = None
     params: dict[str, str] = field(default_factory=dict)
+    artifact_uri: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
     incomplete: bool = False
 
     @classmethod
@@ -87,6 +93,8 @@ class RunInfo:
             status=run.info.status,
             parity_run_id=tags.get(TAG_RUN_ID),
             params=params,
+            artifact_uri=run.info.artifact_uri,
+            tags=tags,
             incomplete=is_incomplete(run.info.status, tags.get(TAG_COMPLETE)),
         )
 
@@ -121,7 +129,7 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
     return cache
 
 
-def load_run(run_id: str, *, tracking_uri: str | None = None) -> RunResult:
+def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     """The ``RunResult`` of a logged run, equal to the one logged (tables, summary, settings).
 
     Artifacts are downloaded once and cached under ``./.parity/cache/runs/<run_id>/``;
@@ -172,6 +180,9 @@ def _read_cached(cache: Path, run_id: str) -> RunResult:
         InputError: a table of a newer schema version (upgrade parity_tracker).
     """
     import pyarrow as pa
+
+    from parity_tracker.run.result import RunResult
+    from parity_tracker.run.summary import RunSummary
 
     def damaged(name: str, exc: BaseException) -> StoreDamagedError:
         return StoreDamagedError(run_id, name, f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -279,7 +290,7 @@ class RunHead:
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
-        """The head of a ``RunInfo`` (no artifact URI)."""
+        """The head of a ``RunInfo``."""
         return cls(
             run_id=info.run_id,
             start_time=info.start_time,
@@ -287,6 +298,7 @@ class RunHead:
             commit=info.commit,
             fingerprint=info.fingerprint,
             metrics=dict(info.metrics),
+            artifact_uri=info.artifact_uri,
             incomplete=info.incomplete,
         )
 
@@ -370,7 +382,9 @@ def find_run_heads(
     read-only SQL query (``runs``, ``tags``, ``params``, then ``latest_metrics``; schema of
     MLflow 3's ``mlflow/store/tracking/dbmodels/models.py``), which is about 100× faster than
     ``MlflowClient.search_runs`` building every param, tag and metric of each run. Any other
-    store — or a SQLite schema this query does not fit — goes through ``find_runs``.
+    store — or a SQLite schema this query does not fit — goes through ``find_runs``; on a
+    tracking server through ``heads_cache.server_run_infos`` (stored runs' heads kept locally,
+    only new runs searched).
 
     Args:
         tracking_uri: the store (default as in ``log_run``).
@@ -398,12 +412,34 @@ def find_run_heads(
             if is_locked_error(exc):
                 raise
             # a schema this query does not fit (another MLflow version): MLflow's own search
-    infos = find_runs(tracking_uri=uri, experiment=experiment, max_results=max_results, **settings)
+    if uri.startswith(("http://", "https://")) and max_results is None:
+        from parity_tracker.track.heads_cache import server_run_infos
+
+        infos = server_run_infos(uri, experiment, settings)  # stored runs' heads kept locally
+    else:
+        infos = find_runs(
+            tracking_uri=uri, experiment=experiment, max_results=max_results, **settings
+        )
     return [RunHead.from_info(info) for info in infos]
 
 
 # ---------------------------------------------------------------------------------------------
 # the one read interface
+
+
+@dataclass(frozen=True)
+class StoredTables:
+    """A stored run's ``modules`` table and settings (``RunStore.load_tables``).
+
+    Attributes:
+        modules: the ``modules`` table (``files.tables.MODULES_SCHEMA``).
+        settings: the run's settings (``RunInfo.settings``).
+        tracking_run_id: the full MLflow run id.
+    """
+
+    modules: Any
+    settings: dict[str, str]
+    tracking_run_id: str
 
 
 class RunStore:
@@ -436,7 +472,7 @@ class RunStore:
         Raises:
             InputError: no such run, or not a parity run. InfrastructureError: unreachable.
         """
-        return load_run(run_id, tracking_uri=self.uri)
+        return load_run(self.resolve_run_id(run_id), tracking_uri=self.uri)
 
     def _search(self, find: Any, max_results: int | None, settings: Mapping[str, Any]) -> list:
         try:
@@ -467,15 +503,17 @@ class RunStore:
         """
         return self._search(find_run_heads, max_results, settings)
 
-    def modules_tables(self, run_ids: list[str]) -> list[Any]:
-        """The ``modules`` table of each run (only that artifact), downloaded in 8 threads.
+    def modules_tables(
+        self, run_ids: list[str], artifact_uris: list[str | None] | None = None
+    ) -> list[Any]:
+        """The ``modules`` table of each run (only that artifact), through the run cache.
 
         Raises:
             InfrastructureError: the store could not be reached or a run has no modules table.
         """
         from parity_tracker.track.tag_status import modules_tables
 
-        return modules_tables(run_ids, self.uri)
+        return modules_tables(run_ids, self.uri, artifact_uris or ())
 
     def tag_statuses(self, heads: list[Any], tag: str) -> tuple[list[str | None], list[str]]:
         """``tag``'s status in each run, and sample tags when it is in none of them.
@@ -489,6 +527,60 @@ class RunStore:
         from parity_tracker.track.tag_status import tag_statuses
 
         return tag_statuses(heads, tag, self.uri)
+
+    def resolve_run_id(self, run_id: str) -> str:
+        """The full run id of ``run_id`` or of any unique prefix of it (``track.ids``).
+
+        Raises:
+            InputError: no run, or an ambiguous prefix (lists candidates).
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track.ids import resolve_run_id
+
+        return resolve_run_id(self.uri, run_id)
+
+    def load_tables(self, run_id: str) -> StoredTables:
+        """A stored run's modules table and settings, without building a ``RunResult``.
+
+        What ``diff`` needs; cheap to import (no torch). ``run_id`` may be a unique prefix.
+
+        Raises:
+            InputError: no such run (or ambiguous prefix). InfrastructureError: unreachable.
+        """
+        full = self.resolve_run_id(run_id)
+        info = self._one(full)
+        return StoredTables(self.modules_tables([full], [info.artifact_uri])[0],
+                            dict(info.settings), full)  # fmt: skip
+
+    def _one(self, run_id: str) -> RunInfo:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return RunInfo.from_mlflow(retry(get_client(self.uri).get_run, run_id))
+        except MlflowException as exc:
+            if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+                raise InputError(f"no run {run_id!r} in {self.uri}") from exc
+            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+
+    def fetch(self, runs: list[tuple[str, str | None]], path: str) -> list[Path]:
+        """Local copies of artifact ``path`` of each ``(run id, artifact uri)`` (``track.cache``).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a file is missing.
+        """
+        from parity_tracker.track.cache import fetch_files
+
+        return fetch_files(runs, path, self.uri)
+
+    def night(self, night: str) -> tuple[list[RunInfo], list[RunInfo]]:
+        """``(shard parent runs, their cell runs)`` of night ``night`` (``track.nights``).
+
+        Raises:
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track.nights import night_runs
+
+        return self._search(lambda **kw: night_runs(self.uri, self.experiment, night), None, {})
 
     def run_for_commit(self, commit: str, **settings: Any) -> RunInfo:
         """The newest run of ``commit`` matching ``settings``.
@@ -525,7 +617,7 @@ class RunStore:
         """
         from mlflow.exceptions import MlflowException
 
-        check_run_id(run_id)
+        run_id = self.resolve_run_id(run_id)
         try:
             client = get_client(self.uri)
             run = retry(client.get_run, run_id)

@@ -3,14 +3,15 @@
 Three paths answer the same question and are tested for equality: the tag-status index of an
 embedded store (``store.read_tag_index``, one indexed query) when every run is in it; else the
 runs whose artifacts are on a local path are read in place (one filtered ``pyarrow.dataset``
-scan of ``tables/modules.parquet``); the others are downloaded through MLflow (8 threads).
+scan of ``tables/modules.parquet``); the others (a tracking server's artifacts) are fetched once
+into the local run cache (``track.cache``: one direct GET each, kept for good since a stored run
+never changes) and then scanned in place the same way. So the SQLite index is only the fastest
+of the backends; every store ends in the same scan of immutable per-run tables.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -19,6 +20,9 @@ import pyarrow.compute as pc
 
 from parity_tracker.errors import InfrastructureError, ParityTrackerError
 from parity_tracker.statuses import is_passing
+
+#: Where a run's modules table is among its artifacts (``track.log``).
+MODULES_PATH = "tables/modules.parquet"
 
 
 def tag_status_over_steps(statuses: Sequence[str | None]) -> str | None:
@@ -38,32 +42,33 @@ def _tag_status(table: Any, tag: str) -> str | None:
     return tag_status_over_steps(rows.column("status").to_pylist())
 
 
-def _download_modules(client: Any, run_id: str, dst: Path) -> Any:
-    from parity_tracker.files.tables import read_table
-    from parity_tracker.track.store import retry
+def modules_tables(
+    run_ids: Sequence[str], tracking_uri: str | None, artifact_uris: Sequence[str | None] = ()
+) -> list[Any]:
+    """The ``modules`` table of each run (only that artifact), through the run cache.
 
-    local = retry(client.download_artifacts, run_id, "tables/modules.parquet", str(dst / run_id))
-    return read_table(local, "modules")
-
-
-def modules_tables(run_ids: Sequence[str], tracking_uri: str | None) -> list[Any]:
-    """The ``modules`` table of each run (only that artifact), downloaded in 8 threads.
+    Each table is fetched once with a direct GET and kept (``track.cache``: runs are
+    immutable once stored); ``artifact_uris`` (parallel to ``run_ids``) saves a ``get_run``
+    per run when known.
 
     Raises:
         InfrastructureError: the store could not be reached or a run has no modules table.
     """
-    from parity_tracker.track.store import get_client
+    from parity_tracker.files.tables import read_table
+    from parity_tracker.track.cache import fetch_files
+    from parity_tracker.track.store import resolve_tracking_uri
 
+    uris = list(artifact_uris) or [None] * len(run_ids)
+    paths = fetch_files(
+        list(zip(run_ids, uris, strict=True)), MODULES_PATH, resolve_tracking_uri(tracking_uri)
+    )
     try:
-        client = get_client(tracking_uri)
-        with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=8) as pool:
-            return list(pool.map(lambda r: _download_modules(client, r, Path(tmp)), run_ids))
+        return [read_table(p, "modules") for p in paths]
     except ParityTrackerError:
         raise
     except Exception as exc:
         raise InfrastructureError(
-            f"cannot download tables/modules.parquet of runs {list(run_ids)[:5]}: "
-            f"{type(exc).__name__}: {exc}"
+            f"cannot read {MODULES_PATH} of runs {list(run_ids)[:5]}: {type(exc).__name__}: {exc}"
         ) from exc
 
 
@@ -150,6 +155,27 @@ def _indexed_statuses(
     return [tag_status_over_steps(found.get(h.run_id, [])) for h in heads]
 
 
+def _index_fetched(run_ids: Sequence[str], paths: Sequence[Path], tracking_uri: str | None) -> None:
+    """Add fetched runs of a server to the local tag-status index; a fault only costs speed.
+
+    The next ``--tag`` question over the same runs is then one indexed query
+    (``store.tag_index_path``: a server store's index is a local cache of immutable rows).
+    """
+    import contextlib
+
+    import pyarrow.parquet as pq
+
+    from parity_tracker.track.store import resolve_tracking_uri, sqlite_path, write_tag_index_many
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if sqlite_path(uri) is not None:
+        return  # an embedded store's index is written by log_run only
+    with contextlib.suppress(Exception):  # OSError, sqlite3.Error, pyarrow errors
+        cols = ["tag", "step", "status"]
+        runs = [(r, pq.read_table(p, columns=cols)) for r, p in zip(run_ids, paths, strict=True)]
+        write_tag_index_many(uri, runs)
+
+
 def _sample_tags(head: Any, path: Path | None, table: Any, tracking_uri: str | None) -> list[str]:
     """Up to 8 tags of one run's modules table (for the "tag in none of the runs" error)."""
     if table is None:
@@ -169,31 +195,32 @@ def tag_statuses(
 
     On an embedded store whose tag-status index holds every run, one indexed query answers
     (``store.read_tag_index``, same result as reading the tables). Otherwise runs whose
-    artifacts are on a local path are read in place (one scan); the others are downloaded
-    (``_modules_tables``). The sample tags (for an error message) are read only when the tag
-    is in none of the runs.
+    artifacts are on a local path are read in place, the others are first fetched into the run
+    cache (``track.cache.fetch_files``), and all are read in one scan. The sample tags (for an
+    error message) are read only when the tag is in none of the runs.
 
     Raises:
         InfrastructureError: the store could not be reached or a run has no modules table.
     """
     paths = [local_modules_path(getattr(h, "artifact_uri", None)) for h in heads]
     indexed = _indexed_statuses(heads, tag, tracking_uri)
-    tables: list[Any] = []
     if indexed is not None:
         out = indexed
     else:
-        local = [i for i, p in enumerate(paths) if p is not None]
         remote = [i for i, p in enumerate(paths) if p is None]
-        out = [None] * len(heads)
-        if local:
-            found = _local_tag_statuses([paths[i] for i in local], tag)
-            for i, status in zip(local, found, strict=True):
-                out[i] = status
-        tables = modules_tables([heads[i].run_id for i in remote], tracking_uri) if remote else []
-        for i, table in zip(remote, tables, strict=True):
-            out[i] = _tag_status(table, tag)
+        if remote:
+            from parity_tracker.track.cache import fetch_files
+            from parity_tracker.track.store import resolve_tracking_uri
+
+            runs = [(heads[i].run_id, getattr(heads[i], "artifact_uri", None)) for i in remote]
+            fetched = fetch_files(runs, MODULES_PATH, resolve_tracking_uri(tracking_uri))
+            for i, path in zip(remote, fetched, strict=True):
+                paths[i] = path
+        out = _local_tag_statuses(paths, tag) if heads else []
+        if remote:
+            _index_fetched([heads[i].run_id for i in remote], [paths[i] for i in remote],
+                           tracking_uri)  # fmt: skip
     sample: list[str] = []
     if heads and all(s is None for s in out):
-        newest = tables[-1] if tables and paths[-1] is None else None
-        sample = _sample_tags(heads[-1], paths[-1], newest, tracking_uri)
+        sample = _sample_tags(heads[-1], paths[-1], None, tracking_uri)
     return out, sample

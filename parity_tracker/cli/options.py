@@ -1,0 +1,25 @@
+"""Options of the shared-store workflow (issue 18): retry window, night id, missing commit."""
+
+from __future__ import annotations
+
+import click
+
+#: ``parity-tracker --store-retry-s N <command>``; read by ``track.store.retry_window_s``.
+store_retry_option = click.option(
+    "--store-retry-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    envvar="PARITY_TRACKER_STORE_RETRY_S",
+    show_envvar=True,
+    help="Seconds to keep retrying a tracking server that refuses or fails (restart, 5xx) "
+    "before spooling the run  [default: 90].",
+)
+night_option = click.option(
+    "--night",
+    default=None,
+    metavar="ID",
+    help="Night id shared by every shard (default: UTC date-commit[:12]-sha256(matrix)[:8]).",
+)
+allow_no_commit_option = click.option(
+    "--allow-no-commit", is_flag=True, help="Run even when no commit is given or readable."
+)

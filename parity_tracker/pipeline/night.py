@@ -1,0 +1,223 @@
+"""A night is one thing: every shard of one nightly shares a night id; ``merge_night`` joins them.
+
+Night id (``--night``): given, or :func:`default_night_id`, ``<UTC date>-<commit[:12]>-<matrix
+hash[:8]>`` (e.g. ``20261130-1a2b3c4d5e6f-9f86d081``): shards started on the same day, on the
+same commit, from the same matrix file, meet without being told. Each shard tags its parent run
+``parity.night`` and attaches ``cells.json`` (the cells it will run) before running any.
+
+``merge_night`` gathers every cell of a night from the store (``track.RunStore`` only), picks
+each cell's baseline from any earlier night whatever the sharding (the newest earlier run of its
+configuration not in this night, :func:`~parity_tracker.pipeline.baseline.choose_baseline`),
+diffs it, and logs the combined ``digest.md``, ``matrix.html``, ``history.html`` and
+``regressions.parquet`` on one night parent run. Cells a shard planned but the store does not
+hold (spooled, or the shard died) are listed as errors, so the night cannot pass without them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from parity_tracker.analysis.diff import diff_runs
+from parity_tracker.analysis.expected import expired_entries, load_expected
+from parity_tracker.errors import InputError
+from parity_tracker.pipeline.baseline import choose_baseline
+from parity_tracker.pipeline.matrix import Cell
+from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
+from parity_tracker.track.nights import KIND_NIGHT
+from parity_tracker.track.parents import TAG_NIGHT
+
+#: The artifact of a shard's parent run listing the cells it planned (``[{target, settings}]``).
+CELLS_FILE = "cells.json"
+#: The error of a planned cell the store does not hold.
+MISSING = "not in the store (spooled, or its shard died): `parity-tracker sync`, then merge again"
+_NIGHT_OK = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+def default_night_id(commit: str | None, config: str | Path, today: dt.date) -> str:
+    """``<YYYYMMDD>-<commit[:12] or nocommit>-<sha256(matrix file)[:8]>``.
+
+    The UTC date, the commit and the matrix file's bytes: every shard of one nightly computes
+    the same id on its own machine. Shards that may straddle midnight UTC should be given an
+    explicit ``--night`` (e.g. the CI pipeline's id).
+    """
+    digest = hashlib.sha256(Path(config).read_bytes()).hexdigest()[:8]
+    return f"{today:%Y%m%d}-{(commit or 'nocommit')[:12]}-{digest}"
+
+
+def check_night_id(night: str) -> str:
+    """``night`` if it is 1-200 characters of letters, digits and ``._:-``.
+
+    Raises:
+        InputError: anything else (names the allowed characters).
+    """
+    if not _NIGHT_OK.fullmatch(night):
+        raise InputError(f"--night {night!r}: use 1-200 letters, digits or . _ : -")
+    return night
+
+
+def cells_json(cells: Sequence[Cell]) -> str:
+    """The ``cells.json`` of a shard: ``[{"target", "settings"}]`` in run order."""
+    return json.dumps([{"target": c.target, "settings": dict(c.settings)} for c in cells])
+
+
+def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
+    """Every cell the night's shards planned (their ``cells.json``), in matrix order.
+
+    Shard ``I/N`` ran cells ``k`` with ``k % N == I - 1`` (``matrix.shard_cells``), so its
+    ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell planned twice counts once.
+    """
+    from parity_tracker.pipeline.matrix import parse_shard
+
+    paths = store.fetch([(p.run_id, p.artifact_uri) for p in parents], CELLS_FILE)
+    order: dict[str, tuple[tuple[int, int], Cell]] = {}
+    for parent, path in zip(parents, paths, strict=True):
+        index, count = parse_shard(parent.params.get("shard") or "1/1")
+        for j, item in enumerate(json.loads(Path(path).read_text())):
+            cell = Cell(item["target"], tuple(item["settings"].items()))
+            order.setdefault(cell.name, ((j * count + index - 1, parent.start_time), cell))
+    return [cell for _, cell in sorted(order.values(), key=lambda kv: kv[0])]
+
+
+def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellResult:
+    """A cell's outcome read back from its stored run (the diff is added later)."""
+    out = CellResult(cell, run_id=run.run_id, fingerprint=run.fingerprint)
+    out.passed = run.tags.get("parity.passed") == "true"
+    out.mode = run.tags.get("parity.mode")
+    out.tensors_failing = int(run.metrics.get("tensors_failing", 0))
+    out.output_max_abs_diff = run.metrics.get("output_max_abs_diff")
+    fd = (summary or {}).get("first_divergence")
+    out.first_divergence = fd.get("tag") if isinstance(fd, dict) else None
+    if "parity.error" in run.tags:
+        out.error = run.tags["parity.error"][:500]
+    elif run.tags.get("parity.complete") != "true":
+        out.error = f"run {run.run_id} is not complete in the store (status {run.status})"
+    return out
+
+
+def _baseline(run: Any, night_ids: set[str], store: Any) -> Any:
+    """The cell's baseline: ``choose_baseline`` over its configuration's runs of other nights."""
+    others = [
+        r for r in store.find(config_fingerprint=run.fingerprint) if r.run_id not in night_ids
+    ]
+    return choose_baseline([*others, run], head_run_id=run.run_id, head_commit=run.commit)
+
+
+def _diff(out: CellResult, run: Any, night_ids: set[str], store: Any, plan: dict) -> None:
+    base = _baseline(run, night_ids, store)
+    out.baseline_run_id = None if base is None else base.run_id
+    runs = [run] if base is None else [base, run]
+    tables = store.modules_tables([r.run_id for r in runs], [r.artifact_uri for r in runs])
+    head_tab, base_tab = tables[-1], (tables[0] if base is not None else None)
+    diff = diff_runs(base_tab, head_tab, expected=plan["entries"], today=plan["today"],
+                     target=out.cell.target, settings=dict(out.cell.settings))  # fmt: skip
+    out.diff, out.changes = diff.table, diff.counts
+    out.expected_used = [e.describe() for e in diff.expected_used]
+    out.unexpected_failing = diff.unexpected_failing
+
+
+def gather_night(
+    night: str,
+    store: Any,
+    *,
+    expected: Sequence[Any] = (),
+    today: dt.date | None = None,
+    found: tuple[list[Any], list[Any]] | None = None,
+) -> tuple[list[Any], list[CellResult]]:
+    """``(shard parent runs, one CellResult per planned cell)`` of night ``night``, diffed.
+
+    A cell run twice in the night (a shard re-run) counts once: its newest run. ``found`` is
+    ``store.night(night)`` when already read.
+
+    Raises:
+        InputError: no shard of that night in the store (names the night and experiment).
+        InfrastructureError: the store could not be reached.
+    """
+    parents, children = found if found is not None else store.night(night)
+    if not parents:
+        raise InputError(
+            f"no nightly shard tagged parity.night={night!r} in experiment {store.experiment!r} "
+            f"of {store.uri}; run `parity-tracker nightly --night {night}` first"
+        )
+    by_name: dict[str, Any] = {}
+    for run in sorted(children, key=lambda r: r.start_time):
+        by_name[run.tags.get("mlflow.runName") or run.run_id] = run
+    night_ids = {r.run_id for r in children}
+    stored = [r for r in by_name.values() if r.tags.get("parity.complete") == "true"]
+    fetched = store.fetch([(r.run_id, r.artifact_uri) for r in stored], "summary.json")
+    summaries = dict(zip([r.run_id for r in stored], fetched, strict=True))
+    plan = {"entries": list(expected), "today": today or dt.datetime.now(dt.timezone.utc).date()}
+    cells: list[CellResult] = []
+    for cell in _planned(parents, store):
+        run = by_name.get(cell.name)
+        if run is None:
+            cells.append(CellResult(cell, error=MISSING))
+            continue
+        path = summaries.get(run.run_id)
+        out = _cell_result(cell, run, json.loads(Path(path).read_text()) if path else None)
+        if run.run_id in summaries:  # stored whole: diffable even when its forward failed
+            _diff(out, run, night_ids, store, plan)
+        cells.append(out)
+    return parents, cells
+
+
+def merge_night(
+    night: str,
+    store: Any,
+    *,
+    fail_on: str = "regression",
+    expected: str | Path | None = None,
+    today: dt.date | None = None,
+    render: Any = None,
+) -> NightlyResult:
+    """Join every shard of night ``night`` into one digest on one night parent run.
+
+    Args:
+        night: the night id the shards were run with.
+        store: a ``track.RunStore``.
+        fail_on: ``regression`` | ``mismatch`` | ``never``, as ``run_nightly``.
+        expected: the expected-divergence file (default: ``expected.toml`` beside the matrix
+            the shards recorded, when it exists).
+        today: the date expected entries expire against (default: today, UTC).
+        render: ``render(result, pages) -> {file: text}`` (the CLI passes
+            ``dashboards.digest.nightly_artifacts``).
+
+    Returns:
+        The night's ``NightlyResult`` (``parent_run_id`` is the new night parent run).
+
+    Raises:
+        InputError: bad ``fail_on`` or night id, no shard of that night, bad expected file.
+        InfrastructureError: the store could not be reached.
+    """
+    from parity_tracker.pipeline.nightly import _publish
+    from parity_tracker.track import end_run, start_parent_run
+
+    if fail_on not in FAIL_ON:
+        raise InputError(f"--fail-on {fail_on!r}; allowed: {', '.join(FAIL_ON)}")
+    check_night_id(night)
+    found = store.night(night)
+    parents = found[0]
+    if expected is None and parents:
+        guess = Path(parents[0].params.get("config", "")).with_name("expected.toml")
+        expected = guess if guess.is_file() else None
+    entries = load_expected(expected) if expected else []
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    parents, cells = gather_night(night, store, expected=entries, today=today, found=found)
+    commits = sorted({p.commit for p in parents if p.commit})
+    parent = start_parent_run(
+        tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
+        params={"night": night, "shards": len(parents), "cells": len(cells), "fail_on": fail_on},
+        tags={"parity.kind": KIND_NIGHT, TAG_NIGHT: night,
+              "parity.shard_runs": ",".join(p.run_id for p in parents)[:5000]},
+        commit=commits[0] if len(commits) == 1 else None,
+    )  # fmt: skip
+    out = NightlyResult(parent, ",".join(commits) or None, (0, len(parents)), cells,
+                        expired_entries(entries, today), fail_on, night=night)  # fmt: skip
+    _publish(out, render, store)
+    end_run(parent, "FINISHED", tracking_uri=store.uri)
+    return out
