@@ -169,7 +169,7 @@ def _slow_paths(monkeypatch):
     """Force MLflow's search (as for an http store) and the download of each modules table."""
     import sqlite3
 
-    import parity_tracker.track.query as track
+    import parity_tracker.track.search as track
     import parity_tracker.track.tag_status as history
 
     def refuse(*_args, **_kwargs):
@@ -180,7 +180,7 @@ def _slow_paths(monkeypatch):
 
 
 def test_sql_and_scan_paths_equal_mlflow_search_and_download(store, monkeypatch):
-    import parity_tracker.track.query as track
+    import parity_tracker.track.search as track
     import parity_tracker.track.tag_status as history
     from parity_tracker.track import find_run_heads, find_runs
 

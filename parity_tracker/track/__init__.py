@@ -1,9 +1,11 @@
 """Tracking: parity runs as MLflow runs. The ONLY package of parity_tracker that imports mlflow.
 
 Submodules: ``store`` (tracking URI, client, experiments, locking, tag-status index), ``log``
-(stage, log, spool, sync), ``parents`` (parent runs, files attached later), ``query``
-(reading runs back; ``RunStore`` holds every read), ``tag_status`` (a tag's status in stored
-runs, behind ``RunStore.tag_statuses``). The names below keep the old
+(log, spool, sync), ``stage`` (what a run logs, its staging folder), ``parents`` (parent runs,
+files attached later), ``query`` (reading runs back; ``RunStore`` holds every read), ``load``
+(``load_run``), ``search`` (``find_runs``, ``find_run_heads``), ``records`` (``RunInfo``,
+``RunHead``, ``StoredTables``), ``tag_status`` (a tag's status in stored runs, behind
+``RunStore.tag_statuses``). The names below keep the old
 ``parity_tracker.track`` module's public API importable.
 """
 

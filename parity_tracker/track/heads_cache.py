@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.track.query import RunInfo, _quote
+from parity_tracker.track.records import RunInfo
+from parity_tracker.track.search import _quote
 from parity_tracker.track.store import TAG_COMPLETE, get_client, param_key, retry
 
 #: Run ids per ``IN`` / ``NOT IN`` list of one search filter.

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from parity_tracker.track.parents import TAG_NIGHT
-from parity_tracker.track.query import RunInfo, _quote
+from parity_tracker.track.records import RunInfo
+from parity_tracker.track.search import _quote
 from parity_tracker.track.store import get_client, retry
 
 #: ``parity.kind`` of a shard's parent run and of the night's merged parent run.

@@ -17,7 +17,8 @@ from parity_tracker.track.browse import (
     Source,
     clip,
 )
-from parity_tracker.track.log import _BATCH, _chunks, _param_value
+from parity_tracker.track.log import _BATCH, _chunks
+from parity_tracker.track.stage import _param_value
 from parity_tracker.track.store import (
     get_client,
     get_or_create_experiment,
