@@ -6,13 +6,9 @@ from typing import Any
 
 import click
 
-from parity_tracker.cli import (
-    _emit_json,
-    experiment_option,
-    json_option,
-    tracking_uri_option,
-)
 from parity_tracker.cli import terminal as T
+from parity_tracker.cli.group import _emit_json
+from parity_tracker.cli.options import experiment_option, json_option, tracking_uri_option
 
 
 def nightly_output(

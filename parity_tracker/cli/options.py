@@ -1,4 +1,7 @@
-"""Options of the shared-store workflow (issue 18): retry window, night id, missing commit."""
+"""The options shared by commands: store, experiment, --json, --set; and shared-store ones.
+
+The shared-store workflow (issue 18): retry window, night id, missing commit.
+"""
 
 from __future__ import annotations
 
@@ -22,4 +25,20 @@ night_option = click.option(
 )
 allow_no_commit_option = click.option(
     "--allow-no-commit", is_flag=True, help="Run even when no commit is given or readable."
+)
+tracking_uri_option = click.option(
+    "--tracking-uri",
+    default=None,
+    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./.parity/mlflow.db).",
+)
+experiment_option = click.option(
+    "--experiment", default="parity", show_default=True, help="MLflow experiment name."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A target setting (repeatable); see `parity-tracker targets`.",
 )

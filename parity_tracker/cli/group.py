@@ -1,0 +1,83 @@
+"""The one ``parity-tracker`` click group and what every command shares.
+
+Errors are turned into output in ONE place, :class:`ParityGroup.invoke` (the pattern of click's
+``exceptions.py``: the library raises errors that know their exit code; click shows them).
+The commands are registered on :data:`cli` by ``cli/runs.py``, ``cli/analysis.py``,
+``cli/tracking.py`` and ``cli/nights.py`` (imported by ``parity_tracker.cli``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from parity_tracker.cli.options import store_retry_option
+from parity_tracker.errors import EXIT_INFRA, ParityTrackerError
+from parity_tracker.files import jsonio
+
+EXIT_INTERRUPTED = 130
+
+
+class ParityError(click.ClickException):
+    """A ``ParityTrackerError`` shown by click with the error's own exit code."""
+
+    def __init__(self, error: ParityTrackerError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+
+class ParityGroup(click.Group):
+    """The one place where library errors and interrupts become output and exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; ``ParityTrackerError`` → its exit code, Ctrl-C → 130."""
+        try:
+            return super().invoke(ctx)
+        except ParityTrackerError as exc:
+            raise ParityError(exc) from exc
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug or an unforeseen fault: never exit 1 (a parity verdict)
+            if os.environ.get("PARITY_TRACKER_DEBUG"):
+                raise
+            click.echo(
+                f"Error: internal error: {type(exc).__name__}: {str(exc)[:500]} "
+                "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
+                err=True,
+            )
+            ctx.exit(EXIT_INFRA)
+
+
+def _emit_json(payload: Any) -> None:
+    click.echo(jsonio.dumps(payload, indent=2, default=str))
+
+
+def report_files(result: Any) -> dict[str, str]:
+    """The files a logged run gets beside its tables: ``report.html`` (``dashboards.report``)."""
+    from parity_tracker.dashboards.report import render_run_report
+
+    return {"report.html": render_run_report(result)}
+
+
+@click.group(cls=ParityGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="parity-tracker")
+@store_retry_option
+def cli(store_retry_s: float | None) -> None:
+    """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
+    if store_retry_s is not None:  # read by track.store.retry_window_s
+        os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
+
+
+def _run_url(uri: str, experiment: str, run_id: str | None) -> str | None:
+    """The run's page when the store is an MLflow server (``RunStore.run_url``), else None."""
+    from parity_tracker.track.query import RunStore
+
+    try:
+        return RunStore(uri, experiment).run_url(run_id)
+    except ParityTrackerError:
+        return None  # a link is a convenience: an unreachable store must not fail the command
