@@ -165,20 +165,8 @@ class TensorChecker(SpillCounters):
         reduce_to: Callable[[str, int, torch.Tensor], Any] | None = None,
         on_compared: Callable[[str, int, Any, Any, Comparison], None] | None = None,
     ) -> None:
-        if eager_mode is not None and eager_mode not in RUN_MODES:
-            raise InputError(
-                f"eager_mode must be one of {', '.join(RUN_MODES)} or None, got {eager_mode!r}"
-            )
-        if eager_mode == BUDGET and budget is None:
-            raise InputError("eager_mode='budget' needs budget=BudgetSides(golden_log, ...)")
+        max_resident_bytes = _checked_init(eager_mode, budget, max_resident_bytes)
         self.budget, self.reduce_to = budget, reduce_to
-        if max_resident_bytes is None:
-            max_resident_bytes = DEFAULT_EAGER_RESIDENT_BYTES if eager_mode else math.inf
-        if not max_resident_bytes >= 0:
-            raise InputError(
-                f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0 (math.inf for "
-                "no bound)"
-            )
         self._store = SnapshotStore(max_resident_bytes, spill_dir)
         self.verbose = verbose
         self.align = align
@@ -412,65 +400,87 @@ class TensorChecker(SpillCounters):
             InputError: unknown ``mode``; ``dump_path`` missing for a dump; on the eager path, a
                 ``mode`` or tolerance different from the one the pairs were compared with.
         """
-        mode, tol = self._check_args(mode, rtol, atol, dump_mode, dump_path)
-        resolved = self._resolve_all(mode, tol)
-        ordered = sorted(resolved, key=lambda x: order_key(x[0]))
-        plan = dump_plan(DumpMode(dump_mode), ordered)
-        paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
-        results = [
-            tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered
-        ]
-        results += never_called(self._log, mode)
-        weights = [r for r in results if r.kind in WEIGHT_KINDS]
-        first = first_divergence(results)
-        out = CheckResult(
-            results=results,
-            weights=weights,
-            first_divergence=first,
-            structure_differences=structure_differences(results),
-            passed=not any(r.failed for r in results),
-            mode=mode,
-            dump_dir=dump_dir,
-        )
+        mode, tol = _check_args(self, mode, rtol, atol, dump_mode, dump_path)
+        out = _assemble(self, mode, _resolve_all(self, mode, tol), dump_mode, dump_path)
         if self.verbose if verbose is None else verbose:
             print_result(out)
         return out
 
-    def _check_args(self, mode, rtol, atol, dump_mode, dump_path):
-        if mode not in RUN_MODES:
-            raise InputError(f"check mode must be one of {', '.join(RUN_MODES)}, got {mode!r}")
-        if mode == BUDGET and self.budget is None:
-            raise InputError("check('budget') needs the golden side: use check_budget(golden)")
-        if self.reduce_to is not None:
-            raise InputError("this checker reduces its tensors (reduce_to): it only feeds a budget")
-        if DumpMode(dump_mode) is not DumpMode.NOT and dump_path is None:
-            raise InputError(f"dump_mode={DumpMode(dump_mode).name} needs a dump_path folder")
-        if self.eager_mode is not None:
-            if mode != self.eager_mode:
-                raise InputError(
-                    f"this TensorChecker compared pairs eagerly in {self.eager_mode!r} mode; "
-                    f"check({mode!r}) cannot re-compare released tensors. Use "
-                    f"check({self.eager_mode!r}) or eager_mode=None"
-                )
-            for name, given, used in (("rtol", rtol, self.rtol), ("atol", atol, self.atol)):
-                if given is not None and given != used:
-                    raise InputError(
-                        f"{name}={given} differs from the eager path's {name}={used}; pass it "
-                        "to TensorChecker(...) instead"
-                    )
-            return mode, self._eager_tol
-        rtol, atol = _fill_pair(rtol, atol)
-        return mode, Tolerances(self.tolerances, rtol=rtol, atol=atol)
 
-    def _resolve_all(self, mode, tol) -> list[tuple[Group, Comparison, int]]:
-        ref_side = self._log.reference_side()
-        out = []
-        for g in self._log.groups.values():
-            if all(c.value is None for c in g.captures):
-                continue  # None on every side: no value, nothing to compare or to report
-            pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
-            out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
-        return out
+def _checked_init(eager_mode: str | None, budget: Any, max_resident_bytes: float | None) -> float:
+    """Validate the constructor's mode and budget; the resident byte budget to use."""
+    if eager_mode is not None and eager_mode not in RUN_MODES:
+        raise InputError(
+            f"eager_mode must be one of {', '.join(RUN_MODES)} or None, got {eager_mode!r}"
+        )
+    if eager_mode == BUDGET and budget is None:
+        raise InputError("eager_mode='budget' needs budget=BudgetSides(golden_log, ...)")
+    if max_resident_bytes is None:
+        max_resident_bytes = DEFAULT_EAGER_RESIDENT_BYTES if eager_mode else math.inf
+    if not max_resident_bytes >= 0:
+        raise InputError(
+            f"max_resident_bytes={max_resident_bytes}: use a byte count >= 0 (math.inf for "
+            "no bound)"
+        )
+    return max_resident_bytes
+
+
+def _assemble(self: TensorChecker, mode: str, resolved, dump_mode, dump_path) -> CheckResult:
+    """Order the resolved groups, write the planned dumps and build the :class:`CheckResult`."""
+    ordered = sorted(resolved, key=lambda x: order_key(x[0]))
+    plan = dump_plan(DumpMode(dump_mode), ordered)
+    paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
+    results = [tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
+    results += never_called(self._log, mode)
+    return CheckResult(
+        results=results,
+        weights=[r for r in results if r.kind in WEIGHT_KINDS],
+        first_divergence=first_divergence(results),
+        structure_differences=structure_differences(results),
+        passed=not any(r.failed for r in results),
+        mode=mode,
+        dump_dir=dump_dir,
+    )
+
+
+def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):
+    """Validate a check's mode, dump and tolerances; the mode and ``Tolerances`` to use."""
+    if mode not in RUN_MODES:
+        raise InputError(f"check mode must be one of {', '.join(RUN_MODES)}, got {mode!r}")
+    if mode == BUDGET and self.budget is None:
+        raise InputError("check('budget') needs the golden side: use check_budget(golden)")
+    if self.reduce_to is not None:
+        raise InputError("this checker reduces its tensors (reduce_to): it only feeds a budget")
+    if DumpMode(dump_mode) is not DumpMode.NOT and dump_path is None:
+        raise InputError(f"dump_mode={DumpMode(dump_mode).name} needs a dump_path folder")
+    if self.eager_mode is not None:
+        if mode != self.eager_mode:
+            raise InputError(
+                f"this TensorChecker compared pairs eagerly in {self.eager_mode!r} mode; "
+                f"check({mode!r}) cannot re-compare released tensors. Use "
+                f"check({self.eager_mode!r}) or eager_mode=None"
+            )
+        for name, given, used in (("rtol", rtol, self.rtol), ("atol", atol, self.atol)):
+            if given is not None and given != used:
+                raise InputError(
+                    f"{name}={given} differs from the eager path's {name}={used}; pass it "
+                    "to TensorChecker(...) instead"
+                )
+        return mode, self._eager_tol
+    rtol, atol = _fill_pair(rtol, atol)
+    return mode, Tolerances(self.tolerances, rtol=rtol, atol=atol)
+
+
+def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison, int]]:
+    """Every group with a value, resolved to its comparison (eager verdicts reused)."""
+    ref_side = self._log.reference_side()
+    out = []
+    for g in self._log.groups.values():
+        if all(c.value is None for c in g.captures):
+            continue  # None on every side: no value, nothing to compare or to report
+        pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
+        out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
+    return out
 
 
 def _write_dumps(checker: TensorChecker, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
@@ -498,7 +508,7 @@ def _write_dumps(checker: TensorChecker, plan, dump_path) -> tuple[dict[int, tup
             f"{len(released)} tag(s) this dump asked for (first: {released[0]}); pass "
             "dump_mode=... to TensorChecker(...) so it keeps them",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     return paths, writer.subdir
 
