@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,19 @@ def nudge_all_one_ulp(tensor: torch.Tensor) -> None:
 
 
 # --------------------------------------------------------------------------- repository hygiene
+
+
+def screenshot_dir() -> Path:
+    """Where browser tests keep their screenshots: ``$PARITY_TEST_ARTIFACTS``, else a folder in
+    the system temporary directory (never the checkout: tests write only outside it).
+    """
+    import tempfile
+
+    root = os.environ.get("PARITY_TEST_ARTIFACTS") or Path(tempfile.gettempdir()) / "parity-tests"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
 
 #: Paths a test run may create in the checkout: interpreter and tool caches, never results.
 TOOL_CACHES = ("__pycache__/", ".pytest_cache/", ".hypothesis/", ".ruff_cache/", ".egg-info/")

@@ -3,7 +3,8 @@
 Each page is opened from a file and from a real ``mlflow server``'s UI (the artifact viewer,
 which shows HTML in an ``<iframe sandbox="allow-scripts">`` loaded from a ``blob:`` URL). The
 tests assert that no console error occurs, that the charts and tables rendered, and save
-screenshots under ``tests/artifacts/``. Playwright never downloads a browser here.
+screenshots under ``$PARITY_TEST_ARTIFACTS`` (default: ``parity-tests/`` in the system
+temp folder). Playwright never downloads a browser here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+from helpers import screenshot_dir
 
 from parity_tracker.dashboards.nightly import render_history, render_matrix
 from parity_tracker.dashboards.report import render_run_report
@@ -21,7 +23,6 @@ from parity_tracker.dashboards.samples import synthetic_nightly, synthetic_run
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -99,8 +100,7 @@ def _new_page(browser, **kw):
 
 
 def _shot(target, name: str, **kw) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / name
+    path = screenshot_dir() / name
     target.screenshot(path=str(path), **kw)
     assert path.stat().st_size > 3_000  # a real image, not an empty frame
     return path

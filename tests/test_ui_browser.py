@@ -4,7 +4,7 @@ A small nightly (``tests/cli_targets.py``: one bitwise-equal cell, one with laye
 logged to a real ``mlflow server``; the URL ``parity-tracker ui`` prints must show the runs
 table with the parity columns, a cell's run page its description with the verdict, and
 ``tables/failing.csv`` must render as a table in the artifact viewer. Screenshots go to
-``tests/artifacts/`` (git-ignored).
+``$PARITY_TEST_ARTIFACTS`` (default: ``parity-tests/`` in the system temp folder).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import screenshot_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
-ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -93,8 +93,7 @@ def _page(browser, server: str):
 
 
 def _shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / name
+    path = screenshot_dir() / name
     page.screenshot(path=str(path))
     assert path.stat().st_size > 3_000
 
