@@ -119,7 +119,14 @@ class Merger:
         return run
 
     def candidate_drive(self, _candidate: Any, rec: Any) -> None:
-        """Merge every key of the ranks' files and register each full tensor."""
+        """Merge every key of the ranks' files and register each full tensor.
+
+        Non-tensor leaves of the reference (a ``DynamicCache``, a string) are marked not
+        observable: the ranks record tensors only, so such a tag is neither compared nor missing.
+        """
+        for tag, step in sorted(self.reference.not_tensors, key=lambda k: (k[1], k[0])):
+            rec(step)
+            rec.mark_not_observable(tag, "a non-tensor leaf: sharded ranks record tensors only")
         for tag, step in _ordered_keys(self.files):
             rec(step)
             full = self._merge(tag, step)

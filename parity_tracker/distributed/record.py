@@ -82,6 +82,9 @@ class ShardRecorder:
         self._calls: dict[tuple[int, str], int] = {}
         self._frames: dict[int, list[int]] = {}
         self._weights: set[str] = set()
+        #: (tag, step) of the non-tensor leaves seen (``capture.leaves.NonTensor``): not recorded,
+        #: so the merge marks them not observable on the sharded side (never a missing tag).
+        self.not_tensors: set[tuple[str, int]] = set()
 
     # the StepRecorder interface a drive(model, rec) uses on a rank
     def __call__(self, step: int) -> ShardRecorder:
@@ -104,7 +107,10 @@ class ShardRecorder:
 
     def keep(self, tag: str, value: Any, kind: str, module: str | None, step: int) -> None:
         """Keep a detached, contiguous copy of ``value`` (tensors only; other leaves skipped)."""
-        if not isinstance(value, torch.Tensor) or (tag, step) in self.entries:
+        if not isinstance(value, torch.Tensor):
+            self.not_tensors.add((tag, step))
+            return
+        if (tag, step) in self.entries:
             return
         meta: dict[str, Any] = {"placement": None, "mesh": None, "dtensor": False}
         if type(value).__name__ == "DTensor":
