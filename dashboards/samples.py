@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+from parity_tracker.capture.tags import output_tag
+from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 
 _BLOCK_MODULES = ("norm1", "attn.to_q", "attn.to_k", "attn.to_v", "attn", "norm2", "ff", "")
 
@@ -47,7 +48,7 @@ def synthetic_run(
                 f".{_BLOCK_MODULES[sub]}" if _BLOCK_MODULES[sub] else ""
             )
             kind = "output"
-            tag = f"checker_{module}"
+            tag = output_tag(module)
             if order == 0:
                 kind, tag, module = "input", "checker_model_input_0", "model"
             diverging = step > diverge_step or (step == diverge_step and order >= per_step // 3)

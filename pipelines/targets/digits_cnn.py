@@ -25,6 +25,7 @@ from filelock import FileLock
 from torch import nn
 
 from parity_tracker.builtin_targets import _common
+from parity_tracker.capture.tags import param_tag
 from parity_tracker.pipeline.case import ParityCase
 
 NAME = "digits-cnn"
@@ -233,7 +234,7 @@ def _int8_weight_tolerances(candidate: nn.Module) -> dict[str, tuple[float, floa
         weight = getattr(type(mod), "weight", None)
         if callable(weight) and hasattr(mod, "_packed_params"):
             scale = float(mod.weight().q_scale())
-            out[f"checker_{name}.weight"] = (0.0, 0.5 * scale * (1 + 1e-3))
+            out[param_tag(f"{name}.weight")] = (0.0, 0.5 * scale * (1 + 1e-3))
     return out
 
 
