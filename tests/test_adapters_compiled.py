@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from parity_tracker.adapters import compiled
+from parity_tracker.capture.tags import output_tag
 from parity_tracker.errors import InputError
 from parity_tracker.run import run_parity
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
@@ -63,7 +64,7 @@ def _rows(result):
 
 
 def _leaf_outputs(model: nn.Module) -> set[str]:
-    return {f"checker_{n}" for n, m in model.named_modules() if n and not list(m.children())}
+    return {output_tag(n) for n, m in model.named_modules() if n and not list(m.children())}
 
 
 def test_compiled_copy_is_equal_module_by_module_and_tags_drop_orig_mod():

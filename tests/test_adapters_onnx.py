@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from parity_tracker.capture.tags import output_tag
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
@@ -138,7 +140,7 @@ def test_hand_edited_node_names_its_module_first(net, op, attr, value, module):
     model, x, proto = net
     result = _run(model, onnx_candidate(model, [(x,)], _edited(proto, op, attr, value)))
     first = result.first_divergence
-    assert first["tag"] == f"checker_{module}"
+    assert first["tag"] == output_tag(module)
     assert first["status"] == "mismatch"
     rows = _rows(result)
     assert rows["checker_conv"]["status"] in PASSING

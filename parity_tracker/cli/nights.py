@@ -8,7 +8,12 @@ import click
 
 from parity_tracker.cli import terminal as T
 from parity_tracker.cli.group import _emit_json
-from parity_tracker.cli.options import experiment_option, json_option, tracking_uri_option
+from parity_tracker.cli.options import (
+    experiment_option,
+    fail_on_option,
+    json_option,
+    tracking_uri_option,
+)
 
 
 def nightly_output(
@@ -34,13 +39,7 @@ def nightly_output(
 
 @click.command("nightly-merge")
 @click.option("--night", required=True, metavar="ID", help="The night id the shards ran with.")
-@click.option(
-    "--fail-on",
-    type=click.Choice(["regression", "mismatch", "never"]),
-    default="regression",
-    show_default=True,
-    help="What makes the exit code 1 (as nightly).",
-)
+@fail_on_option("What makes the exit code 1 (as nightly).")
 @click.option(
     "--expected",
     default=None,

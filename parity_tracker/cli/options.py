@@ -5,6 +5,9 @@ The shared-store workflow (issue 18): retry window, night id, missing commit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 #: ``parity-tracker --store-retry-s N <command>``; read by ``track.store.retry_window_s``.
@@ -42,3 +45,16 @@ set_option = click.option(
     metavar="KEY=VALUE",
     help="A target setting (repeatable); see `parity-tracker targets`.",
 )
+
+
+def fail_on_option(help_text: str) -> Callable[[Any], Any]:
+    """``--fail-on`` with the choices of ``pipeline.results.FAIL_ON`` (the one list)."""
+    from parity_tracker.pipeline.results import FAIL_ON
+
+    return click.option(
+        "--fail-on",
+        type=click.Choice(list(FAIL_ON)),
+        default="regression",
+        show_default=True,
+        help=help_text,
+    )

@@ -9,6 +9,7 @@ from parity_tracker.cli.group import EXIT_INTERRUPTED, _emit_json, _run_url, cli
 from parity_tracker.cli.options import (
     allow_no_commit_option,
     experiment_option,
+    fail_on_option,
     json_option,
     night_option,
     set_option,
@@ -174,13 +175,7 @@ def run(
     help="auto: newest earlier run of each cell's configuration on another commit "
     "(branch main preferred); or a nightly parent run id.",
 )
-@click.option(
-    "--fail-on",
-    type=click.Choice(["regression", "mismatch", "never"]),
-    default="regression",
-    show_default=True,
-    help="What makes the exit code 1.",
-)
+@fail_on_option("What makes the exit code 1.")
 @click.option(
     "--expected",
     default=None,
