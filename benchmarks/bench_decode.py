@@ -66,10 +66,11 @@ def run(quick: bool) -> list[Row]:
     except Exception as exc:
         return [failed(NAME, case, exc, target)]
     med = medians(times)
+    other = {k.split(":")[-1]: v for k, v in times.items() if ":" in k}
     detail = (
         f"{rows} module-table rows, run status {status}; median s: module {med['module']:.3f}, "
         f"plain {med['plain']:.3f}; other-clock ratio "
-        f"{paired_ratio({k.split(':')[-1]: v for k, v in times.items() if ':' in k}, 'module', 'plain'):.3g}"
+        f"{paired_ratio(other, 'module', 'plain'):.3g}"
     )
     extra = {"rows": rows, "steps": steps, "times_s": times, "quick_target": True}
     value = paired_ratio(times, "module", "plain")

@@ -26,7 +26,7 @@ from benchmarks.overhead import parity_runner
 NAME = "9 fixed cost per tensor"
 TARGET_US = 30.0
 #: blocks of (Linear, LayerNorm, GELU): --full, --quick
-BLOCKS = {False: 100, True: 40}
+BLOCKS = {False: 200, True: 100}
 REPEATS = {False: 7, True: 5}
 WIDTH = 16
 
@@ -68,5 +68,8 @@ def run(quick: bool) -> list[Row]:
         f"plain {med['plain']:.4f}; {oth}-clock {statistics.median(per_other):.3g} µs/row"
     )
     extra = {"clock": CLOCK["name"], "rows": rows, "times_s": times, "quick_target": True}
-    return [judged(NAME, pair.label, statistics.median(per), "µs", TARGET_US, detail=detail,
-                   extra=extra)]
+    return [
+        judged(
+            NAME, pair.label, statistics.median(per), "µs", TARGET_US, detail=detail, extra=extra
+        )
+    ]
