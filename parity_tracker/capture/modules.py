@@ -11,6 +11,7 @@ checker keeps a snapshot, or compares it at once on the eager path).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from parity_tracker.capture.tags import (
 )
 from parity_tracker.capture.training import training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
+from parity_tracker.compare.hashing import dtype_name
 
 
 @dataclass
@@ -70,7 +72,13 @@ class Group:
 
 def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
     """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
-    return tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device)
+    return tuple(t.shape), dtype_name(t.dtype), _device_name(t.device)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_name(device: torch.device) -> str:
+    """``str(device)``, once per device (``torch.device.__str__`` costs ≈ 0.3 µs a call)."""
+    return str(device)
 
 
 class CaptureLog:

@@ -8,6 +8,7 @@ a versioned on-disk format with explicit migrations).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -107,7 +108,10 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
     """
     rows = list(rows)
-    columns = {f.name: _column([r.get(f.name) for r in rows], f.type) for f in schema}
+    columns = {}
+    for name, type_ in zip(schema.names, schema.types, strict=True):
+        get = operator.methodcaller("get", name)  # the name read once, not once per row
+        columns[name] = _column(list(map(get, rows)), type_)
     return pa.Table.from_pydict(columns, schema=schema)
 
 
