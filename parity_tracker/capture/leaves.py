@@ -130,6 +130,9 @@ def input_leaves(
     items += [(str(k), v) for k, v in (kwargs or {}).items()]
     leaves = []
     for name, value in items:
+        if value is None or isinstance(value, torch.Tensor):  # flatten's one leaf, directly
+            leaves.append((input_tag(base, name), f"input.{name}", value))
+            continue
         for p, leaf in flatten(value):
             suffix = f"{name}.{p}" if p else name
             leaves.append((input_tag(base, suffix), f"input.{suffix}", leaf))
