@@ -92,7 +92,11 @@ class TagResult:
     def to_row(self) -> dict[str, Any]:
         """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
         cols, nulls, pick = _module_columns()
-        merged = {**nulls, **self.comparison.to_dict()}
+        comp = self.comparison
+        # a Comparison keeps every field in its __dict__ (frozen dataclass, no slots; only the
+        # columns are picked below): the same values as to_dict() without its 31 getattr calls
+        fields = comp.__dict__ if type(comp) is Comparison else comp.to_dict()
+        merged = {**nulls, **fields}
         merged.update(
             tag=self.tag,
             module=self.module,
