@@ -31,6 +31,7 @@ from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
 from parity_tracker.run.result import RunResult
+from parity_tracker.run.spill import LazySpillRoot
 from parity_tracker.run.summary import build_summary, worst_tensor
 from parity_tracker.statuses import BUDGET, is_failing
 
@@ -422,7 +423,7 @@ def run_parity(
         _Plan(1, candidate, candidate_drive, inputs),
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
-    spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
+    spill = LazySpillRoot()  # made by the first store that spills
     ops = passes = None
     if chosen == BUDGET:
         try:
