@@ -59,7 +59,6 @@ def stored(tmp_path_factory, tiny_pair_module):
 @pytest.fixture(scope="module")
 def tiny_pair_module():
     import torch
-
     from conftest import _tiny_classes
 
     tiny_net, tiny_scaled = _tiny_classes()
@@ -87,8 +86,10 @@ def test_read_only_commands_do_not_import_torch(stored, command):
     tmp, uri, (r1, r2, _r3) = stored
     args = {
         "history": ["history", "digits-cnn", "--set", "quantization=fp16", "--json"],
-        "history-tag": ["history", "digits-cnn", "--set", "quantization=none", "--tag",
-                        "checker_fc1", "--json"],  # fmt: skip
+        "history-tag": [
+            "history", "digits-cnn", "--set", "quantization=none", "--tag", "checker_fc1",
+            "--json",
+        ],  # fmt: skip
         "history-configs": ["history", "digits-cnn", "--json"],  # 2 fingerprints: resolves it
         "diff": ["diff", r1[:12], r2, "--json"],
         "report": ["report", r2[:12], "-o", str(tmp / "report.html"), "--json"],
