@@ -87,9 +87,14 @@ def test_read_only_commands_do_not_import_torch(stored, command):
     args = {
         "history": ["history", "digits-cnn", "--set", "quantization=fp16", "--json"],
         "history-tag": [
-            "history", "digits-cnn", "--set", "quantization=none", "--tag", "checker_fc1",
+            "history",
+            "digits-cnn",
+            "--set",
+            "quantization=none",
+            "--tag",
+            "checker_fc1",
             "--json",
-        ],  # fmt: skip
+        ],
         "history-configs": ["history", "digits-cnn", "--json"],  # 2 fingerprints: resolves it
         "diff": ["diff", r1[:12], r2, "--json"],
         "report": ["report", r2[:12], "-o", str(tmp / "report.html"), "--json"],
