@@ -119,11 +119,11 @@ def _sqlite_heads(
             )
             for run_id, key, value, is_nan in con.execute(query, chunk):
                 metrics[run_id][key] = math.nan if is_nan else float(value)
-            query = (
-                "SELECT run_uuid, key, value FROM tags WHERE substr(key, 1, ?) = ? "
+            query = (  # a key range ('/' follows '.'): MLflow's (key, run_uuid) primary key
+                "SELECT run_uuid, key, value FROM tags WHERE key >= ? AND key < ? "
                 f"AND run_uuid IN ({','.join('?' * len(chunk))})"
             )
-            for run_id, key, value in con.execute(query, [len(TAG_CODES), TAG_CODES, *chunk]):
+            for run_id, key, value in con.execute(query, [TAG_CODES, TAG_CODES + "/", *chunk]):
                 codes[run_id][key] = value
     finally:
         con.close()
