@@ -208,3 +208,32 @@ def test_log_batch_sends_at_most_100_tags_a_call():
     _log_batch(Client(), "rid", meta)
     assert [(m, p, len(t)) for m, p, t in calls] == [(1, 100, 100), (0, 50, 100), (0, 0, 50)]
     assert [k for *_, t in calls for k in t] == [f"t{i}" for i in range(250)]
+
+
+def test_sqlite_heads_carry_the_same_codes_as_mlflows_search(sqlite_tracking_uri):
+    from mlflow.entities import Param, RunTag
+
+    from parity_tracker.track.search import _sqlite_heads, find_run_heads, find_runs
+    from parity_tracker.track.store import get_client, get_or_create_experiment, sqlite_path
+
+    client = get_client(sqlite_tracking_uri)
+    exp = get_or_create_experiment(client, "parity")
+    rng = random.Random(2)
+    codes = "".join(rng.choice("=~xsRC-!") for _ in range(40_000))
+    packed = tc.pack([f"m{i}" for i in range(40_000)], codes)
+    decoys = {"parity.tag_codesx": "1", "parity.tag_codes-": "2", "parity.status": "passed"}
+    ids = []
+    for tags in (packed, {}):
+        rid = client.create_run(exp).info.run_id
+        client.log_batch(rid, params=[Param("target", "toy")],
+                         tags=[RunTag(k, v) for k, v in {**tags, **decoys}.items()])  # fmt: skip
+        ids.append(rid)
+    db = sqlite_path(sqlite_tracking_uri)
+    fast = {h.run_id: h.tag_codes for h in _sqlite_heads(db, "parity", {"target": "toy"}, None)}
+    slow = {r.run_id: tc.code_tags(r.tags) for r in find_runs(tracking_uri=sqlite_tracking_uri)}
+    assert fast == slow == {ids[0]: packed, ids[1]: {}}
+    heads = find_run_heads(tracking_uri=sqlite_tracking_uri, target="toy")
+    assert {h.run_id: tc.decode(h.tag_codes) for h in heads} == {
+        ids[0]: tc.TagCodes(tc.tag_list_hash([f"m{i}" for i in range(40_000)]), codes),
+        ids[1]: None,
+    }
