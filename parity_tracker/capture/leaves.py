@@ -219,9 +219,32 @@ def packed_names(mod: torch.nn.Module) -> list[str]:
     Only modules whose class defines those as methods count, so the ``LinearPackedParams``
     holder inside a quantized Linear is not reported twice.
     """
-    if not hasattr(mod, "_packed_params"):
+    if not has_packed_params(mod):
         return []
     return [n for n in ("weight", "bias") if callable(getattr(type(mod), n, None))]
+
+
+def has_packed_params(mod: torch.nn.Module) -> bool:
+    """``hasattr(mod, "_packed_params")`` without raising inside ``nn.Module.__getattr__``.
+
+    For a module class with the standard attribute lookup, the attribute can only live in the
+    instance dict, the class, ``_parameters``, ``_buffers`` or ``_modules``; when it is in none
+    of them the answer is False (≈ 0.5 µs instead of the ≈ 1.3 µs of building the
+    AttributeError; asked twice per module per side when hooks are installed). Any other case
+    asks ``hasattr``.
+    """
+    cls = type(mod)
+    if (
+        cls.__getattr__ is torch.nn.Module.__getattr__
+        and cls.__getattribute__ is object.__getattribute__
+        and "_packed_params" not in mod.__dict__
+        and "_packed_params" not in mod._modules
+        and "_packed_params" not in mod._parameters
+        and "_packed_params" not in mod._buffers
+        and not hasattr(cls, "_packed_params")
+    ):
+        return False
+    return hasattr(mod, "_packed_params")
 
 
 def read_own(mod: torch.nn.Module, local: str, kind: str) -> Any:

@@ -22,6 +22,7 @@ import torch
 from parity_tracker.capture.leaves import (
     PACKED,
     NonTensor,
+    has_packed_params,
     input_leaves,
     output_leaves,
     own_tensors,
@@ -342,7 +343,7 @@ def _has_forward(mod: torch.nn.Module) -> bool:
     """
     if isinstance(mod, torch.jit.ScriptModule):
         return True
-    if hasattr(mod, "_packed_params") and not packed_names(mod):
+    if has_packed_params(mod) and not packed_names(mod):
         return False
     return type(mod).forward is not torch.nn.Module.forward
 
