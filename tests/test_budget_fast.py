@@ -175,3 +175,38 @@ def test_golden_and_twin_copies_use_it():
     _same_module(golden, copy.deepcopy(net).double())
     _same_module(twin, copy.deepcopy(net).to(torch.bfloat16))
     assert make_twin(net, torch.float32) is net
+
+
+# --- a candidate bitwise equal to the twin reuses the twin's scan ------------------------------
+
+
+def _cases():
+    gen = torch.Generator().manual_seed(21)
+    golden = torch.randn(5, 300, dtype=torch.float64, generator=gen) * 7
+    golden[0, 3] = math.nan
+    twin = golden.bfloat16()
+    other = twin.clone()
+    other[4, 299] = other[4, 299] * 1.5  # one element differs: no reuse
+    lost = twin.clone()
+    lost[2, 2] = math.inf  # loses a value the twin keeps
+    return golden, twin, {"same": twin.clone(), "other": other, "lost": lost}
+
+
+@pytest.mark.parametrize("which", ["same", "other", "lost"])
+def test_reused_twin_scan_gives_the_same_record(monkeypatch, which):
+    golden, twin, cands = _cases()
+    cand, ref = cands[which], golden.float()
+    scan = budget.side_error(golden, twin, digest=True)
+    assert scan.side_hash is not None and scan.golden_max == float(np.nanmax(np.abs(golden)))
+    calls = []
+    real = budget.max_abs_err
+    monkeypatch.setattr(budget, "max_abs_err", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = budget.budget_compare(golden, scan, cand, reference=ref)
+    assert len(calls) == (0 if which == "same" else 1)
+    monkeypatch.setattr(budget, "max_abs_err", real)
+    want = budget.budget_compare(golden, twin, cand, reference=ref)  # the twin as a tensor
+    assert got == want
+    # and against numpy (float64 of the widened sides, finite elements where both agree)
+    worst, _, top = _want(cand, golden)
+    assert (got.golden_max_abs_err, got.floor) == (worst, 2.0**-7 * top)
+    assert got.status == ("close" if which == "same" else "mismatch")

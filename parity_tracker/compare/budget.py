@@ -57,7 +57,7 @@ import torch
 
 from parity_tracker.compare.convert import to_tensor
 from parity_tracker.compare.core import Comparison, compare_tensors
-from parity_tracker.compare.hashing import dtype_name
+from parity_tracker.compare.hashing import content_hash, dtype_name
 from parity_tracker.compare.metrics import flat
 from parity_tracker.compare.tolerances import first_match
 from parity_tracker.errors import InputError
@@ -139,6 +139,9 @@ class ErrorScan:
         golden_max: the largest finite ``|golden|`` (0.0 when none is finite), read in the
             same pass when asked (``max_abs_err(..., golden_max=True)``), else ``None``; the
             floor is ``eps · golden_max`` (:func:`budget_floor` without a pass of its own).
+        side_hash: the side's :func:`~parity_tracker.compare.hashing.content_hash` when asked
+            (``side_error(..., digest=True)``), else ``None``: a candidate with the same
+            content hash (``Comparison.cand_hash``) has this very error against the golden.
     """
 
     max_abs_err: float | None
@@ -146,6 +149,7 @@ class ErrorScan:
     dtype: torch.dtype | None = None
     problem: str = ""
     golden_max: float | None = None
+    side_hash: str | None = None
 
 
 def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = False) -> ErrorScan:
@@ -233,7 +237,9 @@ def _golden64(golden: Any) -> torch.Tensor | str:
     return g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
 
 
-def _side_error(golden64: torch.Tensor, side: Any, name: str, golden_max=False) -> ErrorScan:
+def _side_error(
+    golden64: torch.Tensor, side: Any, name: str, golden_max=False, digest=False
+) -> ErrorScan:
     s = to_tensor(side, name)
     if s.status:
         return ErrorScan(None, problem=f"{name}: {s.message or s.status}")
@@ -245,10 +251,11 @@ def _side_error(golden64: torch.Tensor, side: Any, name: str, golden_max=False) 
                 f"{tuple(s.tensor.shape)}; the budget needs one shape on all three sides"
             ),
         )
-    return max_abs_err(s.tensor, golden64, golden_max=golden_max)
+    scan = max_abs_err(s.tensor, golden64, golden_max=golden_max or digest)
+    return replace(scan, side_hash=content_hash(s.tensor)) if digest else scan
 
 
-def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
+def side_error(golden: Any, side: Any, name: str = "twin", *, digest: bool = False) -> ErrorScan:
     """Reduce one side's value of a tag to its error against the golden.
 
     Call it for the twin as soon as the twin's value is captured, then keep only the
@@ -259,6 +266,10 @@ def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
             accepts; promoted to float64).
         side: the side's value, of the golden's shape.
         name: the side's name for messages.
+        digest: also keep the side's content hash and the golden's largest finite magnitude
+            (:attr:`ErrorScan.side_hash`, :attr:`ErrorScan.golden_max`): one more read of
+            the side (xxh3, several GB/s), so that :func:`budget_compare` skips the
+            candidate's own error pass when the candidate is bitwise this side.
 
     Returns:
         An :class:`ErrorScan`; ``problem`` says why it could not be computed (never raises).
@@ -266,7 +277,7 @@ def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
     golden64 = _golden64(golden)
     if isinstance(golden64, str):
         return ErrorScan(None, problem=golden64)
-    return _side_error(golden64, side, name)
+    return _side_error(golden64, side, name, digest=digest)
 
 
 def compared_eps(*dtypes: torch.dtype) -> float:
@@ -441,12 +452,31 @@ def budget_compare(
     golden64 = _golden64(golden)
     if isinstance(golden64, str):
         return _unusable(base, k, "error", f"budget not computed: {golden64}")
-    cand_err = _side_error(golden64, candidate, "candidate", golden_max=True)
+    cand_err = _same_as_twin(twin, base.cand_hash) or _side_error(
+        golden64, candidate, "candidate", golden_max=True
+    )
     twin_err = twin if isinstance(twin, ErrorScan) else _side_error(golden64, twin, "twin")
     problem = cand_err.problem or twin_err.problem
     if problem:
         return _unusable(base, k, "error", f"budget not computed: {problem}")
     return _judged(base, k, golden64, cand_err, twin_err)
+
+
+def _same_as_twin(twin: Any, cand_hash: str | None) -> ErrorScan | None:
+    """The twin's own scan when the candidate is bitwise the twin, else ``None``.
+
+    Bitwise: the candidate's content hash (``compare_tensors``' ``cand_hash``: dtype, shape and
+    bytes through xxh3-64, the project's rule for identical contents) equals the twin's
+    (:func:`side_error` with ``digest=True``). Both were measured against the same golden
+    value of the tag, so the candidate's error, lost count and ``max |golden|`` are the twin's:
+    the candidate's error pass is skipped (e.g. every weight of a model cast to bf16, and every
+    tag of a cast candidate computing as PyTorch does).
+    """
+    if not isinstance(twin, ErrorScan) or twin.side_hash is None or twin.golden_max is None:
+        return None
+    if twin.problem or cand_hash != twin.side_hash:
+        return None
+    return ErrorScan(twin.max_abs_err, twin.lost, twin.dtype, golden_max=twin.golden_max)
 
 
 def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan):
