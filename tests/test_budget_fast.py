@@ -162,6 +162,12 @@ def test_cast_copy_falls_back_for_complex_and_parameter_subclasses():
     got = cast_copy(net, torch.float64)
     assert got.phase.dtype == torch.complex64  # .double() keeps complex, as golden_copy did
     _same_module(got, copy.deepcopy(net).double())
+    grad = nn.Linear(3, 3)
+    grad.register_buffer("scale", torch.ones(3, requires_grad=True))
+    got = cast_copy(grad, torch.float64)
+    want = copy.deepcopy(grad).double()
+    assert got.scale.requires_grad and got.scale.grad_fn is not None  # as .double() leaves it
+    assert want.scale.requires_grad and torch.equal(got.scale, want.scale)
     sub = nn.Linear(3, 3)
     sub.weight = Tagged(sub.weight.detach().clone())
     got = cast_copy(sub, torch.bfloat16)

@@ -15,8 +15,8 @@ tensors for buffers), a tensor registered twice (tied weights) stays one object,
 bool tensors are copied by ``deepcopy`` as before, and the conversion is applied afterwards as
 well (a no-op on the converted tensors; it also converts what the memo could not cover).
 Anything the fast path cannot reproduce exactly (a ``Parameter`` or buffer subclass, a complex
-tensor, a non-leaf tensor, a quantized or non-strided tensor) makes it fall back to
-``deepcopy`` then the conversion.
+tensor, a non-leaf tensor, a buffer that requires grad, a quantized or non-strided tensor)
+makes it fall back to ``deepcopy`` then the conversion.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import torch
 
 def _plain(t: torch.Tensor) -> bool:
     """True for a tensor whose converted copy is exactly what ``deepcopy`` + convert gives."""
-    kind = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else torch.Tensor
+    param = isinstance(t, torch.nn.Parameter)
     return (
-        type(t) is kind
+        type(t) is (torch.nn.Parameter if param else torch.Tensor)
+        and (param or not t.requires_grad)  # .double() of such a buffer records a graph
         and t.is_leaf
         and t.layout == torch.strided
         and not t.is_quantized
