@@ -37,7 +37,7 @@ MEASUREMENTS = {
     9: "benchmarks.bench_fixed_cost",
     10: "benchmarks.bench_decode",
 }
-QUICK = (1, 2, 4, 6, 9, 10)
+QUICK = (1, 2, 4, 6, 7, 9, 10)
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
