@@ -5,7 +5,7 @@ Two ratios, measured in one process on two 2^26-element float32 tensors (2^22 wi
 - equal path: ``compare_tensors(a, b)`` with ``b`` a bitwise copy of ``a`` (status ``equal``:
   both content hashes and a bitwise check, chunk by chunk);
 - full metrics: ``compare_tensors(a, c, mode="allclose")`` with ``c = a + noise`` everywhere
-  (status ``mismatch``: hashes plus every metric of ``parity_tracker.metrics``).
+  (status ``mismatch``: hashes plus every metric of ``parity_tracker.compare.metrics``).
 
 Throughput is the bytes of BOTH inputs read per second (``2 · nbytes / t``); ``copyto``
 bandwidth is the bytes copied per second (``nbytes / t`` of ``numpy.copyto(dst, a)``, which

@@ -115,7 +115,7 @@ def dense_cpu(t: torch.Tensor) -> torch.Tensor:
 
     A quantized tensor stays quantized (its ``int_repr`` and parameters are the lossless form);
     any other tensor has its conjugate/negative bits resolved. Shared by :func:`to_tensor` and
-    the dump writer (``parity_tracker.dump.to_numpy``).
+    the dump writer (``parity_tracker.files.dump.to_numpy``).
 
     Raises:
         InputError: a meta or fake tensor (it has no data).

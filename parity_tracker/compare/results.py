@@ -90,7 +90,7 @@ class TagResult:
         return is_failing(self.comparison.status)
 
     def to_row(self) -> dict[str, Any]:
-        """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
+        """One ``modules`` table row: exactly ``compare.columns.MODULES_SCHEMA``'s column names."""
         cols, nulls, pick = _module_columns()
         comp = self.comparison
         # a Comparison keeps every field in its __dict__ (frozen dataclass, no slots; only the
@@ -113,12 +113,12 @@ class TagResult:
 
 @functools.cache
 def _module_columns() -> tuple[tuple[str, ...], dict[str, None], Callable[[dict], tuple]]:
-    """``tables.MODULES_SCHEMA``'s column names, a row of nulls, and a getter of them in order.
+    """``columns.MODULES_SCHEMA``'s column names, a row of nulls, and a getter of them in order.
 
     Built once (``Schema.names`` builds a new list per call); a row is then one C-level pick
     of the columns instead of a per-column ``dict.get`` (issue 19: cost per captured tensor).
     """
-    from parity_tracker.tables import MODULES_SCHEMA
+    from parity_tracker.compare.columns import MODULES_SCHEMA
 
     cols = tuple(MODULES_SCHEMA.names)
     return cols, dict.fromkeys(cols), operator.itemgetter(*cols)
