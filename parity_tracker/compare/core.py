@@ -51,6 +51,7 @@ from parity_tracker.compare.metrics import (
     torch_threads,
     ulp_spec,
 )
+from parity_tracker.compare.small import SMALL_PAIR, small_stats
 from parity_tracker.compare.tolerances import Tolerances, check_pair
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import MODES, PASSING
@@ -423,27 +424,29 @@ def _from_stats(scan: _Scan, ref: Converted, cand: Converted, base, tol) -> Comp
         parts.append("values equal but not bitwise identical (-0.0 vs 0.0 or NaN payloads)")
     parts += _notes(ref, cand, (s.ref_nan, s.cand_nan) if s.ref_nan or s.cand_nan else None)
     allclose = mode == "allclose"
-    return Comparison(
-        status=status,
-        mismatch_count=s.mismatch_count,
-        max_abs_diff=s.max_abs_diff,
-        max_abs_diff_index=_unravel(s.max_abs_diff_index, shape),
-        max_rel_diff=s.max_rel_diff,
-        max_rel_diff_index=_unravel(s.max_rel_diff_index, shape),
-        mean_abs_diff=s.mean_abs_diff,
-        cosine=s.cosine,
-        sqnr_db=s.sqnr_db,
-        max_ulp=s.max_ulp,
-        ref_nan=s.ref_nan,
-        cand_nan=s.cand_nan,
-        ref_inf=s.ref_inf,
-        cand_inf=s.cand_inf,
-        ref_hash=scan.ref_hash,
-        cand_hash=scan.cand_hash,
-        rtol=tol[0] if allclose else None,
-        atol=tol[1] if allclose else None,
-        message=_join(*parts),
-        **base,
+    return Comparison._fast(  # every field given: the frozen record without its slow __init__
+        dict(
+            status=status,
+            mismatch_count=s.mismatch_count,
+            max_abs_diff=s.max_abs_diff,
+            max_abs_diff_index=_unravel(s.max_abs_diff_index, shape),
+            max_rel_diff=s.max_rel_diff,
+            max_rel_diff_index=_unravel(s.max_rel_diff_index, shape),
+            mean_abs_diff=s.mean_abs_diff,
+            cosine=s.cosine,
+            sqnr_db=s.sqnr_db,
+            max_ulp=s.max_ulp,
+            ref_nan=s.ref_nan,
+            cand_nan=s.cand_nan,
+            ref_inf=s.ref_inf,
+            cand_inf=s.cand_inf,
+            ref_hash=scan.ref_hash,
+            cand_hash=scan.cand_hash,
+            rtol=tol[0] if allclose else None,
+            atol=tol[1] if allclose else None,
+            message=_join(*parts),
+            **base,
+        )
     )
 
 
@@ -526,9 +529,13 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     r = reference.detach() if reference.requires_grad else reference
     c = candidate.detach() if candidate.requires_grad else candidate
     name, shape = dtype_name(dtype), tuple(shape)
-    r_buf = r.numpy()
-    ref_hash, cand_hash = _digest(r_buf, name, shape), _digest(c.numpy(), name, shape)
+    r_buf, c_buf = r.numpy(), c.numpy()
+    ref_hash, cand_hash = _digest(r_buf, name, shape), _digest(c_buf, name, shape)
     if ref_hash != cand_hash:
+        if dtype.is_floating_point and r.numel() <= SMALL_PAIR:
+            return _small_differing(
+                r, c, (r_buf, c_buf), (ref_hash, cand_hash), mode, explicit, tag, tolerances
+            )
         return None
     nan, inf = _side_counts(r, r_buf)
     if mode == "equal":
@@ -558,6 +565,30 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
             message="",
         )
     )
+
+
+@functools.cache
+def _finfo(dtype: torch.dtype) -> tuple[float, float]:
+    info = torch.finfo(dtype)
+    return float(info.eps), float(info.tiny)
+
+
+def _small_differing(r, c, arrays, hashes, mode, explicit, tag, tolerances) -> Comparison | None:
+    """A small differing plain float pair through :func:`compare.small.small_stats`.
+
+    The same record as the general path, bit for bit; ``None`` when that path must run.
+    """
+    if mode == "equal":
+        tol = (0.0, 0.0)
+    else:
+        tol = (tolerances or Tolerances()).resolve(tag, r.dtype, c.dtype, *(explicit or ()))
+    stats = small_stats(*arrays, *tol, *_finfo(r.dtype))
+    if stats is None:
+        return None
+    name, shape = dtype_name(r.dtype), tuple(r.shape)
+    ref = Converted(tensor=r, dtype=name, device="cpu", shape=shape)
+    cand = Converted(tensor=c, dtype=name, device="cpu", shape=shape)
+    return _from_stats(_Scan(stats, *hashes), ref, cand, _base(mode, ref, cand), tol)
 
 
 def _compare(ref, cand, base, explicit, tag, tolerances) -> Comparison:

@@ -1,0 +1,105 @@
+"""The compiled loop of :mod:`parity_tracker.compare.fused` (numba; the ``fast`` extra).
+
+Imported only when ``numba`` is installed; every function follows ``fused.EagerFold``'s
+definitions and summation order exactly (``tests/test_compare_fused.py`` checks bit identity).
+No ``fastmath``: no reassociation, no fused multiply-add; ``error_model="numpy"``: IEEE
+division (``x/0 = inf``). Compiled on first use and cached next to this file (numba's cache).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from parity_tracker.compare.fused import LANES
+
+
+@numba.njit(nogil=True, error_model="numpy", cache=True, inline="always")
+def rows(r, c, nrows, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count):
+    # pragma: no cover (compiled); a constant trip count of LANES: LLVM vectorizes the lanes
+    for lo in range(0, nrows * LANES, LANES):
+        for j in range(LANES):
+            x = np.float64(r[lo + j])
+            y = np.float64(c[lo + j])
+            e = y - x
+            srr[j] += x * x
+            scc[j] += y * y
+            src[j] += x * y
+            sdd[j] += e * e
+            a = abs(e)
+            sab[j] += a
+            mab[j] = max(mab[j], a)
+            ax = abs(x)
+            q = a / ax
+            q = 0.0 if a == 0.0 else q  # 0/0 (both zero): relative difference 0
+            mrl[j] = max(mrl[j], q)
+            count[j] += 1 if a > atol + rtol * ax else 0
+
+
+@numba.njit(nogil=True, error_model="numpy", cache=True, inline="always")
+def value(r, c, k, rel):  # pragma: no cover (compiled); d_k or rel_k, as rows computes it
+    x = np.float64(r[k])
+    a = abs(np.float64(c[k]) - x)
+    if not rel:
+        return a
+    q = a / abs(x)
+    return 0.0 if a == 0.0 else q
+
+
+@numba.njit(nogil=True, error_model="numpy", cache=True)
+def first(r, c, lane_max, top, rel):  # pragma: no cover (compiled)
+    """Smallest index whose d (or rel) equals ``top``: only the lanes whose maximum it is."""
+    best = -1
+    for j in range(LANES):
+        if lane_max[j] != top:
+            continue
+        for k in range(j, r.size, LANES):
+            if best >= 0 and k >= best:
+                break
+            if value(r, c, k, rel) == top:
+                best = k
+                break
+    return best
+
+
+@numba.njit(nogil=True, error_model="numpy", cache=True)
+def ulp(r, c, lane_rel, half_best, tiny):  # pragma: no cover (compiled)
+    """Greatest d / max(2**e(r), tiny) over the elements with rel >= half_best, d > 0."""
+    best = 0.0
+    for j in range(LANES):
+        if lane_rel[j] < half_best:
+            continue
+        for k in range(j, r.size, LANES):
+            x = np.float64(r[k])
+            a = abs(np.float64(c[k]) - x)
+            ax = abs(x)
+            if a == 0.0 or a / ax < half_best:
+                continue
+            s = tiny if ax == 0.0 else max(math.ldexp(1.0, math.frexp(ax)[1] - 1), tiny)
+            best = max(best, a / s)
+    return best
+
+
+@numba.njit(nogil=True, error_model="numpy", cache=True)
+def kernel(
+    r, c, rtol, atol, half_best, tiny, best_abs, best_rel, srr, scc, src, sdd, sab, mab, mrl, count
+):  # pragma: no cover (compiled)
+    # separate lane arrays (not rows of one array): LLVM vectorizes only what cannot alias
+    n = r.size
+    for lane in (srr, scc, src, sdd, sab, mab, mrl):
+        lane[:] = 0.0
+    count[:] = 0
+    full = n // LANES
+    rows(r, c, full, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
+    if n > full * LANES:  # the tail, zero-padded to a row as the eager fold pads it
+        tr, tc = np.zeros(LANES, r.dtype), np.zeros(LANES, c.dtype)
+        tr[: n - full * LANES] = r[full * LANES :]
+        tc[: n - full * LANES] = c[full * LANES :]
+        rows(tr, tc, 1, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
+    top, top_rel = mab.max(), mrl.max()
+    i_abs = first(r, c, mab, top, False) if top > 0.0 and top >= best_abs else -1
+    i_rel = first(r, c, mrl, top_rel, True) if top_rel > 0.0 and top_rel >= best_rel else -1
+    qr = ulp(r, c, mrl, half_best, tiny) if top > 0.0 and top_rel >= half_best else 0.0
+    return top, i_abs, top_rel, i_rel, count.sum(), qr
