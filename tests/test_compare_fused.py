@@ -77,7 +77,7 @@ def eager_only(monkeypatch):
     monkeypatch.setitem(fused._KERNEL, "built", True)
 
 
-@pytest.mark.parametrize("dtype", FLOATS + [(torch.float32, torch.float16)], ids=str)
+@pytest.mark.parametrize("dtype", [*FLOATS, (torch.float32, torch.float16)], ids=str)
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_and_numpy_folds_are_identical(compiled, case, dtype) -> None:
     ref_dtype, cand_dtype = dtype if isinstance(dtype, tuple) else (dtype, dtype)
@@ -120,7 +120,7 @@ def test_diff_stats_many_chunks_match_numpy_both_ways(compiled, monkeypatch, cas
         for w in (1, 2)
     ]
     assert results[0] == results[2] and results[1] == results[3]  # compiled == numpy, per layout
-    # the reference's plain sums of squares under/overflow there (test_trust_metrics has hand values)
+    # the reference's plain sums of squares under/overflow there (hand values: test_trust_metrics)
     skip = {"sqnr_db", "cosine"} if case in ("subnormal", "huge") else set()
     for got in results:
         for key, value in want.items():
