@@ -8,12 +8,11 @@ division (``x/0 = inf``). Compiled on first use and cached next to this file (nu
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
 from parity_tracker.compare.fused import LANES
+from parity_tracker.compare.ulp import _EXP64
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True, inline="always")
@@ -68,6 +67,8 @@ def first(r, c, lane_max, top, rel):  # pragma: no cover (compiled)
 def ulp(r, c, lane_rel, half_best, tiny):  # pragma: no cover (compiled)
     """Greatest d / max(2**e(r), tiny) over the elements with rel >= half_best, d > 0."""
     best = 0.0
+    word = np.zeros(1)  # 2**e(|x|): the exponent field of the float64 bit pattern, as ulp.py
+    bits = word.view(np.int64)
     for j in range(LANES):
         if lane_rel[j] < half_best:
             continue
@@ -77,20 +78,23 @@ def ulp(r, c, lane_rel, half_best, tiny):  # pragma: no cover (compiled)
             ax = abs(x)
             if a == 0.0 or a / ax < half_best:
                 continue
-            s = tiny if ax == 0.0 else max(math.ldexp(1.0, math.frexp(ax)[1] - 1), tiny)
-            best = max(best, a / s)
+            word[0] = ax
+            bits[0] &= _EXP64
+            best = max(best, a / max(word[0], tiny))  # zero/subnormal: field 0, scale tiny
     return best
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
-def kernel(
-    r, c, rtol, atol, half_best, tiny, best_abs, best_rel, srr, scc, src, sdd, sab, mab, mrl, count
-):  # pragma: no cover (compiled)
-    # separate lane arrays (not rows of one array): LLVM vectorizes only what cannot alias
+def kernel(r, c, rtol, atol, half_best, tiny, best_abs, best_rel, out):  # pragma: no cover
+    """Fold one chunk: lane sums into ``out`` (rows rr, cc, dd, rc, sabs); the rest returned.
+
+    The lanes are local arrays, not ``out``'s rows: LLVM vectorizes stores it can prove
+    do not alias (measured 0.65 against 1.1 ns per element).
+    """
     n = r.size
-    for lane in (srr, scc, src, sdd, sab, mab, mrl):
-        lane[:] = 0.0
-    count[:] = 0
+    srr, scc, src, sdd = np.zeros(LANES), np.zeros(LANES), np.zeros(LANES), np.zeros(LANES)
+    sab, mab, mrl = np.zeros(LANES), np.zeros(LANES), np.zeros(LANES)
+    count = np.zeros(LANES, np.int64)
     full = n // LANES
     rows(r, c, full, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
     if n > full * LANES:  # the tail, zero-padded to a row as the eager fold pads it
@@ -98,6 +102,11 @@ def kernel(
         tr[: n - full * LANES] = r[full * LANES :]
         tc[: n - full * LANES] = c[full * LANES :]
         rows(tr, tc, 1, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
+    out[0, :] = srr
+    out[1, :] = scc
+    out[2, :] = sdd
+    out[3, :] = src
+    out[4, :] = sab
     top, top_rel = mab.max(), mrl.max()
     i_abs = first(r, c, mab, top, False) if top > 0.0 and top >= best_abs else -1
     i_rel = first(r, c, mrl, top_rel, True) if top_rel > 0.0 and top_rel >= best_rel else -1

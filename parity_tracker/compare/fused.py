@@ -213,10 +213,7 @@ class KernelFold:
 
     def __init__(self, size: int, fn) -> None:
         self._fn = fn
-        self._lanes = np.zeros((7, LANES))  # rr, cc, dd, rc, sabs, max d, max rel
-        lanes = list(self._lanes)  # passed as 7 arrays: the compiled loop sees no aliasing
-        self._f = [lanes[k] for k in (0, 1, 3, 2, 4, 5, 6)]  # the kernel's order: rc before dd
-        self._count = np.zeros(LANES, dtype=np.int64)
+        self._lanes = np.zeros((5, LANES))  # rr, cc, dd, rc, sabs (EagerFold's rows)
         self._r, self._c = np.empty(max(size, 1)), np.empty(max(size, 1))
 
     def __call__(self, r, c, tol, half_best: float, tiny: float, bests=(0.0, 0.0)):
@@ -231,12 +228,11 @@ class KernelFold:
             rs, cs = self._r[: r.numel()], self._c[: c.numel()]
             _widen(rs, r)
             _widen(cs, c)
-        f = self._f
         top, i_abs, top_rel, i_rel, mismatch, qr = self._fn(
-            rs, cs, *(float(x) for x in (*tol, half_best, tiny, *bests)), *f, self._count
+            rs, cs, *(float(x) for x in (*tol, half_best, tiny, *bests)), self._lanes
         )
         with np.errstate(all="ignore"):  # inf - inf in a non-finite chunk: not foldable
-            rr, cc, dd, rc, sabs = _combine(self._lanes[:5])
+            rr, cc, dd, rc, sabs = _combine(self._lanes)
         if not foldable(rr, cc, rc, dd, sabs):
             return None
         if sabs == 0.0:
