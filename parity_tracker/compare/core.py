@@ -156,6 +156,8 @@ def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] 
     """C-order multi-index of a flat index (as ``torch.testing``'s ``unravel_flat_index``)."""
     if flat_index is None:
         return None
+    if len(shape) == 1:
+        return (flat_index,)
     out = []
     for size in reversed(shape):
         flat_index, rem = divmod(flat_index, size)
@@ -567,6 +569,9 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     )
 
 
+_NO_OVERRIDES = Tolerances()  # no tag overrides, no global pair: the per-dtype defaults
+
+
 @functools.cache
 def _finfo(dtype: torch.dtype) -> tuple[float, float]:
     info = torch.finfo(dtype)
@@ -581,7 +586,7 @@ def _small_differing(r, c, arrays, hashes, mode, explicit, tag, tolerances) -> C
     if mode == "equal":
         tol = (0.0, 0.0)
     else:
-        tol = (tolerances or Tolerances()).resolve(tag, r.dtype, c.dtype, *(explicit or ()))
+        tol = (tolerances or _NO_OVERRIDES).resolve(tag, r.dtype, c.dtype, *(explicit or ()))
     stats = small_stats(*arrays, *tol, *_finfo(r.dtype))
     if stats is None:
         return None
