@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import xxhash
 
-from parity_tracker.compare.convert import Converted, _plain, to_tensor
+from parity_tracker.compare.convert import Converted, _plain, quant_notes, to_tensor
 from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
     StreamHasher,
@@ -297,49 +297,13 @@ def _failure_message(mode: str, s: DiffStats, shape, tol) -> str:
     )
 
 
-def _quant_notes(ref: Converted, cand: Converted) -> list[str]:
-    """Name differing quantization parameters and int_repr (values compare dequantized)."""
-    rq, cq = ref.quant, cand.quant
-    if rq is None and cq is None:
-        return []
-    if rq is None or cq is None:
-        side, q = ("reference", rq) if rq is not None else ("candidate", cq)
-        where = f", axis {q.axis}" if q.axis is not None else ""
-        return [
-            f"only the {side} is quantized ({q.qscheme}, scale {_short(q.scale)}, zero_point "
-            f"{_short(q.zero_point)}{where}); compared dequantized"
-        ]
-    notes = []
-    for name in ("qscheme", "scale", "zero_point", "axis"):
-        a, b = getattr(rq, name), getattr(cq, name)
-        same = (
-            torch.equal(a, b)
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            else (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
-        )
-        if not same:
-            notes.append(f"{name} differs: reference {_short(a)}, candidate {_short(b)}")
-    if rq.int_repr.shape == cq.int_repr.shape:
-        k = int(torch.count_nonzero(rq.int_repr.long() != cq.int_repr.long()))
-        if k:
-            notes.append(f"int_repr differs at {k} / {rq.int_repr.numel()} elements")
-    return notes
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        vals = v.flatten()[:4].tolist()
-        return f"{vals}{'...' if v.numel() > 4 else ''}"
-    return str(v)
-
-
 def _notes(ref: Converted, cand: Converted, s_nan: tuple[int, int] | None) -> list[str]:
     notes = []
     if ref.dtype != cand.dtype:
         notes.append(f"dtypes differ: reference {ref.dtype}, candidate {cand.dtype}")
     if ref.device != cand.device:
         notes.append(f"devices differ: reference {ref.device}, candidate {cand.device}")
-    notes += _quant_notes(ref, cand)
+    notes += quant_notes(ref, cand)
     if s_nan is not None and (s_nan[0] or s_nan[1]):
         notes.append(f"NaN count: reference {s_nan[0]}, candidate {s_nan[1]}")
     return notes
