@@ -23,7 +23,7 @@ from test_metrics import _close, _np_expected
 from parity_tracker.compare import compare_tensors, core, fused, metrics
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-SIZES = [1, 63, 64, 255, 256, 257, 1000, 4099]
+SIZES = [1, 63, 64, 255, 256, 257, 1000, 4099, 20000]
 
 
 def _case(name: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
