@@ -15,29 +15,7 @@ from parity_tracker.compare.fused import LANES
 from parity_tracker.compare.ulp import _EXP64
 
 
-@numba.njit(nogil=True, error_model="numpy", cache=True, inline="always")
-def rows(r, c, nrows, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count):
-    # pragma: no cover (compiled); a constant trip count of LANES: LLVM vectorizes the lanes
-    for lo in range(0, nrows * LANES, LANES):
-        for j in range(LANES):
-            x = np.float64(r[lo + j])
-            y = np.float64(c[lo + j])
-            e = y - x
-            srr[j] += x * x
-            scc[j] += y * y
-            src[j] += x * y
-            sdd[j] += e * e
-            a = abs(e)
-            sab[j] += a
-            mab[j] = max(mab[j], a)
-            ax = abs(x)
-            q = a / ax
-            q = 0.0 if a == 0.0 else q  # 0/0 (both zero): relative difference 0
-            mrl[j] = max(mrl[j], q)
-            count[j] += 1 if a > atol + rtol * ax else 0
-
-
-@numba.njit(nogil=True, error_model="numpy", cache=True, inline="always")
+@numba.njit(nogil=True, error_model="numpy", cache=True)
 def value(r, c, k, rel):  # pragma: no cover (compiled); d_k or rel_k, as rows computes it
     x = np.float64(r[k])
     a = abs(np.float64(c[k]) - x)
@@ -88,20 +66,39 @@ def ulp(r, c, lane_rel, half_best, tiny):  # pragma: no cover (compiled)
 def kernel(r, c, rtol, atol, half_best, tiny, best_abs, best_rel, out):  # pragma: no cover
     """Fold one chunk: lane sums into ``out`` (rows rr, cc, dd, rc, sabs); the rest returned.
 
-    The lanes are local arrays, not ``out``'s rows: LLVM vectorizes stores it can prove
-    do not alias (measured 0.65 against 1.1 ns per element).
+    The lanes are local arrays, not ``out``'s rows nor a helper's arguments: LLVM vectorizes
+    stores it can prove do not alias (measured 0.65 against 1.1 to 3.3 ns per element).
     """
     n = r.size
     srr, scc, src, sdd = np.zeros(LANES), np.zeros(LANES), np.zeros(LANES), np.zeros(LANES)
     sab, mab, mrl = np.zeros(LANES), np.zeros(LANES), np.zeros(LANES)
     count = np.zeros(LANES, np.int64)
     full = n // LANES
-    rows(r, c, full, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
-    if n > full * LANES:  # the tail, zero-padded to a row as the eager fold pads it
-        tr, tc = np.zeros(LANES, r.dtype), np.zeros(LANES, c.dtype)
-        tr[: n - full * LANES] = r[full * LANES :]
-        tc[: n - full * LANES] = c[full * LANES :]
-        rows(tr, tc, 1, rtol, atol, srr, scc, src, sdd, sab, mab, mrl, count)
+    tail = n - full * LANES
+    tr, tc = np.zeros(LANES, r.dtype), np.zeros(LANES, c.dtype)  # the tail, zero-padded to a
+    tr[:tail] = r[full * LANES :]  # row as the eager fold pads it
+    tc[:tail] = c[full * LANES :]
+    for part in range(2):  # the full rows, then the padded tail; one loop body (vectorized)
+        xr = r if part == 0 else tr
+        xc = c if part == 0 else tc
+        nrows = full if part == 0 else min(tail, 1)
+        for lo in range(0, nrows * LANES, LANES):
+            for j in range(LANES):  # a constant trip count: LLVM vectorizes the lanes
+                x = np.float64(xr[lo + j])
+                y = np.float64(xc[lo + j])
+                e = y - x
+                srr[j] += x * x
+                scc[j] += y * y
+                src[j] += x * y
+                sdd[j] += e * e
+                a = abs(e)
+                sab[j] += a
+                mab[j] = max(mab[j], a)
+                ax = abs(x)
+                q = a / ax
+                q = 0.0 if a == 0.0 else q  # 0/0 (both zero): relative difference 0
+                mrl[j] = max(mrl[j], q)
+                count[j] += 1 if a > atol + rtol * ax else 0
     out[0, :] = srr
     out[1, :] = scc
     out[2, :] = sdd
