@@ -5,7 +5,7 @@
   chunks they both refuse (NaN/inf, sums leaving float64).
 - Through ``diff_stats`` (many chunks) both agree with the independent numpy float64 reference
   of ``tests/test_metrics.py`` (``_np_expected``), with its rules (counts and indices exact).
-- The small-pair path of ``compare_tensors`` (≤ 64 elements, whole-array numpy) gives the same
+- The small-pair path of ``compare_tensors`` (≤ 256 elements, whole-array numpy) gives the same
   record, field by field, as the general chunked path.
 """
 
@@ -158,7 +158,7 @@ def test_fuzz_compiled_equals_numpy(n, seed, scale, specials, dtype) -> None:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("mode", ["equal", "allclose"])
 def test_small_pair_path_gives_the_general_record(monkeypatch, case, dtype, mode) -> None:
-    for n in (1, 5, 64):
+    for n in (1, 5, 64, 255, 256):
         r, c = _tensors(case, n, dtype)
         fast = compare_tensors(r, c, mode=mode)
         with monkeypatch.context() as m:

@@ -19,8 +19,8 @@ from parity_tracker.compare.fused import LANES, _combine, foldable, ulp_scale
 from parity_tracker.compare.metrics import DiffStats
 from parity_tracker.compare.scaled import ScaledSum
 
-SMALL_PAIR = 64
-"""Largest pair (elements) computed here; at most :data:`fused.LANES` (one row)."""
+SMALL_PAIR = LANES
+"""Largest pair (elements) computed here: one row of :data:`fused.LANES` (256)."""
 
 
 def small_stats(
