@@ -192,3 +192,20 @@ def test_small_pair_costs_no_chunk_engine(monkeypatch) -> None:
     monkeypatch.setattr(metrics, "DiffAccumulator", refuse)
     got = compare_tensors(torch.ones(64), torch.full((64,), 1.5), mode="allclose")
     assert got.status == "mismatch" and got.mismatch_count == 64 and got.max_abs_diff == 0.5
+
+
+def test_a_failing_compiled_loop_falls_back_to_the_same_results(monkeypatch) -> None:
+    """A broken numba install never costs a comparison: the numpy fold takes over, warned once."""
+
+    def broken(*args):
+        raise RuntimeError("no LLVM here")
+
+    r, c = _tensors("noise", 3000, torch.float32)
+    want = _stats(r, c, kernel=False, monkeypatch=monkeypatch, rtol=1e-3, atol=1e-5, chunk=700)
+    monkeypatch.setattr(fused, "KERNEL_MIN", 0)
+    monkeypatch.setitem(fused._KERNEL, "fn", broken)
+    monkeypatch.setitem(fused._KERNEL, "built", True)
+    with pytest.warns(RuntimeWarning, match="compiled comparison loop unavailable"):
+        got = metrics.diff_stats(r, c, rtol=1e-3, atol=1e-5, chunk=700)
+    assert got == want
+    assert fused.kernel() is None  # not tried again in this process

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,7 +196,21 @@ def _build_kernel():
         from parity_tracker.compare._kernel import kernel as fn
     except ImportError:
         return None
+    except Exception as exc:  # a broken numba install: the numpy fold gives the same results
+        _disable(exc)
+        return None
     return fn
+
+
+def _disable(exc: BaseException) -> None:
+    """Stop using the compiled loop in this process, once, with a warning naming why."""
+    _KERNEL["fn"], _KERNEL["built"] = None, True
+    warnings.warn(
+        f"parity_tracker: compiled comparison loop unavailable ({type(exc).__name__}: {exc}); "
+        "using the numpy fold (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 _KERNEL = {"fn": None, "built": False}
@@ -215,6 +230,7 @@ class KernelFold:
         self._fn = fn
         self._lanes = np.zeros((5, LANES))  # rr, cc, dd, rc, sabs (EagerFold's rows)
         self._r, self._c = np.empty(max(size, 1)), np.empty(max(size, 1))
+        self._size, self._eager = size, None  # the numpy fold, once the loop failed to run
 
     def __call__(self, r, c, tol, half_best: float, tiny: float, bests=(0.0, 0.0)):
         """Fold one chunk (1-D contiguous CPU slices); ``None`` when not foldable.
@@ -222,15 +238,23 @@ class KernelFold:
         ``bests``: the running greatest d and rel; a first index is searched only for a chunk
         maximum that reaches them (``-1`` otherwise: it could not be kept).
         """
+        if self._eager is not None:
+            return self._eager(r, c, tol, half_best, tiny, bests)
         if r.dtype == c.dtype and r.dtype in _DIRECT:  # read in place
             rs, cs = r.numpy(), c.numpy()
         else:  # one compiled signature for every other pair: both widened to float64
             rs, cs = self._r[: r.numel()], self._c[: c.numel()]
             _widen(rs, r)
             _widen(cs, c)
-        top, i_abs, top_rel, i_rel, mismatch, qr = self._fn(
-            rs, cs, *(float(x) for x in (*tol, half_best, tiny, *bests)), self._lanes
-        )
+        try:
+            top, i_abs, top_rel, i_rel, mismatch, qr = self._fn(
+                rs, cs, *(float(x) for x in (*tol, half_best, tiny, *bests)), self._lanes
+            )
+        except Exception as exc:  # e.g. numba cannot compile here: never lose the comparison
+            _disable(exc)
+            self._eager = EagerFold(self._size)
+        if self._eager is not None:
+            return self._eager(r, c, tol, half_best, tiny, bests)
         with np.errstate(all="ignore"):  # inf - inf in a non-finite chunk: not foldable
             rr, cc, dd, rc, sabs = _combine(self._lanes)
         if not foldable(rr, cc, rc, dd, sabs):
