@@ -4,7 +4,10 @@ Every metric is a pure function ``f(reference, candidate)`` (the torchmetrics ``
 style); they share one engine, :func:`diff_stats`, which walks both tensors in flat chunks of
 :data:`CHUNK` elements, converts each chunk into reused float64 (complex128) buffers and
 accumulates every metric at once, so a comparison reads each input from memory once and needs
-at most ``CHUNK``-sized scratch buffers (no whole-tensor temporaries).
+at most ``CHUNK``-sized scratch buffers (no whole-tensor temporaries). Chunks of two real
+floating tensors go through :mod:`parity_tracker.compare.fused` (one pass per chunk, sums in
+one fixed lane order, an optional compiled loop with the same results); the rest, and the
+chunks it refuses (NaN/inf, sums leaving float64), through :class:`DiffAccumulator`'s own path.
 
 Element-wise difference ``d_i`` (the basis of every metric), ``r`` = reference, ``c`` =
 candidate, both converted exactly to float64 / complex128 (int64 differences are taken in
