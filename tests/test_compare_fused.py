@@ -209,3 +209,14 @@ def test_a_failing_compiled_loop_falls_back_to_the_same_results(monkeypatch) -> 
         got = metrics.diff_stats(r, c, rtol=1e-3, atol=1e-5, chunk=700)
     assert got == want
     assert fused.kernel() is None  # not tried again in this process
+
+
+def test_concurrent_comparisons_share_no_scratch() -> None:
+    """Folds are reused per thread: comparisons in parallel threads match the serial ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = [_tensors(case, 70_000, torch.float32) for case in ("noise", "zeros", "ties")] * 3
+    serial = [metrics.diff_stats(r, c, rtol=1e-3, atol=1e-5) for r, c in pairs]
+    with ThreadPoolExecutor(3) as pool:
+        parallel = list(pool.map(lambda p: metrics.diff_stats(*p, rtol=1e-3, atol=1e-5), pairs))
+    assert parallel == serial

@@ -12,7 +12,6 @@ import numba
 import numpy as np
 
 from parity_tracker.compare.fused import LANES
-from parity_tracker.compare.ulp import _EXP64
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
@@ -42,28 +41,41 @@ def first(r, c, lane_max, top, rel):  # pragma: no cover (compiled)
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
-def ulp(r, c, lane_rel, half_best, tiny):  # pragma: no cover (compiled)
-    """Greatest d / max(2**e(r), tiny) over the elements with rel >= half_best, d > 0."""
+def ulp(r, c, rb, shift, scales, lane_rel, half_best):  # pragma: no cover (compiled)
+    """Greatest d / max(2**e(r), tiny) over the elements with rel >= half_best (all if < 0).
+
+    ``scales[E]`` is that scale for the exponent field ``E = (rb[k] >> shift) & (size - 1)``
+    of ``r``'s own bit pattern ``rb`` (``fused.scale_table``): the value ``ulp.py`` reads from
+    the float64 bits of ``|r|``, for float32 too (its subnormals and zero: field 0, ``tiny``).
+    """
+    mask = scales.size - 1
+    if half_best < 0.0:  # the first chunk: every element, in lanes (vectorized like rows)
+        top = np.zeros(LANES)
+        full = r.size // LANES
+        for lo in range(0, full * LANES, LANES):
+            for j in range(LANES):
+                a = abs(np.float64(c[lo + j]) - np.float64(r[lo + j]))
+                top[j] = max(top[j], a / scales[(rb[lo + j] >> shift) & mask])
+        best = top.max()
+        for k in range(full * LANES, r.size):
+            a = abs(np.float64(c[k]) - np.float64(r[k]))
+            best = max(best, a / scales[(rb[k] >> shift) & mask])
+        return best
     best = 0.0
-    word = np.zeros(1)  # 2**e(|x|): the exponent field of the float64 bit pattern, as ulp.py
-    bits = word.view(np.int64)
     for j in range(LANES):
         if lane_rel[j] < half_best:
             continue
         for k in range(j, r.size, LANES):
             x = np.float64(r[k])
             a = abs(np.float64(c[k]) - x)
-            ax = abs(x)
-            if a == 0.0 or a / ax < half_best:
+            if a == 0.0 or a / abs(x) < half_best:
                 continue
-            word[0] = ax
-            bits[0] &= _EXP64
-            best = max(best, a / max(word[0], tiny))  # zero/subnormal: field 0, scale tiny
+            best = max(best, a / scales[(rb[k] >> shift) & mask])
     return best
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
-def kernel(r, c, rtol, atol, half_best, tiny, best_abs, best_rel, out):  # pragma: no cover
+def kernel(r, c, rb, shift, scales, rtol, atol, half_best, best_abs, best_rel, out):
     """Fold one chunk: lane sums into ``out`` (rows rr, cc, dd, rc, sabs); the rest returned.
 
     The lanes are local arrays, not ``out``'s rows nor a helper's arguments: LLVM vectorizes
@@ -107,5 +119,5 @@ def kernel(r, c, rtol, atol, half_best, tiny, best_abs, best_rel, out):  # pragm
     top, top_rel = mab.max(), mrl.max()
     i_abs = first(r, c, mab, top, False) if top > 0.0 and top >= best_abs else -1
     i_rel = first(r, c, mrl, top_rel, True) if top_rel > 0.0 and top_rel >= best_rel else -1
-    qr = ulp(r, c, mrl, half_best, tiny) if top > 0.0 and top_rel >= half_best else 0.0
+    qr = ulp(r, c, rb, shift, scales, mrl, half_best) if top > 0.0 and top_rel >= half_best else 0.0
     return top, i_abs, top_rel, i_rel, count.sum(), qr

@@ -34,8 +34,10 @@ measures it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -246,9 +248,16 @@ class KernelFold:
             rs, cs = self._r[: r.numel()], self._c[: c.numel()]
             _widen(rs, r)
             _widen(cs, c)
+        rb, shift, scales = _bits(rs, tiny)
         try:
             top, i_abs, top_rel, i_rel, mismatch, qr = self._fn(
-                rs, cs, *(float(x) for x in (*tol, half_best, tiny, *bests)), self._lanes
+                rs,
+                cs,
+                rb,
+                shift,
+                scales,
+                *(float(x) for x in (*tol, half_best, *bests)),
+                self._lanes,
             )
         except Exception as exc:  # e.g. numba cannot compile here: never lose the comparison
             _disable(exc)
@@ -264,8 +273,37 @@ class KernelFold:
         return ChunkFold(rr, cc, rc, dd, sabs, top, i_abs, top_rel, i_rel, int(mismatch), qr)
 
 
+def _bits(x: np.ndarray, tiny: float) -> tuple[np.ndarray, int, np.ndarray]:
+    """``x``'s bit pattern, the shift of its exponent field and :func:`scale_table`."""
+    if x.dtype == np.float32:
+        return x.view(np.int32), 23, scale_table(8, tiny)
+    return x.view(np.int64), 52, scale_table(11, tiny)
+
+
+@functools.cache
+def scale_table(exponent_bits: int, tiny: float) -> np.ndarray:
+    """``max(2**(E - bias), tiny)`` for every exponent field ``E`` (``tiny`` for ``E = 0``).
+
+    The ULP scale of a value of a float format with that many exponent bits (float32: 8,
+    float64: 11), as ``ulp_scale`` computes it from float64 bits: exact powers of two.
+    """
+    size = 1 << exponent_bits
+    bias = size // 2 - 1
+    with np.errstate(over="ignore"):  # the all-ones field (inf/NaN): never folded
+        table = np.ldexp(1.0, np.arange(size) - bias)
+    table[0] = tiny
+    return np.maximum(table, tiny)
+
+
+_FOLDS = threading.local()  # per thread: {(rounded size, loop): fold}, scratch reused
+
+
 def make_fold(size: int, use_kernel: bool | None = None):
     """The fold for chunks of up to ``size`` elements: compiled when available, else eager.
+
+    Folds keep no state between calls, so one per thread and size class (a power of two) is
+    reused: fresh multi-MiB scratch buffers per comparison cost more in page faults than the
+    comparison itself (2.6 ms against 0.6 for a 2^16-element pair).
 
     Args:
         size: the largest chunk (sizes the scratch buffers).
@@ -275,4 +313,11 @@ def make_fold(size: int, use_kernel: bool | None = None):
     fn = kernel() if use_kernel in (None, True) else None
     if use_kernel and fn is None:
         raise RuntimeError("the compiled comparison loop needs numba: pip install numba")
-    return KernelFold(size, fn) if fn is not None else EagerFold(size)
+    rounded = max(LANES, 1 << (max(size, 1) - 1).bit_length())
+    folds = getattr(_FOLDS, "folds", None)
+    if folds is None:
+        folds = _FOLDS.folds = {}
+    key = (rounded, fn)
+    if key not in folds:
+        folds[key] = KernelFold(rounded, fn) if fn is not None else EagerFold(rounded)
+    return folds[key]

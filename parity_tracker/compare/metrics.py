@@ -135,7 +135,8 @@ class DiffAccumulator:
         self.ulp = ulp_spec(ref_dtype)
         self._size, self._rd = max(chunk, 1), None  # the general path's buffers: on first use
         real = ref_dtype.is_floating_point and cand_dtype.is_floating_point
-        self._fold = fused.make_fold(self._size, kernel) if real else None  # issue 19
+        self._fold, self._kernel = None, kernel  # issue 19: fetched in the thread that folds
+        self._fused = real
         self._tiny = float(torch.finfo(ref_dtype).tiny) if self.ulp else 0.0
         self.n = self.mismatch = 0
         self.nan_r = self.nan_c = self.inf_r = self.inf_c = 0
@@ -162,7 +163,7 @@ class DiffAccumulator:
         n = r.numel()
         if n == 0:
             return
-        if self._fold is not None and self._folded(r, c, offset, n):
+        if self._fused and self._folded(r, c, offset, n):
             return
         if self._rd is None:
             self._buffers()
@@ -203,6 +204,8 @@ class DiffAccumulator:
         best = self.max_qr
         half = math.inf if self.ulp is None else (0.5 * best if best > _FILTER_FLOOR else -1.0)
         bests = (self.max_abs, self.max_rel)
+        if self._fold is None:  # per thread (fused.make_fold): workers never share scratch
+            self._fold = fused.make_fold(self._size, self._kernel)
         got = self._fold(r, c, (self.rtol, self.atol), half, self._tiny, bests)
         if got is None:
             return False
@@ -482,7 +485,8 @@ def diff_stats(
     n = r.numel()
     kernel = None if n >= fused.KERNEL_MIN else False
     if workers is None and n <= SMALL:
-        chunk = min(chunk, SERIAL_CHUNK)
+        if not (r.dtype.is_floating_point and c.dtype.is_floating_point):  # torch ops: serial
+            chunk = min(chunk, SERIAL_CHUNK)  # (the fused fold makes no torch parallel region)
         acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol, kernel)
         if hashers is not None:
             _feed(hashers, r, c, start, n)
