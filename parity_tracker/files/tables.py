@@ -8,6 +8,8 @@ a versioned on-disk format with explicit migrations).
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -107,8 +109,39 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
     """
     rows = list(rows)
-    columns = {f.name: _column([r.get(f.name) for r in rows], f.type) for f in schema}
+    if not rows:  # e.g. the ops table of a module-level run: ≈ 0.3 ms less per run
+        return _empty(schema)
+    try:  # one C++ conversion of the dicts: 0.07 ms instead of 0.45 ms for 6 rows (issue 19)
+        return _struct_table(rows, schema)
+    except (pa.ArrowException, TypeError, ValueError):
+        pass  # anything it refuses goes column by column, which raises the usual error
+    columns = {}
+    for name, type_ in zip(schema.names, schema.types, strict=True):
+        get = operator.methodcaller("get", name)  # the name read once, not once per row
+        columns[name] = _column(list(map(get, rows)), type_)
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _struct_table(rows: list[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """The rows as one struct array of ``schema``'s fields, then a table.
+
+    Same result as the column-by-column build: keys outside the schema are ignored, missing
+    ones are null, NaN is null (``from_pandas``: only float columns can hold a NaN).
+    """
+    struct = pa.array(rows, type=_struct_type(schema), from_pandas=True)
+    table = pa.Table.from_struct_array(struct)
+    return table.replace_schema_metadata(schema.metadata) if schema.metadata else table
+
+
+@functools.lru_cache(maxsize=8)
+def _empty(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()``, made once (tables are immutable; ≈ 0.3 ms for 40 columns)."""
+    return schema.empty_table()
+
+
+@functools.lru_cache(maxsize=8)
+def _struct_type(schema: pa.Schema) -> pa.StructType:
+    return pa.struct(list(schema))
 
 
 def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
