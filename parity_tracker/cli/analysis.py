@@ -143,7 +143,9 @@ def history(
     from parity_tracker.track.query import RunStore
 
     store = RunStore(tracking_uri, experiment)
-    name, settings, heads = history_selection(target, parse_assignments(sets), store)
+    name, settings, heads = history_selection(
+        target, parse_assignments(sets), store, note=lambda text: click.echo(text, err=True)
+    )
     hist = build_history(name, settings, tag=tag, last=last, store=store, heads=heads)
     if hist.skipped:
         click.echo(

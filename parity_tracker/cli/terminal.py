@@ -162,7 +162,8 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
     from rich.table import Table
 
     table = Table(title=title + (f" tag {tag}" if tag else ""))
-    cols = ["commit", "run", "status", "compared", "failing", "output max abs diff", "sqnr dB"]
+    cols = ["commit", "run", "status", "verdict", "compared", "failing", "output max abs diff",
+            "sqnr dB"]  # fmt: skip
     for col in [*cols, *(["tag status"] if tag else [])]:
         table.add_column(col)
     for p in hist.points:
@@ -172,6 +173,7 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
             str(p.commit)[:12] + mark,
             p.run_id[:12],
             p.status,
+            "pass" if p.passed else "fail",
             fmt_n(p.tensors_compared),
             fmt_n(p.tensors_failing),
             fmt_n(p.output_max_abs_diff),

@@ -34,7 +34,7 @@ from parity_tracker.track.browse import (
     ui_tags,
 )
 from parity_tracker.track.owner import fault_point
-from parity_tracker.track.store import TAG_RUN_ID, param_key
+from parity_tracker.track.store import TAG_PASSED, TAG_RUN_ID, param_key
 from parity_tracker.track.tag_codes import encode as encode_tag_codes
 
 #: The contract's metrics (design.md), then this module's extras.
@@ -100,7 +100,7 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
     tags = {
         TAG_RUN_ID: result.run_id,
         "parity.status": r.status,
-        "parity.passed": str(bool(r.passed)).lower(),
+        TAG_PASSED: str(bool(r.passed)).lower(),
         "parity.config_fingerprint": r.config_fingerprint,
         "parity.mode": r.mode,
     }
@@ -112,7 +112,7 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
         tags["mlflow.parentRunId"] = parent_run_id
     if r.error is not None:
         tags["parity.error"] = f"{r.error.type}: {r.error.message}"[:5000]
-    tags.update(encode_tag_codes(result.modules))  # per-tag statuses for history --tag
+    tags.update(encode_tag_codes(result.modules, result.run_id))  # statuses for history --tag
     return tags
 
 
