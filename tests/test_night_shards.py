@@ -67,6 +67,7 @@ def test_a_retried_shard_counts_once_its_latest_completed_run(env):
     assert out["shard"] == "0/2" and len(out["cells"]) == 2
     want = {c["cell"]: c["run_id"] for c in second["cells"] + other["cells"]}
     assert {c["cell"]: c["run_id"] for c in out["cells"]} == want
+    assert all(c["baseline_run_id"] is None for c in out["cells"])  # not the retried attempt
     (note,) = out["shard_notes"]
     assert "shard 1/2 reported 2 times" in note
     assert second["parent_run_id"] in note and first["parent_run_id"] in note

@@ -192,13 +192,13 @@ def gather_night(
             f"no nightly shard tagged parity.night={night!r} in experiment {store.experiment!r} "
             f"of {store.uri}; run `parity-tracker nightly --night {night}` first"
         )
+    night_ids = {r.run_id for r in children}  # every run of the night: never a baseline
     parents = pick_shards(parents)[0]
     kept = {p.run_id for p in parents}
     children = [r for r in children if r.tags.get("mlflow.parentRunId") in kept]
     by_name: dict[str, Any] = {}
     for run in sorted(children, key=lambda r: r.start_time):
         by_name[run.tags.get("mlflow.runName") or run.run_id] = run
-    night_ids = {r.run_id for r in children}
     stored = [r for r in by_name.values() if r.tags.get("parity.complete") == "true"]
     fetched = store.fetch([(r.run_id, r.artifact_uri) for r in stored], "summary.json")
     summaries = dict(zip([r.run_id for r in stored], fetched, strict=True))
