@@ -3,8 +3,8 @@
 A = bitwise-equal inputs (same dtype, shape and values, NaN matching NaN), same layout, different
 result: the kernel differs; B = plumbing: inputs equal in value but different in dtype, stride or
 contiguity, inputs that pass allclose without being bitwise equal (the difference is already in
-them: look upstream), or inputs fed by a copy/conversion that ran on one side only; C = op
-present on one side only, or fed by a computing op that ran on one side only.
+them: look upstream), or inputs fed by a copy/conversion that ran on one side only (e.g. a
+candidate-only ``_to_copy``); C = op present on one side only.
 """
 
 from __future__ import annotations
@@ -73,9 +73,11 @@ class Feeder:
 def blamed_feeders(statuses: Sequence[str], feeders: Sequence[Feeder]) -> list[Feeder]:
     """The one-sided producers that explain an op's input differences (empty: none do).
 
-    A feeder counts when the input it feeds is not equal on both sides (``statuses[p]`` is
-    not ``"equal"``) and its own inputs are not failing (else the difference came from further
-    up). When some input fails, every failing input must be explained by such a feeder.
+    A feeder counts when it is a copy/conversion (:data:`LAYOUT_OPS`: a one-sided computing
+    op is a case-C root cause of its own, and what it feeds inherits its difference), the
+    input it feeds is not equal on both sides (``statuses[p]`` is not ``"equal"``) and its own
+    inputs are not failing (else the difference came from further up). When some input fails,
+    every failing input must be explained by such a feeder.
 
     Args:
         statuses: per input position: ``equal`` (bitwise), ``passing`` (allclose only),
@@ -85,7 +87,8 @@ def blamed_feeders(statuses: Sequence[str], feeders: Sequence[Feeder]) -> list[F
     fed = [
         f
         for f in feeders
-        if f.position < len(statuses)
+        if f.op in LAYOUT_OPS
+        and f.position < len(statuses)
         and statuses[f.position] != "equal"
         and f.inputs_status != "failing"
     ]
@@ -113,12 +116,11 @@ def classify(
         inputs_equal: every tensor input is bitwise equal on both sides (same dtype, shape
             and values, NaN matching NaN: the ``equal`` status). False (the default) never
             gives case A: passing allclose is not enough.
-        fed_by: op names of the one-sided producers that explain the inputs' differences
-            (:func:`blamed_feeders`); the caller passes them only when they do.
+        fed_by: op names of the one-sided copies/conversions that explain the inputs'
+            differences (:func:`blamed_feeders`); the caller passes them only when they do.
 
     Returns:
-        ``"C"`` for an op present on one side only (not implemented or substituted), or fed by
-        a computing op (not in :data:`LAYOUT_OPS`) that ran on one side only;
+        ``"C"`` for an op present on one side only (not implemented or substituted);
         ``"B"`` for inputs fed by a copy/conversion that ran on one side only, passing inputs
         that differ in layout, a differing output dtype/shape (plumbing: shape inference, type
         conversion, memory layout), or passing inputs that are not bitwise equal (the
@@ -138,7 +140,7 @@ def classify(
     if present != "both":
         return CASE_C
     if fed_by:
-        return CASE_B if all(op in LAYOUT_OPS for op in fed_by) else CASE_C
+        return CASE_B
     if inputs_status != "passing":
         return None
     if layout_diffs or output_diffs or not inputs_equal:
@@ -160,8 +162,8 @@ def op_root_cause(
     """Whether an op's failing output is a root cause, and its case (seed §4 step 3).
 
     A root cause is a failing op whose tensor inputs all pass (case A when they are bitwise
-    equal with the same layout, else B), an op whose differing inputs all come from ops that
-    ran on one side only (``fed``: B for copies/conversions, C for computing ops), or an op
+    equal with the same layout, else B), an op whose differing inputs all come from
+    copies/conversions that ran on one side only (``fed``: case B), or an op
     present on one side only (case C) that is not a pure copy or allocation
     (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input. (An op whose
     failing input reads an equal producer through another view chain is named case B later,
@@ -218,10 +220,10 @@ def explain(
     """
     head = f"root cause (case {cause}): "
     if fed:
-        kind = "a copy/conversion" if cause == CASE_B else "an op"
         return (
             head
-            + f"{kind} that ran on one side only feeds this op (its inputs differ through it; "
+            + "a copy/conversion that ran on one side only feeds this op (its inputs differ "
+            + "through it; "
             + "the kernel is not shown to differ): "
             + "; ".join(f.describe() for f in fed)
         )
