@@ -194,6 +194,7 @@ def run_target(
     )
     out = TargetRun(result=result, interrupted=result.status == "killed")
     if not log:
+        out.dumps = settle_dumps(out)  # kept: nothing stored them
         return out
     try:
         out.run_id = log_run(
