@@ -11,6 +11,7 @@ before the tensors are stored: a crash or a failed upload leaves the dump on dis
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ def discard_default_dump(result: Any) -> Path | None:
     """Remove the dump folder ``run_parity`` chose for ``result`` (call once it is stored).
 
     Sets ``result.dump_dir`` to None (the tensors are in the store under ``tensors/``, as for a
-    run loaded from the store). Removes nothing when the caller chose the folder.
+    run loaded from the store), and removes ``default_dump_root()`` too once it is empty.
+    Removes nothing when the caller chose the folder.
 
     Args:
         result: a ``RunResult`` whose tensors were uploaded or spooled.
@@ -53,4 +55,6 @@ def discard_default_dump(result: Any) -> Path | None:
         return None
     shutil.rmtree(own, ignore_errors=True)
     result.dump_dir = None
+    with contextlib.suppress(OSError):  # only when empty: another run's dump keeps it
+        own.parent.rmdir()
     return own
