@@ -27,6 +27,7 @@ from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.localize.root_cause import fallback_root_causes
+from parity_tracker.run.heap import frozen_heap
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
@@ -321,6 +322,7 @@ def _run_both(
     return status, error, durations
 
 
+@frozen_heap()  # issue 19: collections walk what the run made, not the whole heap
 def run_parity(
     reference: Any,
     candidate: Any,
