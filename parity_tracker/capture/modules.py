@@ -43,7 +43,7 @@ from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.hashing import dtype_name
 
 
-@dataclass
+@dataclass(slots=True)  # issue 19: no per-capture __dict__
 class Capture:
     """One leaf captured on one side (``value``: tensor, None, NonTensor, Spilled, RELEASED)."""
 
@@ -54,7 +54,7 @@ class Capture:
     meta: tuple[tuple[int, ...], str, str] | None = None  # shape, dtype, device
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     """Every capture of one tag at one step, and how it is placed in the results."""
 
