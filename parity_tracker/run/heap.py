@@ -8,8 +8,12 @@ imported, ≈ 450,000 objects, ≈ 230–330 ms of a 1 s decode loop of 64 steps
 measured with ``gc.callbacks``). ``frozen_heap`` moves every object that exists when the run
 starts to the permanent generation (``gc.freeze``), so collections during the run walk only
 what the run made, and moves them back (``gc.unfreeze``) when it ends. Nothing is disabled:
-cyclic garbage made during the run is still collected as before; cyclic garbage made of
-pre-run objects waits until the run ends (the next collection finds it).
+cyclic garbage made during the run is still collected; cyclic garbage made of pre-run objects
+waits until the run ends (the next collection finds it). The youngest generation's threshold is
+raised to at least ``YOUNG_THRESHOLD`` allocations for the run (CPython's default is 700;
+restored after): a 64-step decode then makes ≈ 10 young collections instead of ≈ 190
+(≈ 25 ms instead of ≈ 55–85 ms); cyclic garbage waits at most that many container allocations
+longer.
 
 It does nothing when the collector is disabled or when something else already froze objects
 (``gc.get_freeze_count() > 0``: unfreezing would thaw them too).
@@ -21,18 +25,27 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+#: The youngest generation's collection threshold during a run (allocations minus deallocations
+#: of GC-tracked objects; CPython's default 700).
+YOUNG_THRESHOLD = 10_000
+
 
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """Freeze the current heap out of the collector's walks for the ``with`` block.
 
-    Usable as a decorator (``@frozen_heap()``). Always unfreezes, also when the block raises.
+    Also raises the youngest generation's threshold (``YOUNG_THRESHOLD``). Usable as a
+    decorator (``@frozen_heap()``). Always unfreezes and restores the thresholds, also when
+    the block raises.
     """
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
+    thresholds = gc.get_threshold()
     gc.freeze()
+    gc.set_threshold(max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
