@@ -214,7 +214,12 @@ def resolve(log: Any, g: Any, mode: str, tol: Tolerances, ref_side: int, pairs: 
 
     ``pairs`` is a :class:`PairComparer` for the pairs not compared eagerly.
     """
-    sides = {c.side for c in g.captures}
+    caps = g.captures
+    if len(caps) == 2 and g.ref_index is not None and caps[0].side != caps[1].side:
+        comp = g.pairs.get(1 - g.ref_index)  # the usual eager pair: its one comparison
+        if comp is not None:
+            return comp
+    sides = {c.side for c in caps}
     if len(sides) == 1:
         return missing(log, g, mode, next(iter(sides)), ref_side)
     ref_i = reference_index(g)
