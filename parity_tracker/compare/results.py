@@ -90,7 +90,7 @@ class TagResult:
         return is_failing(self.comparison.status)
 
     def to_row(self) -> dict[str, Any]:
-        """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
+        """One ``modules`` table row: exactly ``compare.columns.MODULES_SCHEMA``'s column names."""
         cols, nulls, comp_cols, pick = _module_columns()
         comp = self.comparison
         if type(comp) is Comparison:
@@ -119,13 +119,13 @@ class TagResult:
 def _module_columns() -> tuple[
     tuple[str, ...], dict[str, None], tuple[str, ...], Callable[[dict], tuple]
 ]:
-    """``tables.MODULES_SCHEMA``'s column names, a row of nulls, and the ``Comparison`` columns.
+    """``columns.MODULES_SCHEMA``'s column names, a row of nulls, and the ``Comparison`` columns.
 
     Built once (``Schema.names`` builds a new list per call). The last two: the columns that
     are ``Comparison`` fields, in schema order, and one C-level getter of them from a
     ``Comparison``'s ``__dict__`` (issue 19: cost per captured tensor).
     """
-    from parity_tracker.tables import MODULES_SCHEMA
+    from parity_tracker.compare.columns import MODULES_SCHEMA
 
     cols = tuple(MODULES_SCHEMA.names)
     comp_cols = tuple(c for c in cols if c in _COMPARISON_FIELDS)

@@ -560,7 +560,7 @@ def _root_cause_record(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_case(case: Any, **kwargs: Any) -> RunResult:
-    """``run_parity`` on a ``parity_tracker.case.ParityCase`` (its settings, tolerances, align).
+    """``run_parity`` on a ``pipeline.case.ParityCase`` (its settings, tolerances, align).
 
     Keyword arguments override the case's and are passed through (``mode``, ``capture_ops``,
     ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...). A sharded candidate
