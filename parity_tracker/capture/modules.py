@@ -73,7 +73,15 @@ class Group:
 
 def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
     """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
-    return tuple(t.shape), dtype_name(t.dtype), _device_name(t.device)
+    dtype = t.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return tuple(t.shape), name, _device_name(t.device)
+
+
+#: ``dtype_name`` per dtype, filled on first use (``str(dtype)`` costs ≈ 0.4 µs a call)
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 @functools.lru_cache(maxsize=256)
