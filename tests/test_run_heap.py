@@ -91,3 +91,29 @@ def test_run_parity_leaves_the_collector_as_it_was(gc_state):
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.isenabled()
+
+
+def test_parallel_runs_freeze_once_and_restore(gc_state):
+    import threading
+
+    gc.enable()
+    gc.set_threshold(700, 10, 10)
+    inside, release = threading.Barrier(3), threading.Event()
+    seen = []
+
+    def work():
+        with frozen_heap():
+            inside.wait()
+            seen.append(gc.get_threshold())
+            release.wait()
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    inside.wait()
+    release.set()
+    for t in threads:
+        t.join()
+    assert seen == [(YOUNG_THRESHOLD, 10, 10)] * 2
+    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == (700, 10, 10)

@@ -22,12 +22,17 @@ It does nothing when the collector is disabled or when something else already fr
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 #: The youngest generation's collection threshold during a run (allocations minus deallocations
 #: of GC-tracked objects; CPython's default 700).
 YOUNG_THRESHOLD = 10_000
+
+#: Makes "nobody froze, so freeze" one step across threads (runs in parallel threads: the first
+#: one freezes, the others find the heap frozen and leave it alone).
+_LOCK = threading.Lock()
 
 
 @contextmanager
@@ -38,14 +43,18 @@ def frozen_heap() -> Iterator[None]:
     decorator (``@frozen_heap()``). Always unfreezes and restores the thresholds, also when
     the block raises.
     """
-    if not gc.isenabled() or gc.get_freeze_count():
+    with _LOCK:
+        mine = gc.isenabled() and not gc.get_freeze_count()
+        if mine:
+            thresholds = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
+    if not mine:
         yield
         return
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
     try:
         yield
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
+        with _LOCK:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
