@@ -161,7 +161,8 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
     conversion ``.to(torch.float64)`` makes) and the golden subtracted in place: the same
     float64 differences as widening into fresh tensors, without allocating (and page-faulting)
     two chunk-sized temporaries per chunk (3-4× faster on a bf16 side). Complex sides take the
-    plain path.
+    plain path. A finite real side of at most :data:`SMALL` elements is scanned in
+    whole-tensor ops instead (:func:`_small_scan`: the same differences and maxima).
 
     Args:
         side: a dense CPU tensor of the golden's shape, any dtype.
