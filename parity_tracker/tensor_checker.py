@@ -55,7 +55,7 @@ from parity_tracker.capture.holder import Holder
 from parity_tracker.capture.modules import CaptureLog, Group, HookHandle, install
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.sides import BudgetSides
-from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter
+from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, VerifiedPairs
 from parity_tracker.capture.store import SpillCounters, Spilled
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.core import Comparison
@@ -178,6 +178,7 @@ class TensorChecker(SpillCounters):
         self._hold = Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
         self._snap = Snapshotter()
+        self._store.intact = self._snap.intact  # copy-on-write snapshots spill only intact
         self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
         if budget is not None:
             budget.on_compared = on_compared
@@ -479,6 +480,7 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
         if all(c.value is None for c in g.captures):
             continue  # None on every side: no value, nothing to compare or to report
         pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
+        pairs = VerifiedPairs(pairs, self._snap)  # copy-on-write snapshots checked
         out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
     return out
 
