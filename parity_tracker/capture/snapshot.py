@@ -24,6 +24,7 @@ _LAZY_CLONE = getattr(torch, "_lazy_clone", None)
 _IS_COW = getattr(torch._C, "_is_cow_tensor", None)
 _STORAGE_ADDRESS = getattr(torch._C, "_storage_address", None)
 _COW = None not in (_LAZY_CLONE, _IS_COW, _STORAGE_ADDRESS)
+_C_ORDER = True  # permuted (channels-last) sources copied in C order
 
 
 class _Entry:
@@ -137,7 +138,7 @@ class Snapshotter:
             digest = content_hash(src)  # read before the lazy clone: a read then copies
             copy = _LAZY_CLONE(src)
             self._hashes[id(copy)] = digest
-        elif src.is_contiguous():
+        elif src.is_contiguous() or not _C_ORDER:
             copy = src.clone()
         else:
             copy = src.clone(memory_format=torch.contiguous_format)
