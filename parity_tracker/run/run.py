@@ -393,7 +393,7 @@ def run_parity(
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
-    from parity_tracker.tensor_checker import DumpMode, TensorChecker
+    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
 
     settings = dict(settings or {})
     compiled = CompileStats(candidate) if is_compiled(candidate) else None
@@ -432,6 +432,7 @@ def run_parity(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
         budget=passes.sides if chosen == BUDGET else None,
+        max_resident_bytes=OPS_RUN_RESIDENT_BYTES if capture_ops else None,
     )  # fmt: skip
     if capture_ops:
         from parity_tracker.ops import OpSession
