@@ -1,18 +1,16 @@
 """Measurement 5: extra peak RSS of an op-level run over a deep model, at default settings.
 
-Measured in subprocesses, because peak RSS only ever grows: one child runs the plain forwards,
-another the op-level parity run, on the same ``deep_pair(depth, numel)`` (identical imports,
-models and inputs), and each reports its ``VmHWM`` from ``/proc/self/status``. Extra peak =
-parity child − plain child (both children first make one 1-block parity run of 4 KiB, so
-the modules a run imports on first use count in neither). Issue 19, item 5: layers of 1 MiB activations, depths 8, 32 and 64
-(``--full``; 64 × 3 ops × 1 MiB = 192 MiB of per-op activations per side) or 8 and 32
+Measured in subprocesses, because peak RSS only ever grows: one child runs the plain forwards
+(once, at the deepest depth: its peak does not depend on depth), one per depth the op-level
+parity run, on ``deep_pair(depth, numel)`` (identical imports, models and inputs), and each
+reports its ``VmHWM`` from ``/proc/self/status``. Extra peak = parity child − plain child
+(both children first make one 1-block parity run of 4 KiB, so the modules a run imports on
+first use count in neither). Issue 19, item 5: layers of 1 MiB activations, depths 8, 32 and
+64 (``--full``; 64 × 3 ops × 1 MiB = 192 MiB of per-op activations per side) or 8 and 32
 (``--quick``), each judged ≤ 256 MiB, and the spread between the depths ≤ 32 MiB (flat in
 depth). (Until 2026-11-30 this was depths 32 and 64 of 32 MiB activations against ≤ 1 GiB /
 spread ≤ 256 MiB: replaced, since at the new budgets that case only measures the spill's
 page cache and took minutes.)
-
-The machine is shared (24 GiB): the parent polls each child's RSS and kills it above
-``CAP_GIB``, reporting the cap as a floor ("> CAP") rather than swapping everyone out.
 """
 
 from __future__ import annotations
@@ -115,9 +113,11 @@ def run(quick: bool, depths: tuple[int, ...] | None = None, numel: int = NUMEL) 
     threads = torch.get_num_threads()
     rows: list[Row] = []
     extras: list[float] = []
+    # one plain child serves every depth: its peak is the imports plus two activations (the
+    # blocks' parameters are two scalars each), the same at every depth
+    plain = _child("plain", max(depths), numel, threads)
     for depth in depths:
         case = f"deep {depth} × 3 ops × {numel * 4 / MIB:g} MiB"
-        plain = _child("plain", depth, numel, threads)
         parity = _child("ops", depth, numel, threads)
         if "unavailable" in parity:
             rows.append(missing(NAME, case, parity["unavailable"], target))
