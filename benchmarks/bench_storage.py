@@ -5,9 +5,9 @@
 - ``history`` over 1,000 stored runs of 2,000 rows each ≤ 1 s: the runs are written the way
   ``track.log_run`` writes them (same params, metrics and tags from ``track.run_params`` /
   ``run_metrics`` / ``run_tags``, the ``modules`` table under ``tables/modules.parquet``, status
-  FINISHED, ``parity.complete``, the run's rows in the tag-status index through
-  ``store.write_tag_index``), minus report.html, which history never reads; then
-  ``history.build_history`` is timed without and with ``tag=`` (the latter one indexed query);
+  FINISHED, ``parity.complete``, the per-tag statuses in the run's tags, ``track.tag_codes``),
+  minus report.html, which history never reads; then ``history.build_history`` is timed
+  without and with ``tag=`` (the latter decodes the run tags the heads query returns);
 - ``diff`` of two 100,000-row runs ≤ 1 s: reading both ``modules.parquet`` files and
   ``diff.diff_tables`` (the in-memory join alone is shown too);
 - logging one run with 500 dumped tensors (1 MiB float32 each, ``.npy``) to the embedded store
@@ -92,7 +92,7 @@ def store_runs(uri: str, n_runs: int, n_rows: int) -> None:
     """Write ``n_runs`` synthetic runs of ``n_rows`` rows, one commit each, as log_run does."""
     from mlflow.entities import Metric, Param, RunTag
 
-    from parity_tracker.store import get_client, get_or_create_experiment, write_tag_index
+    from parity_tracker.store import get_client, get_or_create_experiment
     from parity_tracker.tables import write_table
     from parity_tracker.track import TAG_COMPLETE, run_metrics, run_params, run_tags
 
@@ -115,7 +115,6 @@ def store_runs(uri: str, n_runs: int, n_rows: int) -> None:
             client.log_artifacts(rid, str(art))
             client.set_terminated(rid, "FINISHED", t0 + 60_000 * i + 1000)
             client.set_tag(rid, TAG_COMPLETE, "true")
-            write_tag_index(uri, rid, result.modules)  # as log_run does after the upload
             shutil.rmtree(art)
 
 
@@ -132,7 +131,7 @@ def history_rows(quick: bool, tmp: Path) -> list[Row]:
     out = []
     for tag, how in (
         (None, "metrics only (one SQL query on SQLite stores)"),
-        ("checker_layers.3.linear1", "tag= (one query of the tag-status index log_run fills)"),
+        ("checker_layers.3.linear1", "tag= (per-tag statuses from the run tags, track.tag_codes)"),
     ):
         reps = 3
         secs, other, hist = timed(

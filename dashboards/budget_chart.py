@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity_tracker.compare.budget import DEFAULT_K
+from parity_tracker.compare.budget_k import DEFAULT_K
 
 from ._page import fmt_num
 from .charts import _first_label, _steps, _trace, base_layout, log_floor, r4, two_panels, txt, vline

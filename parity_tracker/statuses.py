@@ -46,6 +46,23 @@ BUDGET: str = "budget"
 RUN_MODES: tuple[str, ...] = (*MODES, BUDGET)
 #: Row kinds that are weights, reported apart from module divergences.
 WEIGHT_KINDS: frozenset[str] = frozenset({"param", "buffer"})
+#: One stored character per status (``track.tag_codes`` packs a run's per-tag statuses into
+#: its MLflow tags with it). Stored data: a status keeps its code forever; a new status gets a
+#: new, unused character.
+STATUS_CODES: dict[str, str] = {
+    "equal": "=",
+    "close": "~",
+    "mismatch": "x",
+    "shape_mismatch": "s",
+    "missing_reference": "R",
+    "missing_candidate": "C",
+    "skipped": "-",
+    "error": "!",
+}
+#: The status of each code (the inverse of :data:`STATUS_CODES`).
+CODE_STATUSES: dict[str, str] = {code: status for status, code in STATUS_CODES.items()}
+if set(STATUS_CODES) != set(STATUSES) or len(CODE_STATUSES) != len(STATUS_CODES):
+    raise AssertionError("STATUS_CODES must give every status one distinct code")
 
 
 def is_passing(status: str | None) -> bool:

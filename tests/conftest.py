@@ -244,3 +244,35 @@ def tiny_equal_pair():
     reference = tiny_net()
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
     return reference, copy.deepcopy(reference), (x,)
+
+
+#: Headless Chromium flags of the browser tests (no network beyond localhost, no sandbox: CI
+#: runs as root in a container).
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def _chromium() -> str | None:
+    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (playwright) for the browser tests; skips when chromium is missing."""
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("chromium not found (install Debian's 'chromium' package: make browser)")
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()

@@ -9,8 +9,6 @@ temp folder). Playwright never downloads a browser here.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -20,43 +18,9 @@ from helpers import screenshot_dir
 from parity_tracker.dashboards.nightly import render_history, render_matrix
 from parity_tracker.dashboards.report import render_run_report
 from parity_tracker.dashboards.samples import synthetic_nightly, synthetic_run
+from parity_tracker.statuses import FAILING
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-FAILING = {"mismatch", "shape_mismatch", "missing_reference", "missing_candidate", "error"}
-
-
-def _chromium() -> str | None:
-    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    exe = _chromium()
-    if exe is None:
-        pytest.skip("chromium not found (install Debian's 'chromium' package: make browser)")
-    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")

@@ -298,10 +298,18 @@ def _log_steps(client, exp, tmp, *, commit, t, rows):
     return rid, table
 
 
-def test_tag_index_and_scan_give_the_same_history(store, monkeypatch):
-    import parity_tracker.track.tag_status as history
-    from parity_tracker.store import tag_index_path, write_tag_index
+def _add_codes(client, rid, table):
+    """Give a run the per-tag status tags ``log_run`` writes (``track.tag_codes``)."""
+    from parity_tracker.track.tag_codes import encode
 
+    for key, value in encode(table).items():
+        client.set_tag(rid, key, value)
+
+
+def test_tag_codes_and_scan_give_the_same_history(store, monkeypatch, tmp_path):
+    import parity_tracker.track.tag_status as history
+
+    monkeypatch.setenv("PARITY_TRACKER_CACHE", str(tmp_path / "cache"))
     client, exp, uri, tmp = store
     plan = [  # per commit: the modules rows; "t"'s status = first failing step, else step 0's
         ("c1", [("t", 0, "equal"), ("t", 1, "close"), ("u", 0, "mismatch")]),  # equal
@@ -320,42 +328,43 @@ def test_tag_index_and_scan_give_the_same_history(store, monkeypatch):
     )
 
     scanned = {g: build_history("toy", tracking_uri=uri, tag=g) for g in ("t", "u")}
-    assert calls == ["scan", "scan"] and not tag_index_path(uri).exists()
+    assert calls == ["scan", "scan"]  # runs without codes: their tables are scanned
     for rid, table in logged:
-        assert write_tag_index(uri, rid, table) is True
-    write_tag_index(uri, logged[0][0], logged[0][1])  # a second write adds nothing
+        _add_codes(client, rid, table)
     calls.clear()
-    indexed = {g: build_history("toy", tracking_uri=uri, tag=g) for g in ("t", "u")}
-    assert calls == []  # one indexed query, no parquet read
-    assert [p.tag_status for p in indexed["t"].points] == expected
-    assert indexed["t"].first_bad_commit == "c5"
-    assert [p.tag_status for p in indexed["u"].points] == ["mismatch", "equal", None, "equal",
-                                                            None, None]  # fmt: skip
-    assert indexed["u"].first_bad_commit is None
+    coded = {g: build_history("toy", tracking_uri=uri, tag=g) for g in ("t", "u")}
+    assert calls == []  # every run answered from its codes
+    assert [p.tag_status for p in coded["t"].points] == expected
+    assert coded["t"].first_bad_commit == "c5"
+    assert [p.tag_status for p in coded["u"].points] == ["mismatch", "equal", None, "equal",
+                                                          None, None]  # fmt: skip
+    assert coded["u"].first_bad_commit is None
     for g in scanned:
-        assert repr(indexed[g].to_dict()) == repr(scanned[g].to_dict())
+        assert repr(coded[g].to_dict()) == repr(scanned[g].to_dict())
+    assert not (tmp_path / "cache").exists()  # local tables: tag lists read in place, not kept
     with pytest.raises(
         InputError, match=r"tag 'nope' is in none of the 6 runs; tags look like: t$"
     ):
         build_history("toy", tracking_uri=uri, tag="nope")
 
 
-def test_run_missing_from_tag_index_falls_back_to_scan(store, monkeypatch):
+def test_run_without_codes_falls_back_to_scan(store, monkeypatch, tmp_path):
     import parity_tracker.track.tag_status as history
-    from parity_tracker.store import read_tag_index, write_tag_index
 
+    monkeypatch.setenv("PARITY_TRACKER_CACHE", str(tmp_path / "cache"))
     client, exp, uri, tmp = store
-    old, _ = _log_steps(client, exp, tmp, commit="c1", t=1, rows=[("t", 0, "mismatch")])
+    _log_steps(client, exp, tmp, commit="c1", t=1, rows=[("t", 0, "mismatch")])
     new, table = _log_steps(client, exp, tmp, commit="c2", t=2, rows=[("t", 0, "close")])
-    write_tag_index(uri, new, table)  # c1 was logged before the index existed
-    assert read_tag_index(uri, [old, new], "t") is None
-    assert read_tag_index(uri, [new], "t") == {new: ["close"]}
-    assert read_tag_index("http://127.0.0.1:1", [new], "t") is None
-    calls = []
+    _add_codes(client, new, table)  # c1 was logged before the codes existed
+    scanned = []
     monkeypatch.setattr(
-        history, "_statuses_by_file", _spy(history._statuses_by_file, calls, "scan")
+        history, "_statuses_by_file", _spy(history._statuses_by_file, scanned, "scan")
     )
+    seen = []
+    real = history._local_tag_statuses
+    monkeypatch.setattr(history, "_local_tag_statuses",
+                        lambda paths, tag: seen.append(len(paths)) or real(paths, tag))  # fmt: skip
     hist = build_history("toy", tracking_uri=uri, tag="t")
-    assert calls == ["scan"]
+    assert scanned == ["scan"] and seen == [1]  # only the run without codes is read
     assert [p.tag_status for p in hist.points] == ["mismatch", "close"]
     assert hist.first_bad_commit is None

@@ -222,11 +222,17 @@ def test_sharded_nights_merge_restart_history_diff(stack, tmp_path):
     reg = by_cell["cli_targets:tiny[perturb=none,quantization=none]"]
     assert reg["changes"]["regression"] > 0 and "## Regressions" in merged["digest"]
 
-    # history --tag over the server, then diff by 12-character prefixes (as history prints)
+    # history --tag over the server, then diff by 12-character prefixes (as history prints);
+    # a fresh cache: the runs were never fetched here, and their statuses come from their own
+    # MLflow tags (track.tag_codes): ONE modules table is downloaded, for the shared tag list
+    fresh = work / "cache-fresh"
+    fresh_env = {**env, "PARITY_TRACKER_CACHE": str(fresh)}
     code, hist, _ = _finish(_start(
         ["history", "cli_targets:tiny", "--set", "perturb=none", "--set", "quantization=none",
-         "--tag", "checker_2", "--json"], env, work))  # fmt: skip
+         "--tag", "checker_2", "--json"], fresh_env, work))  # fmt: skip
     assert code == 0
+    assert len(list((fresh / "files").glob("*/tables/modules.parquet"))) == 1
+    assert len(list((fresh / "tag_lists").glob("*.json"))) == 1
     assert [p["commit"] for p in hist["points"]] == ["c1" * 20, commit2]
     assert [p["tag_status"] for p in hist["points"]] == ["equal", "mismatch"]
     assert hist["first_bad_commit"] == commit2

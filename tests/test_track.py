@@ -19,7 +19,7 @@ from torch import nn
 from parity_tracker.dashboards import render_run_report
 from parity_tracker.env import ENV_KEYS
 from parity_tracker.run import config_fingerprint, run_parity
-from parity_tracker.store import get_client, read_tag_index, tag_index_path
+from parity_tracker.store import get_client
 from parity_tracker.tables import read_table
 from parity_tracker.track import (
     SpooledError,
@@ -30,6 +30,7 @@ from parity_tracker.track import (
     start_parent_run,
     sync_spool,
 )
+from parity_tracker.track.tag_codes import decode, ordered_tags
 
 SETTINGS = {"target": "tiny", "candidate": "scaled", "quantization": "none", "device": "cpu",
             "dtype": "float32"}  # fmt: skip
@@ -225,9 +226,8 @@ def test_unreachable_store_spools_then_syncs_exactly_once(tiny_pair, sqlite_trac
     assert again == done and not entry.exists()
     runs = find_runs(tracking_uri=sqlite_tracking_uri)
     assert [r.run_id for r in runs] == [done[result.run_id]]
-    tag = result.modules.column("tag")[0].as_py()
-    indexed = read_tag_index(sqlite_tracking_uri, [done[result.run_id]], tag)
-    assert indexed is not None and len(indexed[done[result.run_id]]) >= 1  # synced runs too
+    codes = decode(get_client(sqlite_tracking_uri).get_run(done[result.run_id]).data.tags)
+    assert codes is not None and len(codes.codes) == len(set(result.modules["tag"].to_pylist()))
     loaded = load_run(runs[0].run_id, tracking_uri=sqlite_tracking_uri)
     _assert_same(loaded, result)
     client = get_client(sqlite_tracking_uri)
@@ -338,42 +338,24 @@ def test_upload_failing_midway_is_spooled_and_the_partial_run_replaced(
     _assert_same(load_run(runs[0].run_id, tracking_uri=sqlite_tracking_uri), result)
 
 
-def test_log_run_fills_the_tag_index_in_row_order(tiny_pair, sqlite_tracking_uri, in_tmp_cwd):
+def test_log_run_stores_each_tags_status_in_the_run_tags(
+    tiny_pair, sqlite_tracking_uri, in_tmp_cwd
+):
     reference, candidate, inputs = tiny_pair
     result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
     run_id = log_run(result, tracking_uri=sqlite_tracking_uri)
-    assert tag_index_path(sqlite_tracking_uri).is_file()
-    expected: dict[str, list[str]] = {}
+    rows: dict[str, list[str]] = {}
     for tag, status in zip(result.modules.column("tag").to_pylist(),
                            result.modules.column("status").to_pylist(), strict=True):  # fmt: skip
-        expected.setdefault(tag, []).append(status)
-    assert len(expected) > 1
-    for tag, statuses in expected.items():
-        assert read_tag_index(sqlite_tracking_uri, [run_id], tag) == {run_id: statuses}
-    assert read_tag_index(sqlite_tracking_uri, [run_id], "no-such-tag") == {}
-
-
-def test_tag_index_failure_only_warns(tiny_pair, sqlite_tracking_uri, in_tmp_cwd, monkeypatch):
-    import sqlite3
-
-    import parity_tracker.track.log as track
-    from parity_tracker.history import PASSING, build_history
-
-    def broken(*_args, **_kwargs):
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(track, "write_tag_index", broken)
-    reference, candidate, inputs = tiny_pair
-    result = run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV)
-    with pytest.warns(RuntimeWarning, match="not added to the tag-status index"):
-        run_id = log_run(result, tracking_uri=sqlite_tracking_uri)
-    assert get_client(sqlite_tracking_uri).get_run(run_id).info.status == "FINISHED"
-    tags = result.modules.column("tag").to_pylist()
-    statuses = result.modules.column("status").to_pylist()
-    failing, first = next((t, s) for t, s in zip(tags, statuses, strict=True) if s not in PASSING)
-    assert read_tag_index(sqlite_tracking_uri, [run_id], failing) is None
-    hist = build_history("tiny", tracking_uri=sqlite_tracking_uri, tag=failing)  # the scan
-    assert [p.tag_status for p in hist.points] == [first]
+        rows.setdefault(tag, []).append(status)
+    # per tag: the first status that is not equal/close over its steps, else the first
+    expected = {t: next((s for s in ss if s not in ("equal", "close")), ss[0])
+                for t, ss in rows.items()}  # fmt: skip
+    assert len(expected) > 1 and set(expected.values()) - {"equal", "close"}
+    codes = decode(get_client(sqlite_tracking_uri).get_run(run_id).data.tags)
+    tags = ordered_tags(result.modules)
+    assert tags == list(rows)
+    assert {t: codes.status(i) for i, t in enumerate(tags)} == expected
 
 
 def test_log_run_attaches_given_files_and_rendered_ones(tiny_pair, sqlite_tracking_uri, in_tmp_cwd):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,38 +18,11 @@ from helpers import screenshot_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 #: Column headers of the parity view (written out: the settings of cli_targets.tiny).
 COLUMNS = [
     "Source", "Version", "target", "perturb", "quantization", "verdict", "tensors_failing",
     "output_max_abs_diff", "output_sqnr_db", "first_divergence",
 ]  # fmt: skip
-
-
-def _chromium() -> str | None:
-    for path in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    exe = _chromium()
-    if exe is None:
-        pytest.skip("chromium not found (install Debian's 'chromium' package: make browser)")
-    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 The stored nightlies become a bisection without re-running anything: per commit, the run's
 headline metrics come from ``RunStore.heads`` (on the embedded SQLite store one SQL query
 over MLflow's tables; elsewhere one paged MLflow ``search_runs``), no artifact download.
-``--tag`` asks ``RunStore.tag_statuses`` (``track.tag_status``: the tag-status index when every
-run is in it, else in-place parquet scans, else downloads). Every read goes through
+``--tag`` asks ``RunStore.tag_statuses`` (``track.tag_status``: each run's per-tag statuses
+from its own MLflow tags, which the same search returns; runs logged before them from their
+modules tables). Every read goes through
 ``track.query.RunStore``; this module never touches MLflow.
 
 "First bad commit" is the first commit of the *current* failing streak: walking commits from
@@ -170,8 +171,8 @@ def build_history(
         settings: settings the runs must have (``{"quantization": "int8"}``).
         tracking_uri: the store (default: ``store.resolve_tracking_uri``).
         experiment: the MLflow experiment.
-        tag: also report this tag's status per commit (reads each run's modules table: in
-            place when the artifacts are local, else downloaded).
+        tag: also report this tag's status per commit (from the runs' tags, ``track.tag_codes``;
+            runs without them: their modules tables, in place or downloaded).
         last: keep only the newest ``last`` commits.
         store: the ``RunStore`` read (default: ``RunStore(tracking_uri, experiment)``).
         heads: the matching runs' heads when already read (``RunStore.heads`` with the same

@@ -9,15 +9,8 @@
 ``parity_tracker.capture`` keeps every name it had as a flat module.
 """
 
-from parity_tracker.capture.leaves import (
-    NonTensor,
-    flatten,
-    input_leaves,
-    is_tensor_like,
-    output_leaves,
-    own_tensors,
-)
-from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, tensor_version
+from typing import Any
+
 from parity_tracker.capture.tags import (
     ROOT_FALLBACK,
     ROOT_NAME,
@@ -27,7 +20,30 @@ from parity_tracker.capture.tags import (
     param_tag,
     root_name,
 )
-from parity_tracker.compare.convert import as_tensor
+
+#: Names re-exported lazily (PEP 562): the tag grammar above is torch-free, so reading stored
+#: runs (``parity_tracker.capture.tags``) never imports torch through this package.
+_LAZY = {
+    "NonTensor": "parity_tracker.capture.leaves",
+    "flatten": "parity_tracker.capture.leaves",
+    "input_leaves": "parity_tracker.capture.leaves",
+    "is_tensor_like": "parity_tracker.capture.leaves",
+    "output_leaves": "parity_tracker.capture.leaves",
+    "own_tensors": "parity_tracker.capture.leaves",
+    "SnapshotStore": "parity_tracker.capture.snapshot",
+    "Snapshotter": "parity_tracker.capture.snapshot",
+    "tensor_version": "parity_tracker.capture.snapshot",
+    "as_tensor": "parity_tracker.compare.convert",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ROOT_FALLBACK",

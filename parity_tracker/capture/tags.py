@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the grammar is read without torch (stored runs)
+    import torch
 
 TAG_PREFIX = "checker_"
 #: The root module's name in tags.

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from parity_tracker.compare.budget_k import DEFAULT_K as DEFAULT_K
 from parity_tracker.compare.convert import to_tensor
 from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.hashing import dtype_name
@@ -62,8 +63,6 @@ from parity_tracker.compare.metrics import flat
 from parity_tracker.compare.tolerances import first_match
 from parity_tracker.errors import InputError
 
-DEFAULT_K = 2.0
-"""Default budget factor: FlashAttention's tests (module docstring give the line)."""
 MODE = "budget"
 CHUNK = 1 << 20
 """Elements per chunk of the float64 error pass (8 MiB per float64 chunk)."""

@@ -7,19 +7,24 @@ and the HTML report call these functions instead of writing their own filter or 
 Rows are mappings with the ``modules``/``ops`` table columns (``tables.MODULES_SCHEMA``):
 ``status``, ``kind``, ``step``, ``exec_order``, ``cache_hit``, ``sqnr_db``, ``max_abs_diff``
 (a missing key reads as ``None``). A ``pyarrow.Table`` is accepted too and read row by row.
+
+Importing this module does not import torch (only :func:`passes` does, when called), so the
+read-only commands (``report``, ``diff``, ``history``) apply these rules without it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import MODES, STRUCTURAL, WEIGHT_KINDS, is_failing
+
+if TYPE_CHECKING:
+    import torch
+
+    from parity_tracker.compare.tolerances import Tolerances
 
 Row = Mapping[str, Any]
 
@@ -201,6 +206,8 @@ def passes(
     Raises:
         InputError: unknown ``mode``.
     """
+    import torch  # here, not at import: the table rules above are read without torch
+
     if mode not in MODES:
         raise InputError(f"unknown comparison mode {mode!r}; use one of {', '.join(MODES)}")
     ref_t, cand_t = reference, candidate
@@ -218,7 +225,11 @@ def passes(
     if not (ref_t.is_floating_point() or ref_t.is_complex()):
         return False
     if mode == "allclose":
-        rtol, atol = (tolerances or Tolerances()).resolve(tag, reference.dtype, candidate.dtype)
+        if tolerances is None:
+            from parity_tracker.compare.tolerances import Tolerances
+
+            tolerances = Tolerances()
+        rtol, atol = tolerances.resolve(tag, reference.dtype, candidate.dtype)
         wide = torch.complex128 if ref_t.is_complex() else torch.float64  # as the metrics do
         ref_t, cand_t = ref_t.to(wide), cand_t.to(wide)
         ok = torch.isclose(cand_t, ref_t, rtol=rtol, atol=atol, equal_nan=True)

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from parity_tracker.compare.convert import dense_cpu
 from parity_tracker.compare.verdict import worst_key
 
 
@@ -139,6 +138,8 @@ def read_dump_histogram(
 
 def _private_copy(t: Any) -> Any:
     """A dense CPU copy of ``t`` that no later write to ``t`` reaches (quantized: dequantized)."""
+    from parity_tracker.compare.convert import dense_cpu  # torch: not at import (read-only CLI)
+
     t = dense_cpu(t)
     return t.dequantize() if t.is_quantized else t.clone()
 

@@ -1,6 +1,6 @@
 """Tracking: parity runs as MLflow runs. The ONLY package of parity_tracker that imports mlflow.
 
-Submodules: ``store`` (tracking URI, client, experiments, locking, tag-status index), ``log``
+Submodules: ``store`` (tracking URI, client, experiments, locking), ``log``
 (log, spool, sync), ``stage`` (what a run logs, its staging folder), ``parents`` (parent runs,
 files attached later), ``query`` (reading runs back; ``RunStore`` holds every read), ``load``
 (``load_run``), ``search`` (``find_runs``, ``find_run_heads``), ``records`` (``RunInfo``,

@@ -9,7 +9,9 @@ and batched calls:
   ``mlflow.parentRunId`` when nested, ``parity.run_id``, ``parity.status``, ``parity.passed``,
   ``parity.config_fingerprint``; ``parity.complete`` = ``true`` last, once everything is stored;
   the UI's (``track.browse``): ``verdict``, ``first_divergence``, the markdown description
-  ``mlflow.note.content`` and ``mlflow.source.name`` / ``mlflow.source.type``;
+  ``mlflow.note.content`` and ``mlflow.source.name`` / ``mlflow.source.type``; the per-tag
+  statuses ``parity.tag_codes`` and ``parity.tag_codes.<k>`` (``track.tag_codes``), which
+  ``history --tag`` reads instead of the modules table;
 - metrics (step 0): ``tensors_compared``, ``tensors_passing``, ``tensors_failing``,
   ``first_divergence_order``, ``output_max_abs_diff``, ``output_sqnr_db``, plus
   ``tensors_skipped``, ``ops_compared``, ``ops_failing`` and ``worst_error_ratio`` (budget
@@ -53,7 +55,6 @@ from typing import Any
 from parity_tracker.errors import InfrastructureError
 from parity_tracker.files.atomic import atomic_write_json
 from parity_tracker.files.safe_paths import check_tree_inside
-from parity_tracker.files.tables import read_table
 from parity_tracker.run.result import RunResult
 from parity_tracker.track.browse import SOURCE_LIBRARY, Source
 from parity_tracker.track.owner import (
@@ -81,8 +82,6 @@ from parity_tracker.track.store import (
     parity_home,
     resolve_tracking_uri,
     retry,
-    sqlite_path,
-    write_tag_index,
 )
 
 _BATCH = 100  # MLflow's log_batch limit on params (and tags) per call
@@ -123,44 +122,19 @@ def _log_batch(client: Any, run_id: str, meta: Mapping[str, Any]) -> None:
     params = [Param(k, v) for k, v in meta["params"].items()]
     tags = [RunTag(k, v) for k, v in meta["tags"].items()]
     metrics = [Metric(k, v, ts, 0) for k, v in meta["metrics"].items()]
-    first = True
-    for chunk in _chunks(params, _BATCH) if params else [[]]:
+    p_chunks, t_chunks = list(_chunks(params, _BATCH)), list(_chunks(tags, _BATCH))
+    for k in range(max(len(p_chunks), len(t_chunks), 1)):
         retry(
             client.log_batch,
             run_id,
-            metrics=metrics if first else [],
-            params=chunk,
-            tags=tags if first else [],
-        )
-        first = False
-
-
-def _index_run(uri: str, run_id: str, folder: Path, modules: Any = None) -> None:
-    """Add a stored run to the tag-status index (``store.write_tag_index``); warn on failure.
-
-    ``modules`` defaults to the staged ``artifacts/tables/modules.parquet`` (a spooled run).
-    The run is already stored: a failure here only costs ``history --tag`` its fast path.
-    """
-    try:
-        if sqlite_path(uri) is None:
-            return
-        if modules is None:
-            modules = read_table(folder / "artifacts" / "tables" / "modules.parquet", "modules")
-        write_tag_index(uri, run_id, modules)
-    except Exception as exc:
-        warnings.warn(
-            f"run {run_id} stored, but not added to the tag-status index of {uri} "
-            f"({type(exc).__name__}: {exc}); history --tag reads its modules table instead",
-            RuntimeWarning,
-            stacklevel=3,
+            metrics=metrics if k == 0 else [],
+            params=p_chunks[k] if k < len(p_chunks) else [],
+            tags=t_chunks[k] if k < len(t_chunks) else [],
         )
 
 
-def _upload(folder: Path, uri: str, tensors: Path | None = None, modules: Any = None) -> str:
-    """Create the MLflow run for a staged/spooled ``folder`` and store it; returns its run id.
-
-    On an embedded store the run is then added to the tag-status index (``_index_run``).
-    """
+def _upload(folder: Path, uri: str, tensors: Path | None = None) -> str:
+    """Create the MLflow run for a staged/spooled ``folder`` and store it; returns its run id."""
     meta = read_meta(folder)
     owner = current_owner().tags()  # who writes it (track.owner), set at creation with the id
     meta["tags"] = {**meta["tags"], **owner}
@@ -184,7 +158,6 @@ def _upload(folder: Path, uri: str, tensors: Path | None = None, modules: Any = 
     retry(client.set_terminated, run_id, meta["status"], meta["end_time"])
     fault_point("terminated")
     retry(client.set_tag, run_id, TAG_COMPLETE, "true")
-    _index_run(uri, run_id, folder, modules)
     return run_id
 
 
@@ -287,7 +260,7 @@ def log_run(
         )
         fault_point("staged")
         try:
-            run_id = _upload(staged, uri, result.dump_dir, result.modules)
+            run_id = _upload(staged, uri, result.dump_dir)
         except BaseException as exc:
             cause = f"{type(exc).__name__}: {exc}"
             path = _spool(staged, result.dump_dir, root, result.run_id, cause)

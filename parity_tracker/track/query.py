@@ -32,7 +32,7 @@ class RunStore:
     """Every read of stored parity runs, over one tracking store and experiment.
 
     History, diff, the nightly and the CLI read runs through this class only; the fast paths
-    (MLflow's SQLite tables read directly, the tag-status index, in-place parquet scans) live
+    (MLflow's SQLite tables read directly, per-tag statuses in run tags, parquet scans) live
     behind it. Writing stays with ``track.log`` (``log_run``, ``sync_spool``).
 
     Args:

@@ -11,6 +11,7 @@ from typing import Any
 
 from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.track.store import TAG_COMPLETE, TAG_RUN_ID, is_incomplete
+from parity_tracker.track.tag_codes import code_tags
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class RunHead:
         artifact_uri: the run's artifact root (``file:///...`` for the embedded store), or None
             when it was not read (runs found through MLflow's search).
         incomplete: its writer stopped before storing it whole (``store.is_incomplete``).
+        tag_codes: the run's MLflow tags that hold its per-tag statuses (``track.tag_codes``;
+            empty for runs logged before them).
     """
 
     run_id: str
@@ -95,6 +98,7 @@ class RunHead:
     metrics: dict[str, float]
     artifact_uri: str | None = None
     incomplete: bool = False
+    tag_codes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
@@ -108,6 +112,7 @@ class RunHead:
             metrics=dict(info.metrics),
             artifact_uri=info.artifact_uri,
             incomplete=info.incomplete,
+            tag_codes=code_tags(info.tags),
         )
 
 

@@ -19,6 +19,7 @@ from parity_tracker.track.store import (
     resolve_tracking_uri,
     retry,
 )
+from parity_tracker.track.tag_codes import TAG_CODES, code_tags
 
 
 def _quote(value: Any) -> str:
@@ -86,8 +87,8 @@ def _sqlite_heads(
 ) -> list[RunHead]:
     """``find_run_heads`` on MLflow's own SQLite tables, opened read-only.
 
-    One query for the runs (``runs`` + ``tags`` + ``params``), one per 500 runs for
-    ``latest_metrics``.
+    One query for the runs (``runs`` + ``tags`` + ``params``), two per 500 runs for
+    ``latest_metrics`` and the tags holding per-tag statuses (``track.tag_codes``).
     """
     import math
     import sqlite3
@@ -108,6 +109,7 @@ def _sqlite_heads(
         )
         rows = con.execute(sql, [*args, *([max_results] if max_results else [])]).fetchall()
         metrics: dict[str, dict[str, float]] = {row[0]: {} for row in rows}
+        codes: dict[str, dict[str, str]] = {row[0]: {} for row in rows}
         ids = list(metrics)
         for k in range(0, len(ids), _SQL_CHUNK):
             chunk = ids[k : k + _SQL_CHUNK]
@@ -117,6 +119,12 @@ def _sqlite_heads(
             )
             for run_id, key, value, is_nan in con.execute(query, chunk):
                 metrics[run_id][key] = math.nan if is_nan else float(value)
+            query = (  # a key range ('/' follows '.'): MLflow's (key, run_uuid) primary key
+                "SELECT run_uuid, key, value FROM tags WHERE key >= ? AND key < ? "
+                f"AND run_uuid IN ({','.join('?' * len(chunk))})"
+            )
+            for run_id, key, value in con.execute(query, [TAG_CODES, TAG_CODES + "/", *chunk]):
+                codes[run_id][key] = value
     finally:
         con.close()
     return [
@@ -129,6 +137,7 @@ def _sqlite_heads(
             metrics[rid],
             artifact_uri,
             is_incomplete(status, complete),
+            code_tags(codes[rid]),
         )
         for rid, start, status, artifact_uri, commit, fingerprint, complete in rows
     ]

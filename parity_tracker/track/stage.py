@@ -35,6 +35,7 @@ from parity_tracker.track.browse import (
 )
 from parity_tracker.track.owner import fault_point
 from parity_tracker.track.store import TAG_RUN_ID, param_key
+from parity_tracker.track.tag_codes import encode as encode_tag_codes
 
 #: The contract's metrics (design.md), then this module's extras.
 CONTRACT_METRICS = (
@@ -90,7 +91,10 @@ def run_metrics(result: RunResult) -> dict[str, float]:
 
 
 def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
-    """The tags of a run (without ``parity.complete``, which is set once all is stored)."""
+    """The tags of a run (without ``parity.complete``, which is set once all is stored).
+
+    They include the run's per-tag statuses, packed by ``track.tag_codes.encode``.
+    """
     r = result.record
     env = r.environment
     tags = {
@@ -108,6 +112,7 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
         tags["mlflow.parentRunId"] = parent_run_id
     if r.error is not None:
         tags["parity.error"] = f"{r.error.type}: {r.error.message}"[:5000]
+    tags.update(encode_tag_codes(result.modules))  # per-tag statuses for history --tag
     return tags
 
 

@@ -1,12 +1,19 @@
 """A tag's status in stored runs, read the fastest way the store allows (``RunStore`` uses it).
 
-Three paths answer the same question and are tested for equality: the tag-status index of an
-embedded store (``store.read_tag_index``, one indexed query) when every run is in it; else the
-runs whose artifacts are on a local path are read in place (one filtered ``pyarrow.dataset``
-scan of ``tables/modules.parquet``); the others (a tracking server's artifacts) are fetched once
-into the local run cache (``track.cache``: one direct GET each, kept for good since a stored run
-never changes) and then scanned in place the same way. So the SQLite index is only the fastest
-of the backends; every store ends in the same scan of immutable per-run tables.
+Two paths answer the same question, on every store alike, and are tested for equality:
+
+- **the runs' own codes** (``track.tag_codes``): every run logged since issue 18 carries its
+  per-tag statuses in its MLflow tags, which the search ``history`` makes anyway already
+  returns (``RunHead.tag_codes``). Only the ordered tag list is read, once per distinct list
+  fingerprint, from one run's modules table: in place on a local store, else fetched into the
+  run cache and then kept under ``<cache root>/tag_lists/<fingerprint>.json`` (checked against
+  the fingerprint on every read). So ``history --tag`` over 1,000 never-fetched server runs
+  downloads one table.
+- **the modules tables**, for runs without codes (logged before them, or not encodable): runs
+  whose artifacts are on a local path are read in place, the others are fetched once into the
+  local run cache (``track.cache``: direct GETs, 16 at a time, kept for good since a stored run
+  never changes), then all are read in one filtered ``pyarrow.dataset`` scan projected on
+  ``tag`` and ``status``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import pyarrow.compute as pc
 
 from parity_tracker.errors import InfrastructureError, ParityTrackerError
 from parity_tracker.statuses import is_passing
+from parity_tracker.track.tag_codes import TagCodes, decode, ordered_tags, tag_list_hash
 
 #: Where a run's modules table is among its artifacts (``track.log``).
 MODULES_PATH = "tables/modules.parquet"
@@ -136,91 +144,145 @@ def _local_tag_statuses(paths: Sequence[Path], tag: str) -> list[str | None]:
     return [tag_status_over_steps(found.get(str(p), [])) for p in paths]
 
 
-def _indexed_statuses(
-    heads: Sequence[Any], tag: str, tracking_uri: str | None
-) -> list[str | None] | None:
-    """``tag``'s status per run from the store's tag-status index, or None to scan instead.
+def _tag_list_path(sha: str) -> Path:
+    from parity_tracker.track.cache import cache_root
 
-    Used only when the store is embedded (``sqlite:///``) and every run is in the index
-    (``store.read_tag_index``); runs logged before the index existed, and http stores, fall
-    back to reading the modules tables.
-    """
-    from parity_tracker.track.store import read_tag_index, resolve_tracking_uri
+    return cache_root() / "tag_lists" / f"{sha}.json"
 
-    if not heads:
+
+def _kept_tag_list(sha: str, n_tags: int) -> list[str] | None:
+    """The tag list kept for fingerprint ``sha``, None when absent or not matching it."""
+    import json
+
+    try:
+        tags = json.loads(_tag_list_path(sha).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    found = read_tag_index(resolve_tracking_uri(tracking_uri), [h.run_id for h in heads], tag)
-    if found is None:
-        return None
-    return [tag_status_over_steps(found.get(h.run_id, [])) for h in heads]
+    ok = isinstance(tags, list) and len(tags) == n_tags and tag_list_hash(tags) == sha
+    return tags if ok else None
 
 
-def _index_fetched(run_ids: Sequence[str], paths: Sequence[Path], tracking_uri: str | None) -> None:
-    """Add fetched runs of a server to the local tag-status index; a fault only costs speed.
-
-    The next ``--tag`` question over the same runs is then one indexed query
-    (``store.tag_index_path``: a server store's index is a local cache of immutable rows).
-    """
+def _keep_tag_list(sha: str, tags: list[str]) -> None:
+    """Keep a verified tag list by fingerprint; a fault only costs a read next time."""
     import contextlib
+    import json
 
+    from parity_tracker.files.atomic import atomic_write_text
+
+    with contextlib.suppress(OSError):
+        path = _tag_list_path(sha)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(tags))
+
+
+def _tag_lists(
+    heads: Sequence[Any], decoded: Sequence[TagCodes | None], tracking_uri: str
+) -> dict[str, list[str]]:
+    """``{fingerprint: ordered tags}`` of each fingerprint among ``decoded``, once verified.
+
+    A fingerprint whose table does not match it is left out (its runs are then scanned).
+    Each missing list is read from one run carrying it: its local modules table, else one
+    fetched into the run cache (all fetched together).
+
+    Raises:
+        InfrastructureError: the store could not be reached or a table is missing.
+    """
     import pyarrow.parquet as pq
 
-    from parity_tracker.track.store import resolve_tracking_uri, sqlite_path, write_tag_index_many
+    from parity_tracker.track.cache import fetch_files
 
-    uri = resolve_tracking_uri(tracking_uri)
-    if sqlite_path(uri) is not None:
-        return  # an embedded store's index is written by log_run only
-    with contextlib.suppress(Exception):  # OSError, sqlite3.Error, pyarrow errors
-        cols = ["tag", "step", "status"]
-        runs = [(r, pq.read_table(p, columns=cols)) for r, p in zip(run_ids, paths, strict=True)]
-        write_tag_index_many(uri, runs)
+    lists: dict[str, list[str]] = {}
+    wanted: dict[str, tuple[int, Any]] = {}  # fingerprint -> (tag count, one head)
+    for head, codes in zip(heads, decoded, strict=True):
+        if codes is not None and codes.sha256 not in lists and codes.sha256 not in wanted:
+            kept = _kept_tag_list(codes.sha256, len(codes.codes))
+            if kept is not None:
+                lists[codes.sha256] = kept
+            else:
+                wanted[codes.sha256] = (len(codes.codes), head)
+    if not wanted:
+        return lists
+    paths = {sha: local_modules_path(getattr(h, "artifact_uri", None))
+             for sha, (_, h) in wanted.items()}  # fmt: skip
+    remote = [sha for sha, p in paths.items() if p is None]
+    if remote:
+        runs = [(wanted[sha][1].run_id, getattr(wanted[sha][1], "artifact_uri", None))
+                for sha in remote]  # fmt: skip
+        paths.update(zip(remote, fetch_files(runs, MODULES_PATH, tracking_uri), strict=True))
+    for sha, (n_tags, head) in wanted.items():
+        try:
+            tags = ordered_tags(pq.read_table(paths[sha], columns=["tag"]))
+        except Exception as exc:
+            raise InfrastructureError(
+                f"cannot read the tags of {MODULES_PATH} of run {head.run_id}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if len(tags) == n_tags and tag_list_hash(tags) == sha:
+            lists[sha] = tags
+            if sha in remote:  # a local table is read again instead: nothing written
+                _keep_tag_list(sha, tags)
+    return lists
 
 
-def _sample_tags(head: Any, path: Path | None, table: Any, tracking_uri: str | None) -> list[str]:
-    """Up to 8 tags of one run's modules table (for the "tag in none of the runs" error)."""
-    if table is None:
-        if path is None:
-            table = modules_tables([head.run_id], tracking_uri)[0]
-        else:
-            import pyarrow.parquet as pq
+def _scanned_statuses(heads: Sequence[Any], tag: str, tracking_uri: str) -> list[str | None]:
+    """``tag``'s status in each run, from its modules table (in place, or fetched first)."""
+    paths = [local_modules_path(getattr(h, "artifact_uri", None)) for h in heads]
+    remote = [i for i, p in enumerate(paths) if p is None]
+    if remote:
+        from parity_tracker.track.cache import fetch_files
 
-            table = pq.read_table(path, columns=["tag"])
-    return table.column("tag").to_pylist()[:8]
+        runs = [(heads[i].run_id, getattr(heads[i], "artifact_uri", None)) for i in remote]
+        for i, path in zip(remote, fetch_files(runs, MODULES_PATH, tracking_uri), strict=True):
+            paths[i] = path
+    return _local_tag_statuses(paths, tag)
+
+
+def _sample_tags(
+    head: Any, codes: TagCodes | None, lists: dict[str, list[str]], tracking_uri: str
+) -> list[str]:
+    """Up to 8 tags of one run (for the "tag in none of the runs" error)."""
+    if codes is not None and codes.sha256 in lists:
+        return lists[codes.sha256][:8]
+    path = local_modules_path(getattr(head, "artifact_uri", None))
+    if path is None:
+        return modules_tables([head.run_id], tracking_uri)[0].column("tag").to_pylist()[:8]
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, columns=["tag"]).column("tag").to_pylist()[:8]
 
 
 def tag_statuses(
     heads: Sequence[Any], tag: str, tracking_uri: str | None
 ) -> tuple[list[str | None], list[str]]:
-    """``tag``'s status in each run's modules table, and up to 8 tags of the newest run's table.
+    """``tag``'s status in each run (None where the run has no such tag), and sample tags.
 
-    On an embedded store whose tag-status index holds every run, one indexed query answers
-    (``store.read_tag_index``, same result as reading the tables). Otherwise runs whose
-    artifacts are on a local path are read in place, the others are first fetched into the run
-    cache (``track.cache.fetch_files``), and all are read in one scan. The sample tags (for an
-    error message) are read only when the tag is in none of the runs.
+    Runs whose ``tag_codes`` (``RunHead.tag_codes``) decode, and whose tag list is known or
+    readable, answer from their codes; the others from their modules tables (module
+    docstring). The status is ``tag_status_over_steps`` of the tag's rows either way. The
+    sample (up to 8 tags of the newest run, ``heads[-1]``, for an error message) is read only
+    when the tag is in none of the runs.
 
     Raises:
         InfrastructureError: the store could not be reached or a run has no modules table.
     """
-    paths = [local_modules_path(getattr(h, "artifact_uri", None)) for h in heads]
-    indexed = _indexed_statuses(heads, tag, tracking_uri)
-    if indexed is not None:
-        out = indexed
-    else:
-        remote = [i for i, p in enumerate(paths) if p is None]
-        if remote:
-            from parity_tracker.track.cache import fetch_files
-            from parity_tracker.track.store import resolve_tracking_uri
+    from parity_tracker.track.store import resolve_tracking_uri
 
-            runs = [(heads[i].run_id, getattr(heads[i], "artifact_uri", None)) for i in remote]
-            fetched = fetch_files(runs, MODULES_PATH, resolve_tracking_uri(tracking_uri))
-            for i, path in zip(remote, fetched, strict=True):
-                paths[i] = path
-        out = _local_tag_statuses(paths, tag) if heads else []
-        if remote:
-            _index_fetched([heads[i].run_id for i in remote], [paths[i] for i in remote],
-                           tracking_uri)  # fmt: skip
+    uri = resolve_tracking_uri(tracking_uri)
+    decoded = [decode(getattr(h, "tag_codes", None) or {}) for h in heads]
+    lists = _tag_lists(heads, decoded, uri)
+    positions = {sha: (tags.index(tag) if tag in tags else None) for sha, tags in lists.items()}
+    out: list[str | None] = [None] * len(heads)
+    scan = []
+    for i, codes in enumerate(decoded):
+        if codes is not None and codes.sha256 in lists:
+            out[i] = codes.status(positions[codes.sha256])
+        else:
+            scan.append(i)
+    if scan:
+        found = _scanned_statuses([heads[i] for i in scan], tag, uri)
+        for i, status in zip(scan, found, strict=True):
+            out[i] = status
     sample: list[str] = []
     if heads and all(s is None for s in out):
-        sample = _sample_tags(heads[-1], paths[-1], None, tracking_uri)
+        sample = _sample_tags(heads[-1], decoded[-1], lists, uri)
     return out, sample

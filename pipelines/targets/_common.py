@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+# the setting values shared by targets live in ``_settings`` (torch-free, read by ``targets``)
+from parity_tracker.builtin_targets._settings import ENGINES as ENGINES
+from parity_tracker.builtin_targets._settings import IMPLEMENTATIONS as IMPLEMENTATIONS
+from parity_tracker.builtin_targets._settings import ORT_OPTIMIZATIONS as ORT_OPTIMIZATIONS
 from parity_tracker.errors import InputError
 
 #: Recorded for every built-in target: all of them run on the CPU.
@@ -243,16 +247,6 @@ def nudge_one_ulp(tensor: torch.Tensor, index: int | None = None) -> int:
         i = int(flat.abs().argmax()) if index is None else int(index)
         flat[i] = torch.nextafter(flat[i], torch.tensor(float("inf"), dtype=flat.dtype))
     return i
-
-
-#: ``implementation`` setting of the targets that can compile their candidate: ``same`` (the
-#: copy runs eagerly), ``inductor`` / ``eager`` (``torch.compile`` backend; eager = Dynamo's
-#: capture only, the backend sanity check). See ``parity_tracker.adapters.compiled``.
-IMPLEMENTATIONS = ["same", "inductor", "eager"]
-#: ``candidate`` setting of the targets that can run their ONNX export in onnxruntime.
-ENGINES = ["torch", "onnxruntime"]
-#: ``ort_optimization`` setting: onnxruntime's graph optimisation level for the export.
-ORT_OPTIMIZATIONS = ["disable_all", "enable_all"]
 
 
 def compile_candidate(candidate: torch.nn.Module, implementation: str, **options: Any) -> Any:
