@@ -66,6 +66,17 @@ def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     )
 
 
+def _permuted(t: torch.Tensor) -> bool:
+    """A plain strided, non-quantized tensor that is not contiguous (copied in C order)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_nested
+        and not t.is_contiguous()
+    )
+
+
 def _cow_eligible(t: torch.Tensor) -> bool:
     """A plain, contiguous CPU tensor of a numpy dtype that fills its whole storage, large enough.
 
@@ -138,10 +149,10 @@ class Snapshotter:
             digest = content_hash(src)  # read before the lazy clone: a read then copies
             copy = _LAZY_CLONE(src)
             self._hashes[id(copy)] = digest
-        elif src.is_contiguous() or not _C_ORDER:
-            copy = src.clone()
-        else:
+        elif _C_ORDER and _permuted(src):
             copy = src.clone(memory_format=torch.contiguous_format)
+        else:
+            copy = src.clone()
         self._own(copy)
         if version is not None and digestible(t):
             # an object that refuses weak references gets no reuse
