@@ -6,8 +6,9 @@ casts its inputs (a pre-hook), the case the nightly's cast cells are. The budget
 a twin pass (the reference cast to bf16, reduced to errors as captured), then the reference
 and the candidate, all hooked.
 
-- **÷ three plain forwards** (target ≤ 1.5): the plain float64 golden forward (a float64
-  copy, no dispatch mode), the plain twin forward and the plain candidate forward.
+- **÷ three plain forwards** (target ≤ 1.5; ``--quick``, the 2-layer size: ≤
+  :data:`QUICK_TARGET`): the plain float64 golden forward (a float64 copy, no dispatch mode),
+  the plain twin forward and the plain candidate forward.
 - **÷ two plain forwards** (information): the plain reference and candidate forwards, the
   denominator of measurement 1.
 
@@ -26,6 +27,15 @@ from benchmarks._common import Row, alternate, failed, judged, medians, paired_r
 
 NAME = "7 budget run ÷ plain"
 TARGET = 1.5
+#: the quick size's own target (2×128 transformer, seq 64), judged at that size like measurement
+#: 1's ≤ 2.0. There fixed costs dominate; what the other targets of issue 19 imply: four plain
+#: forwards (golden, twin, reference, candidate ≈ 1.3× the three), ~300 captured tensors at item
+#: 1's ≤ 30 µs, ~47 verdicts (full metrics vs the reference + the budget) at ≈ 150 µs, the two
+#: copies and the dispatch mode ≈ 6 ms: ≈ 4.5× the three plain forwards (≈ 9 ms) → ≤ 5
+QUICK_TARGET = 5.0
+#: repeats: the issue's at full size; at the quick size 5 (a run is ~0.1 s; each call also
+#: pays an untimed gc.collect), which steadies the median on a shared machine in ~10 s
+REPEATS = {False: cases.REPEATS[False], True: 5}
 
 
 def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -65,11 +75,11 @@ def run(quick: bool) -> list[Row]:
     try:
         pair = cases.transformer(quick)
         torch.backends.mha.set_fastpath_enabled(False)
-        times = alternate(_contenders(pair), cases.REPEATS[quick])
+        times = alternate(_contenders(pair), REPEATS[quick])
     except Exception as exc:
         return [failed(NAME, "transformer bf16 cast", exc, f"≤ {TARGET:g}")]
     med = medians(times)
-    extra = {"medians_s": med, "repeats": cases.REPEATS[quick]}
+    extra = {"medians_s": med, "repeats": REPEATS[quick]}
     detail = (
         f"{pair.label}, bf16 cast candidate; medians: budget {med['budget']:.3f} s, "
         f"3 plain (golden f64 + twin + candidate) {med['plain3']:.3f} s, "
@@ -77,8 +87,10 @@ def run(quick: bool) -> list[Row]:
     )
     three = paired_ratio(times, "budget", "plain3")
     two = paired_ratio(times, "budget", "plain2")
+    limit = QUICK_TARGET if quick else TARGET
+    extra3 = {**extra, "quick_target": True} if quick else extra  # __main__ keeps the verdict
     row3 = judged(
-        NAME, f"{pair.label} ÷ 3 plain forwards", three, "×", TARGET, detail=detail, extra=extra
+        NAME, f"{pair.label} ÷ 3 plain forwards", three, "×", limit, detail=detail, extra=extra3
     )
     return [
         row3,

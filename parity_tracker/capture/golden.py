@@ -36,7 +36,6 @@ The golden needs float64 support on its device: run it on the CPU (MPS has no fl
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from parity_tracker.capture.copies import cast_copy
 from parity_tracker.errors import InputError
 
 _NOT_RANDOM_WHEN_ZERO = frozenset({"dropout_p", "dropout"})
@@ -82,6 +82,9 @@ def promote(tree: Any) -> Any:
 def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of ``module``: ``copy.deepcopy`` then ``.double()``.
 
+    Built by :func:`parity_tracker.capture.copies.cast_copy` (the same module, without copying
+    the weights at their own dtype first).
+
     ``.double()`` converts floating parameters and buffers (integer buffers are kept); the
     original module is untouched. Costs twice the module's float32 memory. Safe to call
     inside :func:`golden_mode`: the copy runs with dispatch modes disabled (``deepcopy``
@@ -93,7 +96,7 @@ def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     promoted before the module runs.
     """
     with _disable_current_modes():
-        golden = copy.deepcopy(module).double()
+        golden = cast_copy(module, torch.float64)
     for sub in golden.modules():
         if not isinstance(sub, torch.jit.ScriptModule):
             sub.register_forward_pre_hook(_promote_inputs, with_kwargs=True)

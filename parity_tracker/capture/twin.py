@@ -11,13 +11,13 @@ itself. A caller may pass its own twin (e.g. a fake-quantized reference for an i
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
+from parity_tracker.capture.copies import cast_copy
 from parity_tracker.compare.tolerances import as_dtype
 from parity_tracker.errors import InputError
 
@@ -82,7 +82,9 @@ def make_twin(
     Returns:
         ``twin`` when given; ``reference`` itself when ``candidate_dtype`` is ``None`` or the
         reference's compute dtype; else ``copy.deepcopy(reference).to(candidate_dtype)``
-        (floating parameters and buffers cast, integer ones kept; twice the memory at most).
+        (floating parameters and buffers cast, integer ones kept; twice the memory at most),
+        built by :func:`parity_tracker.capture.copies.cast_copy` without a copy at the
+        reference's own dtype.
 
     Raises:
         InputError: when ``candidate_dtype`` is not a floating dtype.
@@ -99,7 +101,7 @@ def make_twin(
         )
     if compute_dtype(reference) in (None, dtype):
         return reference
-    return copy.deepcopy(reference).to(dtype)
+    return cast_copy(reference, dtype)
 
 
 _QUANTIZED_MODULES = (

@@ -58,14 +58,17 @@ import torch
 from parity_tracker.compare.budget_k import DEFAULT_K as DEFAULT_K
 from parity_tracker.compare.convert import to_tensor
 from parity_tracker.compare.core import Comparison, compare_tensors
-from parity_tracker.compare.hashing import dtype_name
+from parity_tracker.compare.hashing import content_hash, dtype_name
 from parity_tracker.compare.metrics import flat
 from parity_tracker.compare.tolerances import first_match
 from parity_tracker.errors import InputError
 
 MODE = "budget"
 CHUNK = 1 << 20
-"""Elements per chunk of the float64 error pass (8 MiB per float64 chunk)."""
+"""Elements per chunk of :func:`budget_floor` (8 MiB per float64 chunk)."""
+SCAN_CHUNK = 1 << 18
+"""Elements per chunk of the error pass (:func:`max_abs_err`): one 2 MiB float64 scratch
+chunk, reused (measured fastest of 2^14..2^20 on a bf16 side, one thread)."""
 
 
 def check_k(k: float, what: str = "k") -> float:
@@ -132,35 +135,73 @@ class ErrorScan:
         dtype: the side's dtype as compared (its eps enters the floor); ``None`` with
             ``problem``.
         problem: why the error could not be computed (no data, shape differs), else ``""``.
+        golden_max: the largest finite ``|golden|`` (0.0 when none is finite), read in the
+            same pass when asked (``max_abs_err(..., golden_max=True)``), else ``None``; the
+            floor is ``eps · golden_max`` (:func:`budget_floor` without a pass of its own).
+        side_hash: the side's :func:`~parity_tracker.compare.hashing.content_hash` when asked
+            (``side_error(..., digest=True)``), else ``None``: a candidate with the same
+            content hash (``Comparison.cand_hash``) has this very error against the golden.
     """
 
     max_abs_err: float | None
     lost: int = 0
     dtype: torch.dtype | None = None
     problem: str = ""
+    golden_max: float | None = None
+    side_hash: str | None = None
 
 
-def max_abs_err(side: torch.Tensor, golden: torch.Tensor) -> ErrorScan:
+def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = False) -> ErrorScan:
     """``max |side − golden|`` computed in float64 (complex128 for complex), chunk by chunk.
+
+    A real side is widened into one reused float64 scratch chunk (``copy_``: the exact
+    conversion ``.to(torch.float64)`` makes) and the golden subtracted in place: the same
+    float64 differences as widening into fresh tensors, without allocating (and page-faulting)
+    two chunk-sized temporaries per chunk (3-4× faster on a bf16 side). Complex sides take the
+    plain path.
 
     Args:
         side: a dense CPU tensor of the golden's shape, any dtype.
         golden: the float64 golden, dense CPU tensor.
+        golden_max: also read the largest finite ``|golden|`` in the same pass
+            (:attr:`ErrorScan.golden_max`).
 
     Returns:
         An :class:`ErrorScan`; non-finite elements follow the module docstring's rule.
     """
     s, g = flat(side), flat(golden)
     wide = torch.complex128 if (s.is_complex() or g.is_complex()) else torch.float64
-    worst, lost = 0.0, 0
-    for lo in range(0, s.numel(), CHUNK):
-        a, b = s[lo : lo + CHUNK].to(wide), g[lo : lo + CHUNK].to(wide)
-        top = _max_abs(a - b) if a.numel() else 0.0
+    real = wide == torch.float64
+    scratch = torch.empty(min(SCAN_CHUNK, s.numel()), dtype=wide) if real else None
+    worst, lost, top_g = 0.0, 0, 0.0
+    for lo in range(0, s.numel(), SCAN_CHUNK):
+        a, b = s[lo : lo + SCAN_CHUNK], g[lo : lo + SCAN_CHUNK].to(wide)
+        if real:
+            top = _max_abs(scratch[: a.numel()].copy_(a).sub_(b))
+        else:
+            a = a.to(wide)
+            top = _max_abs(a - b)
         if not math.isfinite(top):  # rare: a non-finite element on either side
-            top, bad = _non_finite(a, b)
+            top, bad = _non_finite(a.to(wide), b)
             lost += bad
         worst = max(worst, top)
-    return ErrorScan(worst, lost, side.dtype)
+        if golden_max:
+            top_g = max(top_g, _finite_abs_max(b))
+    return ErrorScan(worst, lost, side.dtype, golden_max=top_g if golden_max else None)
+
+
+def _finite_abs_max(g: torch.Tensor) -> float:
+    """The largest finite ``|g|`` of a non-empty float64 chunk (0.0 when none is finite)."""
+    if not g.is_complex():
+        lo, hi = (float(x) for x in torch.aminmax(g))
+        if math.isfinite(lo) and math.isfinite(hi):
+            return max(-lo, hi)
+    a = g.abs()
+    m = float(a.max())
+    if not math.isfinite(m):  # rare: keep the finite elements only
+        a = a[torch.isfinite(a)]
+        m = float(a.max()) if a.numel() else 0.0
+    return m
 
 
 def _max_abs(d: torch.Tensor) -> float:
@@ -170,8 +211,8 @@ def _max_abs(d: torch.Tensor) -> float:
     """
     if d.is_complex():
         return float(d.abs().max())
-    lo, hi = torch.aminmax(d)
-    return max(-float(lo), float(hi)) if not (lo.isnan() or hi.isnan()) else math.nan
+    lo, hi = (float(x) for x in torch.aminmax(d))
+    return math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)
 
 
 def _non_finite(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
@@ -195,7 +236,9 @@ def _golden64(golden: Any) -> torch.Tensor | str:
     return g.tensor.to(torch.complex128 if g.tensor.is_complex() else torch.float64)
 
 
-def _side_error(golden64: torch.Tensor, side: Any, name: str) -> ErrorScan:
+def _side_error(
+    golden64: torch.Tensor, side: Any, name: str, golden_max=False, digest=False
+) -> ErrorScan:
     s = to_tensor(side, name)
     if s.status:
         return ErrorScan(None, problem=f"{name}: {s.message or s.status}")
@@ -207,10 +250,11 @@ def _side_error(golden64: torch.Tensor, side: Any, name: str) -> ErrorScan:
                 f"{tuple(s.tensor.shape)}; the budget needs one shape on all three sides"
             ),
         )
-    return max_abs_err(s.tensor, golden64)
+    scan = max_abs_err(s.tensor, golden64, golden_max=golden_max or digest)
+    return replace(scan, side_hash=content_hash(s.tensor)) if digest else scan
 
 
-def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
+def side_error(golden: Any, side: Any, name: str = "twin", *, digest: bool = False) -> ErrorScan:
     """Reduce one side's value of a tag to its error against the golden.
 
     Call it for the twin as soon as the twin's value is captured, then keep only the
@@ -221,6 +265,10 @@ def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
             accepts; promoted to float64).
         side: the side's value, of the golden's shape.
         name: the side's name for messages.
+        digest: also keep the side's content hash and the golden's largest finite magnitude
+            (:attr:`ErrorScan.side_hash`, :attr:`ErrorScan.golden_max`): one more read of
+            the side (xxh3, several GB/s), so that :func:`budget_compare` skips the
+            candidate's own error pass when the candidate is bitwise this side.
 
     Returns:
         An :class:`ErrorScan`; ``problem`` says why it could not be computed (never raises).
@@ -228,7 +276,7 @@ def side_error(golden: Any, side: Any, name: str = "twin") -> ErrorScan:
     golden64 = _golden64(golden)
     if isinstance(golden64, str):
         return ErrorScan(None, problem=golden64)
-    return _side_error(golden64, side, name)
+    return _side_error(golden64, side, name, digest=digest)
 
 
 def compared_eps(*dtypes: torch.dtype) -> float:
@@ -403,7 +451,9 @@ def budget_compare(
     golden64 = _golden64(golden)
     if isinstance(golden64, str):
         return _unusable(base, k, "error", f"budget not computed: {golden64}")
-    cand_err = _side_error(golden64, candidate, "candidate")
+    cand_err = _same_as_twin(twin, base.cand_hash) or _side_error(
+        golden64, candidate, "candidate", golden_max=True
+    )
     twin_err = twin if isinstance(twin, ErrorScan) else _side_error(golden64, twin, "twin")
     problem = cand_err.problem or twin_err.problem
     if problem:
@@ -411,9 +461,27 @@ def budget_compare(
     return _judged(base, k, golden64, cand_err, twin_err)
 
 
+def _same_as_twin(twin: Any, cand_hash: str | None) -> ErrorScan | None:
+    """The twin's own scan when the candidate is bitwise the twin, else ``None``.
+
+    Bitwise: the candidate's content hash (``compare_tensors``' ``cand_hash``: dtype, shape and
+    bytes through xxh3-64, the project's rule for identical contents) equals the twin's
+    (:func:`side_error` with ``digest=True``). Both were measured against the same golden
+    value of the tag, so the candidate's error, lost count and ``max |golden|`` are the twin's:
+    the candidate's error pass is skipped (e.g. every weight of a model cast to bf16, and every
+    tag of a cast candidate computing as PyTorch does).
+    """
+    if not isinstance(twin, ErrorScan) or twin.side_hash is None or twin.golden_max is None:
+        return None
+    if twin.problem or cand_hash != twin.side_hash:
+        return None
+    return ErrorScan(twin.max_abs_err, twin.lost, twin.dtype, golden_max=twin.golden_max)
+
+
 def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan):
     """The budget record of a pair whose three sides were all usable."""
-    floor = budget_floor(golden64, compared_eps(cand.dtype, twin.dtype))
+    eps = compared_eps(cand.dtype, twin.dtype)
+    floor = budget_floor(golden64, eps) if cand.golden_max is None else eps * cand.golden_max
     ratio = error_ratio(cand, twin, floor)
     status = budget_status(ratio, k, base.status == "equal")
     dtype = _low_dtype(cand.dtype, twin.dtype)
