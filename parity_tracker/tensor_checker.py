@@ -106,7 +106,7 @@ _ROLE = {True: "reference", False: "candidate"}
 #: extra-memory target of a parity run (issue 5/9) for the comparison temporaries of one pair.
 DEFAULT_EAGER_RESIDENT_BYTES = 256 << 20
 #: Resident budget of the module snapshots in an op-level run (bytes): 8 MiB. There the op
-#: store (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``, 24 MiB) holds the same
+#: store (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``, 16 MiB) holds the same
 #: activations, so together they keep the run's extra memory flat in depth (issue 19, item 5).
 OPS_RUN_RESIDENT_BYTES = 8 << 20
 
