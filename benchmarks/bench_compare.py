@@ -5,13 +5,14 @@ Two ratios, measured in one process on two 2^26-element float32 tensors (2^22 wi
 - equal path: ``compare_tensors(a, b)`` with ``b`` a bitwise copy of ``a`` (status ``equal``:
   both content hashes and a bitwise check, chunk by chunk);
 - full metrics: ``compare_tensors(a, c, mode="allclose")`` with ``c = a + noise`` everywhere
-  (status ``mismatch``: hashes plus every metric of ``parity_tracker.metrics``).
+  (status ``mismatch``: hashes plus every metric of ``parity_tracker.compare.metrics``).
 
 Throughput is the bytes of BOTH inputs read per second (``2 · nbytes / t``); ``copyto``
 bandwidth is the bytes copied per second (``nbytes / t`` of ``numpy.copyto(dst, a)``, which
 reads ``nbytes`` and writes ``nbytes``). The three contenders run alternately in every repeat
 (order rotated each repeat) after a warm-up; each figure is the median over repeats of the
-per-repeat ratio. Goals: equal ≥ 0.5, full ≥ 0.25.
+per-repeat ratio. Goals: equal ≥ 0.5, full ≥ 0.25 (issue 19: at 2^26 and at the quick 2^22).
+``small_mismatch`` adds the µs of one full comparison of a 64-element differing pair (≤ 60).
 
 Wall-clock ratios are the figures of record. The ``*_cpu`` ratios use process CPU time (all
 threads summed) instead: on a machine shared with other busy processes a 30 ms ``copyto``
@@ -30,7 +31,7 @@ import timeit
 import numpy as np
 import torch
 
-from parity_tracker.compare import compare_tensors
+from parity_tracker.compare import compare_tensors, fused
 
 
 def _time(fn) -> tuple[float, float]:
@@ -82,7 +83,26 @@ def run(quick: bool = False) -> dict:
         "repeats": repeats,
         "torch_threads": torch.get_num_threads(),
         "load_average_1min": os.getloadavg()[0],
+        "compiled_loop": fused.kernel() is not None,
+        **small_mismatch(),
     }
+
+
+SMALL_N = 64
+
+
+def small_mismatch() -> dict:
+    """µs per ``compare_tensors(a, a + 1e-3, mode="allclose")`` on 64-element float32 pairs.
+
+    Every element differs (status ``mismatch``, every metric); best of 5 means of 2,000 calls,
+    wall and process CPU (issue 19: ≤ 60 µs).
+    """
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(SMALL_N, generator=gen)
+    c = a + 1e-3
+    assert compare_tensors(a, c, mode="allclose").status == "mismatch"
+    wall, cpu = _per_call_us(lambda: compare_tensors(a, c, mode="allclose"), SMALL_N)
+    return {"small_mismatch_us": wall, "small_mismatch_us_cpu": cpu, "small_numel": SMALL_N}
 
 
 PER_CALL_SIZES = (64, 4096, 1 << 16, 1 << 20)

@@ -52,7 +52,7 @@ def _guarded(name: str, case: str, target: str, fn: Any, *needs: str) -> list[Ro
 
 def bytes_per_row(quick: bool, tmp: Path) -> list[Row]:
     """Size of ``modules.parquet`` ÷ rows, real (if possible) and synthetic."""
-    from parity_tracker.tables import write_table
+    from parity_tracker.files.tables import write_table
 
     rows: list[Row] = []
     n = SIZES[quick]["rows"]
@@ -92,9 +92,9 @@ def store_runs(uri: str, n_runs: int, n_rows: int) -> None:
     """Write ``n_runs`` synthetic runs of ``n_rows`` rows, one commit each, as log_run does."""
     from mlflow.entities import Metric, Param, RunTag
 
-    from parity_tracker.store import get_client, get_or_create_experiment
-    from parity_tracker.tables import write_table
+    from parity_tracker.files.tables import write_table
     from parity_tracker.track import TAG_COMPLETE, run_metrics, run_params, run_tags
+    from parity_tracker.track.store import get_client, get_or_create_experiment
 
     client = get_client(uri)
     exp = get_or_create_experiment(client, "parity")
@@ -120,7 +120,7 @@ def store_runs(uri: str, n_runs: int, n_rows: int) -> None:
 
 def history_rows(quick: bool, tmp: Path) -> list[Row]:
     """``build_history`` over the stored runs, without and with ``tag=``."""
-    from parity_tracker.history import build_history
+    from parity_tracker.analysis.history import build_history
 
     size = SIZES[quick]
     uri = f"sqlite:///{tmp / 'store' / 'mlflow.db'}"
@@ -155,8 +155,8 @@ def history_rows(quick: bool, tmp: Path) -> list[Row]:
 
 def diff_rows(quick: bool, tmp: Path) -> list[Row]:
     """``diff_tables`` of two runs: read from parquet + join, and the join alone."""
-    from parity_tracker.diff import count_changes, diff_tables
-    from parity_tracker.tables import read_table, write_table
+    from parity_tracker.analysis.diff import count_changes, diff_tables
+    from parity_tracker.files.tables import read_table, write_table
 
     n = SIZES[quick]["diff_rows"]
     base = write_table(synthetic.modules_table(n, seed=1), tmp / "base.parquet")
@@ -182,8 +182,8 @@ def log_rows(quick: bool, tmp: Path) -> list[Row]:
     """``track.log_run`` of one run whose dump folder holds N ``.npy`` tensors."""
     import pyarrow as pa
 
-    from parity_tracker.store import get_client
     from parity_tracker.track import log_run
+    from parity_tracker.track.store import get_client
 
     size = SIZES[quick]
     n, numel = size["tensors"], size["numel"]
@@ -237,14 +237,14 @@ def run(quick: bool) -> list[Row]:
             "modules.parquet",
             "",
             lambda: bytes_per_row(quick, tmp),
-            "parity_tracker.tables:write_table",
+            "parity_tracker.files.tables:write_table",
         )
         rows += _guarded(
             f"{NAME}: history",
             "stored runs",
             "≤ 1",
             lambda: history_rows(quick, tmp),
-            "parity_tracker.history:build_history",
+            "parity_tracker.analysis.history:build_history",
             "parity_tracker.track:run_params",
         )
         rows += _guarded(
@@ -252,7 +252,7 @@ def run(quick: bool) -> list[Row]:
             "two runs",
             "≤ 1",
             lambda: diff_rows(quick, tmp),
-            "parity_tracker.diff:diff_tables",
+            "parity_tracker.analysis.diff:diff_tables",
         )
         rows += _guarded(
             f"{NAME}: log run + dumps",

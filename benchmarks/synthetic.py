@@ -75,7 +75,7 @@ def modules_table(
     Returns:
         A table with exactly ``tables.MODULES_SCHEMA``.
     """
-    from parity_tracker.tables import MODULES_SCHEMA, conform
+    from parity_tracker.files.tables import MODULES_SCHEMA, conform
 
     rng = np.random.default_rng(seed)
     tags, modules, shapes, numel, ref_hash = _layout(n_rows)
@@ -131,8 +131,8 @@ def run_result(n_rows: int, *, seed: int, commit: str, target: str) -> Any:
     The summary comes from ``parity_tracker.run.build_summary``, so params, metrics and tags
     logged from it are exactly those of a real run of the same shape.
     """
+    from parity_tracker.files.tables import OPS_SCHEMA
     from parity_tracker.run import RunResult, build_summary
-    from parity_tracker.tables import OPS_SCHEMA
 
     run_id = uuid.uuid4().hex
     modules = modules_table(n_rows, seed=seed, run_id=run_id)

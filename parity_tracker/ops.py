@@ -111,7 +111,7 @@ class OpSession(SpillCounters):
             reference(*inputs)
         with session.recording(1, model=candidate):
             candidate(*inputs)
-        rows = session.rows()            # the ops table (parity_tracker.tables.OPS_SCHEMA)
+        rows = session.rows()            # the ops table (parity_tracker.files.tables.OPS_SCHEMA)
         first = session.root_causes()[0]  # the seed's step 2: the first op that differs
 
     Args:

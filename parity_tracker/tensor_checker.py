@@ -491,7 +491,7 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
 
 def _write_dumps(checker: TensorChecker, plan, dump_path) -> tuple[dict[int, tuple[str, ...]], str]:
     """Write the planned dumps of a check (``DumpWriter``); warn about tags already released."""
-    from parity_tracker.dump import DumpWriter
+    from parity_tracker.files.dump import DumpWriter
 
     writer = DumpWriter(dump_path)
     paths: dict[int, tuple[str, ...]] = {}

@@ -6,7 +6,7 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
   session; never written to by tests, only copied.
 - ``sqlite_tracking_uri`` (function): ``sqlite:///<tmp_path>/mlflow.db``, a fresh copy of the
   template, so each test starts from an empty, already-migrated store in well under a second.
-  Experiments created through ``parity_tracker.store`` put their artifacts in
+  Experiments created through ``parity_tracker.track.store`` put their artifacts in
   ``<tmp_path>/artifacts``.
 - ``mlflow_server`` (session, mark your test ``@pytest.mark.server``): a real ``mlflow server``
   on 127.0.0.1 at a free port, backend a copy of the template, artifacts proxied

@@ -56,8 +56,8 @@ def test_find_reports_missing_pieces_without_raising():
 
 
 def test_synthetic_table_matches_schema_and_diff_finds_the_planted_changes():
-    from parity_tracker.diff import count_changes, diff_tables
-    from parity_tracker.tables import MODULES_SCHEMA
+    from parity_tracker.analysis.diff import count_changes, diff_tables
+    from parity_tracker.files.tables import MODULES_SCHEMA
 
     base = synthetic.modules_table(3000, seed=1)
     head = synthetic.modules_table(3000, seed=2)

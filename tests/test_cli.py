@@ -122,8 +122,8 @@ def test_run_store_unreachable_exits_3_with_spool_path(env):
 
 
 def test_run_interrupted_is_logged_killed_exit_130(env):
-    from parity_tracker.store import get_client
     from parity_tracker.track import find_runs
+    from parity_tracker.track.store import get_client
 
     res = invoke("run", "cli_targets:interrupting")
     assert res.exit_code == 130
@@ -287,7 +287,7 @@ def test_nightly_twice_then_regression_then_expected(env, tmp_path):
 def test_nightly_writes_parent_artifacts_and_prints_digest(env, tmp_path):
     import pyarrow.parquet as pq
 
-    from parity_tracker.store import get_client
+    from parity_tracker.track.store import get_client
 
     cfg = _matrix(tmp_path)
     res = invoke("nightly", "--config", str(cfg), "--commit", "a1")
@@ -374,7 +374,7 @@ def test_nightly_usage_errors(env, tmp_path):
 
 
 def test_nightly_interrupted_ends_parent_killed_exit_130(env, tmp_path):
-    from parity_tracker.store import get_client
+    from parity_tracker.track.store import get_client
 
     cfg = _matrix(tmp_path, '[[matrix]]\ntarget = "cli_targets:interrupting"\n')
     res = invoke("nightly", "--config", str(cfg), "--json")

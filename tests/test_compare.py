@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from parity_tracker.compare import PASSING, STATUSES, Comparison, compare_tensors, missing
+from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.errors import InputError
-from parity_tracker.tolerances import Tolerances
 
 NAN, INF = math.nan, math.inf
 
@@ -295,7 +295,7 @@ def test_large_pair_differing_late_and_early() -> None:
         got = compare_tensors(torch.from_numpy(r_np), torch.from_numpy(c_np))
         assert got.status == "mismatch" and got.mismatch_count == 1
         assert (got.max_abs_diff, got.max_abs_diff_index) == (want, (pos,))
-        from parity_tracker.hashing import content_hash
+        from parity_tracker.compare.hashing import content_hash
 
         assert got.cand_hash == content_hash(torch.from_numpy(c_np))
         assert got.ref_hash == content_hash(torch.from_numpy(r_np))
@@ -335,7 +335,7 @@ def test_small_identical_counts_nan_and_inf(dtype: torch.dtype) -> None:
 
 def test_pair_above_small_limit_takes_chunked_path() -> None:
     from parity_tracker.compare import SMALL
-    from parity_tracker.hashing import content_hash
+    from parity_tracker.compare.hashing import content_hash
 
     g = np.random.default_rng(5)
     r_np = g.standard_normal(SMALL + 7).astype(np.float32)
@@ -370,7 +370,7 @@ def test_pair_above_small_limit_takes_chunked_path() -> None:
 def test_identical_shortcut_matches_general_path(make, mode: str) -> None:
     # torch tensors take the one-step identical shortcut; the same data as numpy arrays
     # takes the general path (conversion records, scan, notes): the records must be equal.
-    from parity_tracker.hashing import content_hash
+    from parity_tracker.compare.hashing import content_hash
 
     a = make()
     fast = compare_tensors(a, a.clone(), mode=mode)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import xxhash
 
-from parity_tracker.hashing import StreamHasher, content_hash
+from parity_tracker.compare.hashing import StreamHasher, content_hash
 
 
 def _independent(header: str, raw: bytes) -> str:

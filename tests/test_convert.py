@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity_tracker.convert import to_tensor
+from parity_tracker.compare.convert import to_tensor
 
 
 def test_tensor_kept_and_device_recorded() -> None:

@@ -20,7 +20,7 @@ import pytest
 from parity_tracker.dashboards.nightly import render_history, render_matrix
 from parity_tracker.dashboards.report import diff_histogram, pick_worst, render_run_report
 from parity_tracker.dashboards.samples import synthetic_nightly, synthetic_run
-from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 
 MB = 1_000_000
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from parity_tracker.diff import (
+from parity_tracker.analysis.diff import (
     CHANGES,
     classify,
     count_changes,
@@ -19,7 +19,7 @@ from parity_tracker.diff import (
     to_markdown,
     to_rich,
 )
-from parity_tracker.tables import MODULES_SCHEMA, rows_to_table
+from parity_tracker.files.tables import MODULES_SCHEMA, rows_to_table
 
 
 def row(status="equal", mad=0.0, h="a", dtype="float32"):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from parity_tracker.dump import DumpWriter, load_dump, sanitize, to_numpy
 from parity_tracker.errors import InputError
 from parity_tracker.examples import seed_demo
+from parity_tracker.files.dump import DumpWriter, load_dump, sanitize, to_numpy
 from parity_tracker.tensor_checker import DumpMode, TensorChecker
 
 

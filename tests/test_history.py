@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from parity_tracker.analysis.history import build_history, first_bad, latest_per_commit
 from parity_tracker.errors import InfrastructureError, InputError
-from parity_tracker.history import build_history, first_bad, latest_per_commit
-from parity_tracker.tables import MODULES_SCHEMA, rows_to_table, write_table
+from parity_tracker.files.tables import MODULES_SCHEMA, rows_to_table, write_table
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def _log(client, exp_id, *, commit, t, failing, fingerprint="fp1", tag_status=No
 
 @pytest.fixture
 def store(sqlite_tracking_uri, tmp_path):
-    from parity_tracker.store import get_client, get_or_create_experiment
+    from parity_tracker.track.store import get_client, get_or_create_experiment
 
     client = get_client(sqlite_tracking_uri)
     return client, get_or_create_experiment(client, "parity"), sqlite_tracking_uri, tmp_path

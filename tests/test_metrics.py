@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from parity_tracker import metrics
-from parity_tracker.metrics import cosine_from_sums, diff_stats, sqnr_from_sums
+from parity_tracker.compare import metrics
+from parity_tracker.compare.metrics import cosine_from_sums, diff_stats, sqnr_from_sums
 
 INF, NAN = math.inf, math.nan
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parity_tracker.errors import InputError
+from parity_tracker.files.tables import OPS_SCHEMA, rows_to_table
 from parity_tracker.ops import OpSession, suspended
-from parity_tracker.tables import OPS_SCHEMA, rows_to_table
 
 
 def _run(reference, candidate, *inputs, mode="equal", **kwargs):

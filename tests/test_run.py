@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from parity_tracker.case import ParityCase
 from parity_tracker.errors import InputError
+from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA
+from parity_tracker.pipeline.case import ParityCase
 from parity_tracker.run import choose_mode, config_fingerprint, run_case, run_parity
-from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA
 from parity_tracker.tensor_checker import DumpMode
 
 ENV = {"git_commit": "c0ffee", "git_branch": "main", "git_dirty": False}
@@ -346,15 +346,15 @@ def test_weight_difference_is_reported_apart(tiny_equal_pair):
 
 
 def _rows_table(rows):
-    from parity_tracker.tables import MODULES_SCHEMA, rows_to_table
+    from parity_tracker.files.tables import MODULES_SCHEMA, rows_to_table
 
     base = {"kind": "output", "step": 0, "mode": "allclose"}
     return rows_to_table([{**base, **r} for r in rows], MODULES_SCHEMA)
 
 
 def test_first_divergence_skips_cache_hits_and_counts_them():
+    from parity_tracker.files.tables import OPS_SCHEMA, rows_to_table
     from parity_tracker.run import build_summary, first_divergence
-    from parity_tracker.tables import OPS_SCHEMA, rows_to_table
 
     table = _rows_table(
         [

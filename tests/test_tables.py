@@ -10,9 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from parity_tracker import tables
 from parity_tracker.errors import InputError
-from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, read_table, rows_to_table, write_table
+from parity_tracker.files import tables
+from parity_tracker.files.tables import (
+    MODULES_SCHEMA,
+    OPS_SCHEMA,
+    read_table,
+    rows_to_table,
+    write_table,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 

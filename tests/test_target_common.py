@@ -12,7 +12,7 @@ import torch
 
 from parity_tracker.builtin_targets import _common
 from parity_tracker.errors import InputError
-from parity_tracker.targets import resolve_target, target_names
+from parity_tracker.pipeline.targets import resolve_target, target_names
 
 ENGINE = {"candidate": ["torch", "onnxruntime"], "ort_optimization": ["disable_all", "enable_all"]}
 COMPILE = {"implementation": ["same", "inductor", "eager"]}
@@ -58,7 +58,7 @@ def test_builtin_names_cover_every_module():
 def test_importing_targets_does_not_import_heavy_libraries():
     code = (
         "import sys\n"
-        "from parity_tracker.targets import list_targets\n"
+        "from parity_tracker.pipeline.targets import list_targets\n"
         "assert len(list_targets()) >= 5\n"
         "heavy = [m for m in ('transformers', 'diffusers', 'onnxruntime', 'sklearn', 'skimage',"
         " 'silero_vad', 'mlflow') if m in sys.modules]\n"

@@ -9,8 +9,8 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from parity_tracker import targets as T
 from parity_tracker.errors import InputError
+from parity_tracker.pipeline import targets as T
 
 
 def test_builtin_resolves_by_name_with_schema():
@@ -26,7 +26,8 @@ def test_builtin_resolves_by_name_with_schema():
 
 def test_listing_builtins_imports_no_heavy_library():
     code = (
-        "import sys; from parity_tracker.targets import list_targets; ts = list_targets(); "
+        "import sys; from parity_tracker.pipeline.targets import list_targets; "
+        "ts = list_targets(); "
         "heavy = [m for m in ('transformers', 'diffusers', 'onnxruntime', 'sklearn', 'skimage',"
         " 'mlflow') if m in sys.modules]; print(len(ts), heavy)"
     )

@@ -11,7 +11,7 @@ from torch import nn
 
 from parity_tracker.errors import InputError
 from parity_tracker.examples import seed_demo
-from parity_tracker.tables import MODULES_SCHEMA, rows_to_table
+from parity_tracker.files.tables import MODULES_SCHEMA, rows_to_table
 from parity_tracker.tensor_checker import (
     CheckResult,
     DumpMode,

@@ -226,7 +226,7 @@ def _rows(result):
 def test_deep_run_keeps_snapshots_within_budget_with_identical_results(tmp_path, monkeypatch):
     import math
 
-    from parity_tracker.dump import load_dump
+    from parity_tracker.files.dump import load_dump
 
     budget = 4 << 10  # 4 KiB: 8 activations of 512 bytes
     bounded, checker = _deep_run(tmp_path, monkeypatch, budget, "bounded")

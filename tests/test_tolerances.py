@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_tracker.errors import InputError
-from parity_tracker.tolerances import (
+from parity_tracker.compare.tolerances import (
     DTYPE_PRECISIONS,
     Tolerances,
     check_pair,
     default_tolerances,
     dtype_tolerance,
 )
+from parity_tracker.errors import InputError
 
 
 def test_table_is_torch_testing_table() -> None:

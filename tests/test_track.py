@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from parity_tracker.dashboards import render_run_report
-from parity_tracker.env import ENV_KEYS
+from parity_tracker.files.tables import read_table
 from parity_tracker.run import config_fingerprint, run_parity
-from parity_tracker.store import get_client
-from parity_tracker.tables import read_table
+from parity_tracker.run.environment import ENV_KEYS
 from parity_tracker.track import (
     SpooledError,
     end_run,
@@ -30,6 +29,7 @@ from parity_tracker.track import (
     start_parent_run,
     sync_spool,
 )
+from parity_tracker.track.store import get_client
 from parity_tracker.track.tag_codes import decode, ordered_tags
 
 SETTINGS = {"target": "tiny", "candidate": "scaled", "quantization": "none", "device": "cpu",
@@ -239,7 +239,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from parity_tracker.run import RunResult, build_summary
-    from parity_tracker.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
+    from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
     from parity_tracker.track import log_run
 
     for i in range(2):

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import torch
 
-from parity_tracker import store
-from parity_tracker.env import ENV_KEYS, collect_environment, git_info
+from parity_tracker.run.environment import ENV_KEYS, collect_environment, git_info
+from parity_tracker.track import store
 
 
 def _git(cwd, *args):

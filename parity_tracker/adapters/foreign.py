@@ -28,6 +28,11 @@ from typing import Any, Protocol
 
 import torch
 
+from parity_tracker.capture.modules import CaptureLog, HookHandle, install
+from parity_tracker.capture.ops import suspended
+from parity_tracker.compare.convert import as_tensor
+from parity_tracker.errors import InputError
+
 
 @dataclass(frozen=True)
 class ProbedTag:
@@ -55,17 +60,20 @@ class ProbedTag:
 
 
 class _ProbeRecorder:
-    """The ``rec`` a drive gets during :func:`probe_reference`: steps and manual tags, side 0."""
+    """The ``rec`` a drive function gets while the reference is probed (a capture log, side 0).
 
-    def __init__(self, checker: Any) -> None:
-        self.checker = checker
+    Only tags, shapes and dtypes are wanted: tensors are not kept (``on_tensor`` does nothing).
+    """
+
+    def __init__(self, log: CaptureLog) -> None:
+        self.log = log
 
     @property
     def step(self) -> int:
-        return self.checker.step
+        return self.log.step
 
     def __call__(self, step: int) -> _ProbeRecorder:
-        self.checker.step = int(step)
+        self.log.step = int(step)
         return self
 
     def __enter__(self) -> _ProbeRecorder:
@@ -75,10 +83,22 @@ class _ProbeRecorder:
         return None
 
     def register(self, tag: str, tensor: Any) -> None:
-        self.checker.register_tensor(tag, tensor, side=0)
+        log = self.log
+        with suspended():
+            group = log.capture(
+                tag,
+                as_tensor(tensor, tag),
+                side=0,
+                kind="manual",
+                module=log.active_module(0),
+                slot="manual",
+                call_index=0,
+                step=log.step,
+            )
+            log.commit([group])
 
     def mark_cache_hit(self, module: str) -> None:
-        self.checker.mark_cache_hit(module, side=0)
+        self.log.cache_hits.add((module, self.log.step, 0))
 
     def mark_not_observable(self, tag: str, reason: str) -> None:
         return None
@@ -88,7 +108,10 @@ class _ProbeRecorder:
 
 
 def probe_reference(reference: torch.nn.Module, drive: Callable[..., Any]) -> list[ProbedTag]:
-    """Run ``reference`` once under ``drive`` with the checker's hooks; list its tags in order.
+    """Run ``reference`` once under ``drive`` with every module hooked; list its tags in order.
+
+    The hooks are the capture layer's (:func:`parity_tracker.capture.modules.install`, the ones
+    ``run_parity`` and ``TensorChecker`` install), so the tags are exactly those a run records.
 
     Args:
         reference: the reference module (run in eval mode, restored after, under
@@ -97,24 +120,32 @@ def probe_reference(reference: torch.nn.Module, drive: Callable[..., Any]) -> li
 
     Returns:
         One :class:`ProbedTag` per tag and step, in registration order.
-    """
-    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
-    checker = TensorChecker(verbose=False)
+    Raises:
+        InputError: ``reference`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(reference, torch.nn.Module):
+        raise InputError(
+            f"the reference must be a torch.nn.Module to be probed, got {type(reference).__name__}"
+        )
+    log = CaptureLog(lambda group, capture, tensor, alias: None)
+    handle = HookHandle(log, log.claim_side(0), reference)
     flags = [(m, m.training) for m in reference.modules()]
     reference.eval()
     try:
-        with torch.no_grad(), module_register_tensor_checker(reference, checker, side=0):
-            drive(reference, _ProbeRecorder(checker))
+        install(reference, log, handle)
+        log.handles.append(handle)
+        with torch.no_grad():
+            drive(reference, _ProbeRecorder(log))
     finally:
+        handle.remove()
         for m, flag in flags:
             m.training = flag
     probed = []
-    for g in checker._log.groups.values():
+    for g in log.groups.values():
         shape, dtype, _ = g.captures[0].meta or (None, None, None)
         where = (g.module, g.kind, g.slot, g.call_index, g.step)
         probed.append(ProbedTag(g.tag, *where, shape, dtype))
-    checker.clear()
     return probed
 
 

@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,24 +37,37 @@ from parity_tracker.capture.tags import TOP_MODULE, root_name
 _SUSPEND = threading.local()
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
+class suspended:  # lower case: used as ``with suspended():`` (a function before issue 19)
     """Do not record ops run inside this block (re-entrant, per thread).
 
     Capture code that runs inside a recorded forward (the TensorChecker's hooks cloning inputs
     and outputs, manual ``register_tensor``) must wrap its own tensor work in this, or its copies
-    appear as ops of the module being recorded.
+    appear as ops of the module being recorded. A class rather than a generator context
+    manager: every hooked module call enters it twice (≈ 1 µs less each).
     """
-    _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
-    try:
-        if isinstance(_get_current_dispatch_mode(), DispatchRecorder):
-            # Step out of the recorder entirely: the suspended work then costs nothing extra.
-            with _pop_mode_temporarily():
-                yield
-        else:
-            yield
-    finally:
-        _SUSPEND.depth -= 1
+
+    __slots__ = ("_popped",)
+
+    def __enter__(self) -> None:
+        _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
+        self._popped = None
+        try:
+            if isinstance(_get_current_dispatch_mode(), DispatchRecorder):
+                # Step out of the recorder entirely: the suspended work then costs nothing extra.
+                popped = _pop_mode_temporarily()
+                popped.__enter__()
+                self._popped = popped
+        except BaseException:
+            _SUSPEND.depth -= 1
+            raise
+
+    def __exit__(self, *exc: object) -> bool:
+        try:
+            if self._popped is not None:
+                self._popped.__exit__(*exc)
+        finally:
+            _SUSPEND.depth -= 1
+        return False
 
 
 def _is_suspended() -> bool:

@@ -115,7 +115,7 @@ def dense_cpu(t: torch.Tensor) -> torch.Tensor:
 
     A quantized tensor stays quantized (its ``int_repr`` and parameters are the lossless form);
     any other tensor has its conjugate/negative bits resolved. Shared by :func:`to_tensor` and
-    the dump writer (``parity_tracker.dump.to_numpy``).
+    the dump writer (``parity_tracker.files.dump.to_numpy``).
 
     Raises:
         InputError: a meta or fake tensor (it has no data).
@@ -320,3 +320,42 @@ def tensor_version(t: torch.Tensor) -> int | None:
     if t.is_inference():
         return None
     return t._version
+
+
+def quant_notes(ref: Converted, cand: Converted) -> list[str]:
+    """Notes naming differing quantization parameters and int_repr (``compare.core`` messages).
+
+    Values of quantized tensors compare dequantized; these notes say what else differs.
+    """
+    rq, cq = ref.quant, cand.quant
+    if rq is None and cq is None:
+        return []
+    if rq is None or cq is None:
+        side, q = ("reference", rq) if rq is not None else ("candidate", cq)
+        where = f", axis {q.axis}" if q.axis is not None else ""
+        return [
+            f"only the {side} is quantized ({q.qscheme}, scale {_short(q.scale)}, zero_point "
+            f"{_short(q.zero_point)}{where}); compared dequantized"
+        ]
+    notes = []
+    for name in ("qscheme", "scale", "zero_point", "axis"):
+        a, b = getattr(rq, name), getattr(cq, name)
+        same = (
+            torch.equal(a, b)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            else (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+        )
+        if not same:
+            notes.append(f"{name} differs: reference {_short(a)}, candidate {_short(b)}")
+    if rq.int_repr.shape == cq.int_repr.shape:
+        k = int(torch.count_nonzero(rq.int_repr.long() != cq.int_repr.long()))
+        if k:
+            notes.append(f"int_repr differs at {k} / {rq.int_repr.numel()} elements")
+    return notes
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        vals = v.flatten()[:4].tolist()
+        return f"{vals}{'...' if v.numel() > 4 else ''}"
+    return str(v)

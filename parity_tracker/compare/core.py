@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import xxhash
 
-from parity_tracker.compare.convert import Converted, _plain, to_tensor
+from parity_tracker.compare.convert import Converted, _plain, quant_notes, to_tensor
 from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
     StreamHasher,
@@ -51,6 +51,7 @@ from parity_tracker.compare.metrics import (
     torch_threads,
     ulp_spec,
 )
+from parity_tracker.compare.small import SMALL_PAIR, small_stats
 from parity_tracker.compare.tolerances import Tolerances, check_pair
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import MODES, PASSING
@@ -155,6 +156,8 @@ def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] 
     """C-order multi-index of a flat index (as ``torch.testing``'s ``unravel_flat_index``)."""
     if flat_index is None:
         return None
+    if len(shape) == 1:
+        return (flat_index,)
     out = []
     for size in reversed(shape):
         flat_index, rem = divmod(flat_index, size)
@@ -294,49 +297,13 @@ def _failure_message(mode: str, s: DiffStats, shape, tol) -> str:
     )
 
 
-def _quant_notes(ref: Converted, cand: Converted) -> list[str]:
-    """Name differing quantization parameters and int_repr (values compare dequantized)."""
-    rq, cq = ref.quant, cand.quant
-    if rq is None and cq is None:
-        return []
-    if rq is None or cq is None:
-        side, q = ("reference", rq) if rq is not None else ("candidate", cq)
-        where = f", axis {q.axis}" if q.axis is not None else ""
-        return [
-            f"only the {side} is quantized ({q.qscheme}, scale {_short(q.scale)}, zero_point "
-            f"{_short(q.zero_point)}{where}); compared dequantized"
-        ]
-    notes = []
-    for name in ("qscheme", "scale", "zero_point", "axis"):
-        a, b = getattr(rq, name), getattr(cq, name)
-        same = (
-            torch.equal(a, b)
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            else (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
-        )
-        if not same:
-            notes.append(f"{name} differs: reference {_short(a)}, candidate {_short(b)}")
-    if rq.int_repr.shape == cq.int_repr.shape:
-        k = int(torch.count_nonzero(rq.int_repr.long() != cq.int_repr.long()))
-        if k:
-            notes.append(f"int_repr differs at {k} / {rq.int_repr.numel()} elements")
-    return notes
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        vals = v.flatten()[:4].tolist()
-        return f"{vals}{'...' if v.numel() > 4 else ''}"
-    return str(v)
-
-
 def _notes(ref: Converted, cand: Converted, s_nan: tuple[int, int] | None) -> list[str]:
     notes = []
     if ref.dtype != cand.dtype:
         notes.append(f"dtypes differ: reference {ref.dtype}, candidate {cand.dtype}")
     if ref.device != cand.device:
         notes.append(f"devices differ: reference {ref.device}, candidate {cand.device}")
-    notes += _quant_notes(ref, cand)
+    notes += quant_notes(ref, cand)
     if s_nan is not None and (s_nan[0] or s_nan[1]):
         notes.append(f"NaN count: reference {s_nan[0]}, candidate {s_nan[1]}")
     return notes
@@ -423,27 +390,29 @@ def _from_stats(scan: _Scan, ref: Converted, cand: Converted, base, tol) -> Comp
         parts.append("values equal but not bitwise identical (-0.0 vs 0.0 or NaN payloads)")
     parts += _notes(ref, cand, (s.ref_nan, s.cand_nan) if s.ref_nan or s.cand_nan else None)
     allclose = mode == "allclose"
-    return Comparison(
-        status=status,
-        mismatch_count=s.mismatch_count,
-        max_abs_diff=s.max_abs_diff,
-        max_abs_diff_index=_unravel(s.max_abs_diff_index, shape),
-        max_rel_diff=s.max_rel_diff,
-        max_rel_diff_index=_unravel(s.max_rel_diff_index, shape),
-        mean_abs_diff=s.mean_abs_diff,
-        cosine=s.cosine,
-        sqnr_db=s.sqnr_db,
-        max_ulp=s.max_ulp,
-        ref_nan=s.ref_nan,
-        cand_nan=s.cand_nan,
-        ref_inf=s.ref_inf,
-        cand_inf=s.cand_inf,
-        ref_hash=scan.ref_hash,
-        cand_hash=scan.cand_hash,
-        rtol=tol[0] if allclose else None,
-        atol=tol[1] if allclose else None,
-        message=_join(*parts),
-        **base,
+    return Comparison._fast(  # every field given: the frozen record without its slow __init__
+        dict(
+            status=status,
+            mismatch_count=s.mismatch_count,
+            max_abs_diff=s.max_abs_diff,
+            max_abs_diff_index=_unravel(s.max_abs_diff_index, shape),
+            max_rel_diff=s.max_rel_diff,
+            max_rel_diff_index=_unravel(s.max_rel_diff_index, shape),
+            mean_abs_diff=s.mean_abs_diff,
+            cosine=s.cosine,
+            sqnr_db=s.sqnr_db,
+            max_ulp=s.max_ulp,
+            ref_nan=s.ref_nan,
+            cand_nan=s.cand_nan,
+            ref_inf=s.ref_inf,
+            cand_inf=s.cand_inf,
+            ref_hash=scan.ref_hash,
+            cand_hash=scan.cand_hash,
+            rtol=tol[0] if allclose else None,
+            atol=tol[1] if allclose else None,
+            message=_join(*parts),
+            **base,
+        )
     )
 
 
@@ -526,9 +495,13 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     r = reference.detach() if reference.requires_grad else reference
     c = candidate.detach() if candidate.requires_grad else candidate
     name, shape = dtype_name(dtype), tuple(shape)
-    r_buf = r.numpy()
-    ref_hash, cand_hash = _digest(r_buf, name, shape), _digest(c.numpy(), name, shape)
+    r_buf, c_buf = r.numpy(), c.numpy()
+    ref_hash, cand_hash = _digest(r_buf, name, shape), _digest(c_buf, name, shape)
     if ref_hash != cand_hash:
+        if dtype.is_floating_point and r.numel() <= SMALL_PAIR:
+            return _small_differing(
+                r, c, (r_buf, c_buf), (ref_hash, cand_hash), mode, explicit, tag, tolerances
+            )
         return None
     nan, inf = _side_counts(r, r_buf)
     if mode == "equal":
@@ -558,6 +531,33 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
             message="",
         )
     )
+
+
+_NO_OVERRIDES = Tolerances()  # no tag overrides, no global pair: the per-dtype defaults
+
+
+@functools.cache
+def _finfo(dtype: torch.dtype) -> tuple[float, float]:
+    info = torch.finfo(dtype)
+    return float(info.eps), float(info.tiny)
+
+
+def _small_differing(r, c, arrays, hashes, mode, explicit, tag, tolerances) -> Comparison | None:
+    """A small differing plain float pair through :func:`compare.small.small_stats`.
+
+    The same record as the general path, bit for bit; ``None`` when that path must run.
+    """
+    if mode == "equal":
+        tol = (0.0, 0.0)
+    else:
+        tol = (tolerances or _NO_OVERRIDES).resolve(tag, r.dtype, c.dtype, *(explicit or ()))
+    stats = small_stats(*arrays, *tol, *_finfo(r.dtype))
+    if stats is None:
+        return None
+    name, shape = dtype_name(r.dtype), tuple(r.shape)
+    ref = Converted(tensor=r, dtype=name, device="cpu", shape=shape)
+    cand = Converted(tensor=c, dtype=name, device="cpu", shape=shape)
+    return _from_stats(_Scan(stats, *hashes), ref, cand, _base(mode, ref, cand), tol)
 
 
 def _compare(ref, cand, base, explicit, tag, tolerances) -> Comparison:

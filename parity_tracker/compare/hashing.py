@@ -129,15 +129,19 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def digestible(t: torch.Tensor) -> bool:
-    """Whether :func:`storage_digest` reads ``t`` (cheap check, nothing is hashed)."""
+    """Whether :func:`storage_digest` reads ``t`` (cheap check, nothing is hashed).
+
+    A non-empty contiguous tensor fills a dense span (its non-size-1 strides are the products
+    of the later sizes), so :func:`dense_span`'s sort runs only for the other layouts.
+    """
     return (
         type(t) in _PLAIN_TYPES
-        and t.device.type == "cpu"
+        and t.is_cpu
         and t.layout == torch.strided
         and not t.is_quantized
         and not t.is_conj()
         and not t.is_neg()
-        and dense_span(t)
+        and ((t.is_contiguous() and t.numel() > 0) or dense_span(t))
     )
 
 
@@ -210,6 +214,30 @@ def content_hash(tensor: torch.Tensor) -> str:
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
-    hasher = StreamHasher(tensor.dtype, tuple(tensor.shape))
+    shape = tuple(tensor.shape)
+    if _numpy_readable(tensor):  # the same bytes, without byte_view's reshape and views
+        hasher = xxhash.xxh3_64(_header(dtype_name(tensor.dtype), shape))
+        hasher.update(tensor.numpy())
+        return hasher.hexdigest()
+    hasher = StreamHasher(tensor.dtype, shape)
     hasher.update(tensor.contiguous())
     return hasher.hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The hash header ``"{dtype}|{shape}|"`` of :func:`content_hash` (StreamHasher's)."""
+    return f"{dtype}|{shape}|".encode()
+
+
+def _numpy_readable(t: torch.Tensor) -> bool:
+    """A plain, contiguous, non-empty CPU tensor whose ``numpy()`` buffer is its C-order bytes."""
+    return (
+        type(t) in _PLAIN_TYPES
+        and t.dtype in _NUMPY_DTYPES
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.numel() > 0
+    )

@@ -4,7 +4,10 @@ Every metric is a pure function ``f(reference, candidate)`` (the torchmetrics ``
 style); they share one engine, :func:`diff_stats`, which walks both tensors in flat chunks of
 :data:`CHUNK` elements, converts each chunk into reused float64 (complex128) buffers and
 accumulates every metric at once, so a comparison reads each input from memory once and needs
-at most ``CHUNK``-sized scratch buffers (no whole-tensor temporaries).
+at most ``CHUNK``-sized scratch buffers (no whole-tensor temporaries). Chunks of two real
+floating tensors go through :mod:`parity_tracker.compare.fused` (one pass per chunk, sums in
+one fixed lane order, an optional compiled loop with the same results); the rest, and the
+chunks it refuses (NaN/inf, sums leaving float64), through :class:`DiffAccumulator`'s own path.
 
 Element-wise difference ``d_i`` (the basis of every metric), ``r`` = reference, ``c`` =
 candidate, both converted exactly to float64 / complex128 (int64 differences are taken in
@@ -25,9 +28,7 @@ non-parallel vectors never get cosine ``1.0``, at any magnitude.
 
 from __future__ import annotations
 
-import functools
 import math
-import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from parity_tracker.compare import scaled
+from parity_tracker.compare import fused, scaled
 from parity_tracker.compare.hashing import StreamHasher
 from parity_tracker.compare.scaled import (  # noqa: F401  (float forms re-exported)
     ScaledSum,
@@ -46,6 +47,7 @@ from parity_tracker.compare.scaled import (  # noqa: F401  (float forms re-expor
     scaled_sq,
     sqnr_from_sums,
 )
+from parity_tracker.compare.ulp import _FILTER_FLOOR, UlpSpec, _ulp_ratio, ulp_spec  # noqa: F401
 
 CHUNK = 1 << 16
 """Elements per chunk: float64 scratch buffers of 512 KiB each stay in the L2/L3 cache."""
@@ -100,47 +102,6 @@ class DiffStats:
     cand_inf: int
 
 
-_EXP64 = 0x7FF0000000000000  # exponent field of a float64
-_FILTER_FLOOR = 1e-300  # below it halving the running max ULP ratio could round; measure all
-
-
-@dataclass(frozen=True)
-class UlpSpec:
-    """What the ULP of a reference dtype needs: its eps and its smallest normal (as float64 bits).
-
-    Attributes:
-        eps: ``torch.finfo(dtype).eps`` (the ULP of 1.0).
-        tiny_bits: the float64 bit pattern of ``torch.finfo(dtype).tiny``.
-    """
-
-    eps: float
-    tiny_bits: int
-
-
-@functools.cache
-def ulp_spec(dtype: torch.dtype) -> UlpSpec | None:
-    """The :class:`UlpSpec` of a float (or complex) dtype; ``None`` for int/bool or e8m0."""
-    if dtype.is_complex:
-        dtype = dtype.to_real()
-    if not dtype.is_floating_point or "e8m0" in str(dtype):
-        return None
-    info = torch.finfo(dtype)
-    tiny_bits = struct.unpack("<q", struct.pack("<d", float(info.tiny)))[0]
-    return UlpSpec(float(info.eps), tiny_bits)
-
-
-def _ulp_ratio(x: torch.Tensor, d: torch.Tensor, spec: UlpSpec, bits: torch.Tensor, out):
-    """``d / (2**e(x) clamped to tiny)`` where x is the float64 image of reference values.
-
-    Masking the exponent field of the float64 bit pattern gives ``2**e(x)`` exactly, for any
-    reference dtype (its values are exact in float64); clamping at the dtype's smallest normal
-    gives the subnormal spacing ÷ eps. Multiply the result by ``1/eps`` for ULPs.
-    """
-    torch.bitwise_and(x.view(torch.int64), _EXP64, out=bits)
-    bits.clamp_min_(spec.tiny_bits)
-    return torch.div(d, bits.view(torch.float64), out=out)
-
-
 class DiffAccumulator:
     """Accumulates :class:`DiffStats` over consecutive flat chunks of one pair.
 
@@ -150,6 +111,8 @@ class DiffAccumulator:
         chunk: largest chunk that :meth:`add` will get (sizes the scratch buffers).
         rtol: relative tolerance (dimensionless), ``0`` for exact comparison.
         atol: absolute tolerance (inputs' units), ``0`` for exact comparison.
+        kernel: real floating chunks through ``fused``'s compiled loop (``None``: when numba
+            imports) or its numpy fold (``False``); the results are the same, bit for bit.
     """
 
     def __init__(
@@ -159,6 +122,7 @@ class DiffAccumulator:
         chunk: int,
         rtol: float = 0.0,
         atol: float = 0.0,
+        kernel: bool | None = False,
     ) -> None:
         self.rtol, self.atol = float(rtol), float(atol)
         self.complex = ref_dtype.is_complex or cand_dtype.is_complex
@@ -169,18 +133,11 @@ class DiffAccumulator:
         self.int64 = self.int64 and (both_u64 or torch.int64 in (ref_dtype, cand_dtype))
         self.int64 = self.int64 and (both_u64 or torch.uint64 not in (ref_dtype, cand_dtype))
         self.ulp = ulp_spec(ref_dtype)
-        work = torch.complex128 if self.complex else torch.float64
-        size = max(chunk, 1)
-        self._rd = torch.empty(size, dtype=work)
-        self._cd = torch.empty(size, dtype=work)
-        self._dc = torch.empty(size, dtype=work) if self.complex else None
-        self._d = torch.empty(size, dtype=torch.float64)
-        self._a = torch.empty(size, dtype=torch.float64)
-        self._q = torch.empty(size, dtype=torch.float64)
-        self._b = torch.empty(size, dtype=torch.bool)
-        self._di = torch.empty(size, dtype=torch.int64) if self.int64 else None
-        self._ib = torch.empty(size, dtype=torch.int64) if self.ulp else None
-        self._atol_t = torch.tensor(self.atol, dtype=torch.float64)
+        self._size, self._rd = max(chunk, 1), None  # the general path's buffers: on first use
+        real = ref_dtype.is_floating_point and cand_dtype.is_floating_point
+        self._fold, self._kernel = None, kernel  # issue 19: fetched in the thread that folds
+        self._fused = real
+        self._tiny = float(torch.finfo(ref_dtype).tiny) if self.ulp else 0.0
         self.n = self.mismatch = 0
         self.nan_r = self.nan_c = self.inf_r = self.inf_c = 0
         self.max_abs, self.max_abs_idx = 0.0, None
@@ -189,11 +146,27 @@ class DiffAccumulator:
         self.sum_abs = 0.0
         self.rr, self.cc, self.rc, self.dd = (ScaledSum() for _ in range(4))
 
+    def _buffers(self) -> None:
+        size = self._size
+        work = torch.complex128 if self.complex else torch.float64
+        self._rd = torch.empty(size, dtype=work)
+        self._cd = torch.empty(size, dtype=work)
+        self._dc = torch.empty(size, dtype=work) if self.complex else None
+        self._d, self._a, self._q = (torch.empty(size, dtype=torch.float64) for _ in range(3))
+        self._b = torch.empty(size, dtype=torch.bool)
+        self._di = torch.empty(size, dtype=torch.int64) if self.int64 else None
+        self._ib = torch.empty(size, dtype=torch.int64) if self.ulp else None
+        self._atol_t = torch.tensor(self.atol, dtype=torch.float64)
+
     def add(self, r: torch.Tensor, c: torch.Tensor, offset: int) -> None:
         """Fold in one chunk: 1-D contiguous CPU slices of equal length starting at ``offset``."""
         n = r.numel()
         if n == 0:
             return
+        if self._fused and self._folded(r, c, offset, n):
+            return
+        if self._rd is None:
+            self._buffers()
         rd, cd, d = self._rd[:n], self._cd[:n], self._d[:n]
         rd.copy_(r)
         cd.copy_(c)
@@ -225,6 +198,30 @@ class DiffAccumulator:
         if top_rel > self.rtol * (1.0 - 1e-12):  # else d <= rtol·|r| <= allowed everywhere
             self._count_mismatch(d, absr, top, n)
         self._ulp(rd, cd, d, rel, top_rel, n, unmatched)
+
+    def _folded(self, r: torch.Tensor, c: torch.Tensor, offset: int, n: int) -> bool:
+        """Fold the chunk through :mod:`compare.fused`; False when it must take the general path."""
+        best = self.max_qr
+        half = math.inf if self.ulp is None else (0.5 * best if best > _FILTER_FLOOR else -1.0)
+        bests = (self.max_abs, self.max_rel)
+        if self._fold is None:  # per thread (fused.make_fold): workers never share scratch
+            self._fold = fused.make_fold(self._size, self._kernel)
+        got = self._fold(r, c, (self.rtol, self.atol), half, self._tiny, bests)
+        if got is None:
+            return False
+        self.n += n
+        for name in ("rr", "cc", "rc", "dd"):
+            getattr(self, name).add(getattr(got, name))
+        if got.sabs == 0.0:
+            return True
+        self.sum_abs += got.sabs
+        if got.max_abs_idx >= 0:
+            self._keep_max(got.max_abs, offset + got.max_abs_idx, "abs")
+        if got.max_rel_idx >= 0:
+            self._keep_max(got.max_rel, offset + got.max_rel_idx, "rel")
+        self.mismatch += got.mismatch
+        self.max_qr = max(best, got.max_qr)
+        return True
 
     def _sums(self, rd: torch.Tensor, cd: torch.Tensor, rr: float, cc: float) -> None:
         """Add Σr², Σc², Σr·c without over/underflow (``compare.scaled``)."""
@@ -279,9 +276,13 @@ class DiffAccumulator:
     def _track_max(self, x: torch.Tensor, top: float, offset: int, which: str) -> None:
         """Keep the greatest value and the flat index of its first occurrence."""
         best = self.max_abs if which == "abs" else self.max_rel
+        if top >= best:
+            self._keep_max(top, offset + int(torch.argmax(x)), which)
+
+    def _keep_max(self, top: float, index: int, which: str) -> None:
+        best = self.max_abs if which == "abs" else self.max_rel
         if top < best:
             return
-        index = offset + int(torch.argmax(x))
         if top == best:
             index = min(index, self.max_abs_idx if which == "abs" else self.max_rel_idx)
         if which == "abs":
@@ -482,16 +483,18 @@ def diff_stats(
         raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(candidate.shape)}")
     r, c = flat(reference), flat(candidate)
     n = r.numel()
+    kernel = None if n >= fused.KERNEL_MIN else False
     if workers is None and n <= SMALL:
-        chunk = min(chunk, SERIAL_CHUNK)
-        acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol)
+        if not (r.dtype.is_floating_point and c.dtype.is_floating_point):  # torch ops: serial
+            chunk = min(chunk, SERIAL_CHUNK)  # (the fused fold makes no torch parallel region)
+        acc = DiffAccumulator(r.dtype, c.dtype, min(chunk, n), rtol, atol, kernel)
         if hashers is not None:
             _feed(hashers, r, c, start, n)
         return _run_chunks(acc, r, c, range(0, n, chunk), chunk).result()
     workers = torch.get_num_threads() if workers is None else max(int(workers), 1)
     workers = min(workers, -(-n // chunk)) if n else 1
     size = min(chunk, n)
-    accs = [DiffAccumulator(r.dtype, c.dtype, size, rtol, atol) for _ in range(workers)]
+    accs = [DiffAccumulator(r.dtype, c.dtype, size, rtol, atol, kernel) for _ in range(workers)]
     stride = workers * chunk
     with torch_threads(1):
         if workers == 1:

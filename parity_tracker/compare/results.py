@@ -8,6 +8,9 @@ records; :func:`format_line` and :func:`print_result` write the seed document's 
 from __future__ import annotations
 
 import enum
+import functools
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,10 +90,13 @@ class TagResult:
         return is_failing(self.comparison.status)
 
     def to_row(self) -> dict[str, Any]:
-        """One ``modules`` table row: exactly ``tables.MODULES_SCHEMA``'s column names."""
-        from parity_tracker.tables import MODULES_SCHEMA
-
-        merged = self.comparison.to_dict()
+        """One ``modules`` table row: exactly ``compare.columns.MODULES_SCHEMA``'s column names."""
+        cols, nulls, pick = _module_columns()
+        comp = self.comparison
+        # a Comparison keeps every field in its __dict__ (frozen dataclass, no slots; only the
+        # columns are picked below): the same values as to_dict() without its 31 getattr calls
+        fields = comp.__dict__ if type(comp) is Comparison else comp.to_dict()
+        merged = {**nulls, **fields}
         merged.update(
             tag=self.tag,
             module=self.module,
@@ -102,7 +108,20 @@ class TagResult:
             cache_hit=self.cache_hit,
             dump_path=self.dump_paths[0] if self.dump_paths else None,
         )
-        return {name: merged.get(name) for name in MODULES_SCHEMA.names}
+        return dict(zip(cols, pick(merged), strict=True))
+
+
+@functools.cache
+def _module_columns() -> tuple[tuple[str, ...], dict[str, None], Callable[[dict], tuple]]:
+    """``columns.MODULES_SCHEMA``'s column names, a row of nulls, and a getter of them in order.
+
+    Built once (``Schema.names`` builds a new list per call); a row is then one C-level pick
+    of the columns instead of a per-column ``dict.get`` (issue 19: cost per captured tensor).
+    """
+    from parity_tracker.compare.columns import MODULES_SCHEMA
+
+    cols = tuple(MODULES_SCHEMA.names)
+    return cols, dict.fromkeys(cols), operator.itemgetter(*cols)
 
 
 @dataclass

@@ -86,7 +86,7 @@ def blame(
         placement: how the parts make the full tensor.
         mode: ``equal`` or ``allclose`` (the run's mode).
         tag: the tag, for per-tag tolerance overrides.
-        tolerances: a ``parity_tracker.tolerances.Tolerances`` or None.
+        tolerances: a ``parity_tracker.compare.tolerances.Tolerances`` or None.
 
     Returns:
         The failing ranks (possibly empty), or None when no rank can be named (``partial``, no

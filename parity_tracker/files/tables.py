@@ -8,6 +8,8 @@ a versioned on-disk format with explicit migrations).
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -16,81 +18,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from parity_tracker.compare.columns import (  # noqa: F401  (the schemas' owner; re-exported)
+    COMMON_FIELDS,
+    MODULES_SCHEMA,
+    OPS_SCHEMA,
+    SCHEMAS,
+)
 from parity_tracker.files.atomic import atomic_write
 
 SCHEMA_VERSION = 3
-
-_I32, _I64, _F64, _STR, _BOOL = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
-_SHAPE = pa.list_(pa.int64())
-
-#: Columns shared by both tables, in order.
-COMMON_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("run_id", _STR),
-    pa.field("tag", _STR, nullable=False),
-    pa.field("module", _STR),
-    pa.field("kind", _STR),  # param | buffer | input | output | op | manual
-    pa.field("slot", _STR),
-    pa.field("call_index", _I32),
-    pa.field("exec_order", _I32),
-    pa.field("step", _I32),
-    pa.field("status", _STR, nullable=False),
-    pa.field("mode", _STR),
-    pa.field("numel", _I64),
-    pa.field("ref_shape", _SHAPE),
-    pa.field("cand_shape", _SHAPE),
-    pa.field("ref_dtype", _STR),
-    pa.field("cand_dtype", _STR),
-    pa.field("ref_device", _STR),
-    pa.field("cand_device", _STR),
-    pa.field("mismatch_count", _I64),
-    pa.field("max_abs_diff", _F64),
-    pa.field("max_abs_diff_index", _SHAPE),
-    pa.field("max_rel_diff", _F64),
-    pa.field("mean_abs_diff", _F64),
-    pa.field("cosine", _F64),
-    pa.field("sqnr_db", _F64),
-    pa.field("max_ulp", _F64),
-    pa.field("ref_nan", _I64),
-    pa.field("cand_nan", _I64),
-    pa.field("ref_inf", _I64),
-    pa.field("cand_inf", _I64),
-    pa.field("ref_hash", _STR),
-    pa.field("cand_hash", _STR),
-    pa.field("rtol", _F64),
-    pa.field("atol", _F64),
-    pa.field("dump_path", _STR),
-    pa.field("message", _STR),
-    pa.field("cache_hit", _BOOL),
-    pa.field("local_status", _STR),
-    pa.field("local_max_abs_diff", _F64),
-    # error budget (issue 15, mode "budget"; null in other modes): e_cand, e_twin and
-    # e_cand / max(e_twin, floor), which may be +inf (parity_tracker.compare.budget)
-    pa.field("golden_max_abs_err", _F64),
-    pa.field("twin_max_abs_err", _F64),
-    pa.field("error_ratio", _F64),
-)
-
-MODULES_SCHEMA = pa.schema(
-    [
-        *COMMON_FIELDS,
-        # v2, sharded runs (parity_tracker.distributed): the ranks whose part differs, [] when
-        # all agree, null when not sharded or no rank can be named (a partial sum)
-        pa.field("ranks", pa.list_(_I32)),
-    ]
-)
-
-OPS_SCHEMA = pa.schema(
-    [
-        *COMMON_FIELDS,
-        pa.field("op", _STR),
-        pa.field("op_index", _I32),
-        pa.field("inputs_status", _STR),  # passing | failing | unknown
-        pa.field("root_cause", _BOOL),  # failing op whose inputs all pass
-        pa.field("cause", _STR),  # seed case: A | B | C (null unless root_cause)
-    ]
-)
-
-SCHEMAS: dict[str, pa.Schema] = {"modules": MODULES_SCHEMA, "ops": OPS_SCHEMA}
 
 
 def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -107,8 +43,39 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
     """
     rows = list(rows)
-    columns = {f.name: _column([r.get(f.name) for r in rows], f.type) for f in schema}
+    if not rows:  # e.g. the ops table of a module-level run: ≈ 0.3 ms less per run
+        return _empty(schema)
+    try:  # one C++ conversion of the dicts: 0.07 ms instead of 0.45 ms for 6 rows (issue 19)
+        return _struct_table(rows, schema)
+    except (pa.ArrowException, TypeError, ValueError):
+        pass  # anything it refuses goes column by column, which raises the usual error
+    columns = {}
+    for name, type_ in zip(schema.names, schema.types, strict=True):
+        get = operator.methodcaller("get", name)  # the name read once, not once per row
+        columns[name] = _column(list(map(get, rows)), type_)
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _struct_table(rows: list[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """The rows as one struct array of ``schema``'s fields, then a table.
+
+    Same result as the column-by-column build: keys outside the schema are ignored, missing
+    ones are null, NaN is null (``from_pandas``: only float columns can hold a NaN).
+    """
+    struct = pa.array(rows, type=_struct_type(schema), from_pandas=True)
+    table = pa.Table.from_struct_array(struct)
+    return table.replace_schema_metadata(schema.metadata) if schema.metadata else table
+
+
+@functools.lru_cache(maxsize=8)
+def _empty(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()``, made once (tables are immutable; ≈ 0.3 ms for 40 columns)."""
+    return schema.empty_table()
+
+
+@functools.lru_cache(maxsize=8)
+def _struct_type(schema: pa.Schema) -> pa.StructType:
+    return pa.struct(list(schema))
 
 
 def _column(values: list[Any], type_: pa.DataType) -> pa.Array:

@@ -135,8 +135,8 @@ def run_target(
         InputError: bad target or settings; TargetBuildError: the build raised.
         KeyboardInterrupt: when interrupted before a result existed.
     """
+    from parity_tracker.compare.tolerances import check_pair
     from parity_tracker.tensor_checker import DumpMode
-    from parity_tracker.tolerances import check_pair
     from parity_tracker.track import SpooledError, log_run
 
     pair = check_pair(rtol, atol)  # both or neither (torch.testing's rule), before any work

@@ -53,6 +53,9 @@ def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         ``git status --porcelain --untracked-files=no`` printed anything.
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
+    one = _git_status_v2(cwd)
+    if one is not None:
+        return one
     commit = _git(["rev-parse", "HEAD"], cwd)
     if commit is None:
         return {"git_commit": None, "git_branch": None, "git_dirty": None}
@@ -63,6 +66,29 @@ def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         "git_branch": branch,
         "git_dirty": None if status is None else bool(status),
     }
+
+
+def _git_status_v2(cwd: Path) -> dict[str, Any] | None:
+    """:func:`git_info` from one ``git status --porcelain=v2 --branch`` call, or None.
+
+    One process instead of three (each ``git`` start costs this process a fork: about 0.4 ms
+    of CPU, a tenth of a small model's forwards). ``# branch.oid`` is the commit, ``#
+    branch.head`` the branch (``(detached)`` → ``"HEAD"``, as ``rev-parse --abbrev-ref``
+    says), any other line a tracked change. None (the caller asks the three questions) when
+    git fails, or before the first commit (``(initial)``).
+    """
+    out = _git(["status", "--porcelain=v2", "--branch", "--untracked-files=no"], cwd)
+    if out is None:
+        return None
+    heads = dict(
+        line[2:].split(" ", 1) for line in out.splitlines() if line.startswith("# branch.")
+    )
+    commit, branch = heads.get("branch.oid"), heads.get("branch.head")
+    if commit is None or branch is None or commit == "(initial)":
+        return None
+    dirty = any(line and not line.startswith("#") for line in out.splitlines())
+    branch = "HEAD" if branch == "(detached)" else branch
+    return {"git_commit": commit, "git_branch": branch, "git_dirty": dirty}
 
 
 def torch_flags() -> dict[str, Any]:

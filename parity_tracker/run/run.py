@@ -31,6 +31,7 @@ from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
 from parity_tracker.run.result import RunResult
+from parity_tracker.run.spill import LazySpillRoot
 from parity_tracker.run.summary import build_summary, worst_tensor
 from parity_tracker.statuses import BUDGET, is_failing
 
@@ -115,7 +116,14 @@ def _seed_all(seed: int) -> None:
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and not accelerator.is_available():
+        # no accelerator can ever start in this process: the CPU generator is the only one.
+        # torch.manual_seed would also queue lazy CUDA/XPU seeds, each recording a
+        # traceback.format_stack() (≈ 0.3 ms per side, a tenth of a small model's forwards)
+        torch.random.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 def _forward(model: Any, inputs: Any) -> Any:
@@ -415,7 +423,7 @@ def run_parity(
         _Plan(1, candidate, candidate_drive, inputs),
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
-    spill = tempfile.TemporaryDirectory(prefix="parity-spill-")
+    spill = LazySpillRoot()  # made by the first store that spills
     ops = passes = None
     if chosen == BUDGET:
         try:
@@ -536,7 +544,7 @@ def _root_cause_record(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_case(case: Any, **kwargs: Any) -> RunResult:
-    """``run_parity`` on a ``parity_tracker.case.ParityCase`` (its settings, tolerances, align).
+    """``run_parity`` on a ``pipeline.case.ParityCase`` (its settings, tolerances, align).
 
     Keyword arguments override the case's and are passed through (``mode``, ``capture_ops``,
     ``isolate``, ``dump_mode``, ``dump_path``, ``seed``, ``settings`` ...). A sharded candidate

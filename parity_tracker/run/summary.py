@@ -385,11 +385,13 @@ def output_metrics(table: pa.Table, root: str = "model") -> dict[str, Any]:
     root output was compared (e.g. a candidate that is not an nn.Module) or not computable;
     an infinite SQNR (identical outputs) is stored as None with ``output_equal`` True.
     """
-    rows = [
-        r
-        for r in table.select(["module", "kind", "status", "max_abs_diff", "sqnr_db"]).to_pylist()
-        if r["module"] == root and r["kind"] == "output"
-    ]
+    cols = table.select(["module", "kind", "status", "max_abs_diff", "sqnr_db"])
+    if cols.num_rows:  # the root's output rows only (a null module or kind is neither)
+        keep = pc.and_(
+            pc.equal(cols.column("module"), root), pc.equal(cols.column("kind"), "output")
+        )
+        cols = cols.filter(keep)
+    rows = cols.to_pylist()
     if not rows:
         return {"output_max_abs_diff": None, "output_sqnr_db": None, "output_equal": None}
     diffs = [r["max_abs_diff"] for r in rows if r["max_abs_diff"] is not None]
@@ -411,7 +413,9 @@ def ratio_metrics(table: pa.Table) -> dict[str, Any]:
     None with ``error_ratio_infinite`` True (as an infinite SQNR is None + ``output_equal``).
     All three are None when no row has a ratio (a run in another mode).
     """
-    if "error_ratio" not in table.column_names:
+    if "error_ratio" not in table.column_names or table.column("error_ratio").null_count == len(
+        table
+    ):  # no row has a ratio (NaN is stored as null): a run in another mode
         return {"worst_error_ratio": None, "worst_error_ratio_tag": None,
                 "error_ratio_infinite": None}  # fmt: skip
     row = verdict.worst_error_ratio(table.select(["tag", "error_ratio"]).to_pylist())
@@ -458,10 +462,13 @@ def build_summary(
     skipped = sum(counts[s] for s in NEUTRAL)
     n_failing = modules.num_rows - passing - skipped
     ops_failing = ops.num_rows - sum(ops_counts[s] for s in PASSING | NEUTRAL)
-    steps = sorted({s for s in modules.column("step").to_pylist() if s is not None})
-    failing = failing_mask(modules.column("status"))
-    weights = weight_mask(modules.column("kind"))
-    cache_hit = pc.fill_null(modules.column("cache_hit"), False)
+    steps = pc.unique(modules.column("step")).drop_null()  # distinct steps (len only)
+    # n_failing counts the rows failing_mask marks (neither passing nor neutral): with none,
+    # every failing-row figure below is empty and its table scans are skipped (issue 19)
+    if n_failing:
+        failing = failing_mask(modules.column("status"))
+        weights = weight_mask(modules.column("kind"))
+        cache_hit = pc.fill_null(modules.column("cache_hit"), False)
     summary = {
         "run_id": run_id,
         "status": status,
@@ -474,14 +481,16 @@ def build_summary(
         "tensors_skipped": skipped,
         "ops_compared": ops.num_rows,
         "ops_failing": ops_failing,
-        "weights_failing": _count(pc.and_(failing, weights)) if modules.num_rows else 0,
-        "first_divergence": first_divergence(modules),
-        "first_divergent_op": first_divergence(ops),
+        "weights_failing": _count(pc.and_(failing, weights)) if n_failing else 0,
+        "first_divergence": first_divergence(modules) if n_failing else None,
+        "first_divergent_op": first_divergence(ops) if ops_failing else None,
         # a forward that raised leaves tags unreached, not one-sided: the error says so
-        "structure_differences": structure_differences(modules) if status == "completed" else [],
+        "structure_differences": structure_differences(modules)
+        if status == "completed" and n_failing
+        else [],
         "root_causes": list(root_causes or []),
         "cache_hits_failing": _count(pc.and_(pc.and_(failing, pc.invert(weights)), cache_hit))
-        if modules.num_rows
+        if n_failing
         else 0,
         **output_metrics(modules, root),
         "mode": mode,
@@ -494,7 +503,7 @@ def build_summary(
         "steps": len(steps),
         "durations_s": dict(durations_s or {}),
         "start_time_ms": start_time_ms,
-        "worst_tensor": worst_tensor(modules),
+        "worst_tensor": worst_tensor(modules) if n_failing else None,
         **ratio_metrics(modules),
         "worst_tensor_histogram": dict(worst_tensor_histogram) if worst_tensor_histogram else None,
     }

@@ -175,7 +175,7 @@ def find_run_heads(
     """
     import sqlite3
 
-    from parity_tracker.store import is_locked_error, sqlite_path
+    from parity_tracker.track.store import is_locked_error, sqlite_path
 
     uri = resolve_tracking_uri(tracking_uri)
     db = sqlite_path(uri)
