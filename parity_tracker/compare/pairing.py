@@ -157,9 +157,15 @@ class PairComparer:
         """The bytes' digest of a side the comparison's own hash cannot re-check, else None.
 
         The comparison hashes the converted tensors: when the two dtypes differ, a side may
-        have been converted first, so its recorded hash is not the hash of its bytes.
+        have been converted first, so its recorded hash is not the hash of its bytes. A
+        non-contiguous side (channels-last activations) gets its storage digest too: re-reading
+        it in storage order costs one read, its C-order content hash a copy first.
         """
-        if comp.ref_dtype == comp.cand_dtype or (self.owned is not None and self.owned(t)):
+        if self.owned is not None and self.owned(t):
+            return None
+        if comp.ref_dtype == comp.cand_dtype and (
+            not isinstance(t, torch.Tensor) or t.is_contiguous()
+        ):
             return None
         return storage_digest(t)
 

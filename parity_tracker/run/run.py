@@ -417,7 +417,7 @@ def run_parity(
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
-    from parity_tracker.tensor_checker import DumpMode, TensorChecker
+    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
 
     settings = dict(settings or {})
     compiled = CompileStats(candidate) if is_compiled(candidate) else None
@@ -452,10 +452,12 @@ def run_parity(
             chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
     worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
+    # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
+    budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
-        budget=passes.sides if chosen == BUDGET else None,
+        budget=passes.sides if chosen == BUDGET else None, **budget_kw,
     )  # fmt: skip
     if capture_ops:
         from parity_tracker.ops import OpSession
