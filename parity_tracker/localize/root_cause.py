@@ -199,6 +199,11 @@ def op_root_cause(
     return cause is not None, cause
 
 
+def case_prefix(cause: str | None) -> str:
+    """``root cause (case X): ``: how a root cause's message starts (:func:`explain`)."""
+    return f"root cause (case {cause}): "
+
+
 def explain(
     cause: str | None,
     layout: list[str],
@@ -218,7 +223,7 @@ def explain(
         fed: the one-sided producers feeding the op (named first: they explain the rest).
         close_inputs: positions of inputs that pass allclose but are not bitwise equal.
     """
-    head = f"root cause (case {cause}): "
+    head = case_prefix(cause)
     if fed:
         return (
             head

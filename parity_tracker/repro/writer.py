@@ -9,7 +9,6 @@ is copied under the same name.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from parity_tracker.errors import InputError
 from parity_tracker.files import repro_lib
 from parity_tracker.files.safe_paths import resolve_inside
+from parity_tracker.localize.root_cause import case_prefix
 
 LIB_NAME = "_parity_repro.py"
 
@@ -57,10 +57,6 @@ def _what(meta: dict[str, Any]) -> str:
     return f"module {meta['module']} ({meta['module_class']['qualname']})"
 
 
-#: The case prefix ``localize.root_cause.explain`` starts a root cause's message with.
-_CASE_PREFIX = re.compile(r"^root cause \(case [A-Z]\):\s*")
-
-
 def _run_name(meta: dict[str, Any], run_id: str | None) -> str:
     """The run the reproducer comes from, named once: the MLflow run id when known.
 
@@ -73,8 +69,8 @@ def _run_name(meta: dict[str, Any], run_id: str | None) -> str:
 
 def _root_cause_line(meta: dict[str, Any]) -> str:
     """``Root cause (case X): <why>``, the message's own ``root cause (case X):`` prefix cut."""
-    why = _CASE_PREFIX.sub("", str(meta.get("message") or "")) or "no message recorded"
     cause = meta.get("cause")
+    why = str(meta.get("message") or "").removeprefix(case_prefix(cause)) or "no message recorded"
     return f"Root cause (case {cause}): {why}" if cause else f"Root cause not proven: {why}"
 
 
