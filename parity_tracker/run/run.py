@@ -12,6 +12,7 @@ multi-step runs), compared eagerly as the candidate runs, so the first divergent
 
 from __future__ import annotations
 
+import logging
 import random
 import tempfile
 import time
@@ -27,6 +28,7 @@ from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.localize.root_cause import fallback_root_causes
+from parity_tracker.run.heap import frozen_heap
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
@@ -34,6 +36,8 @@ from parity_tracker.run.result import RunResult
 from parity_tracker.run.spill import LazySpillRoot
 from parity_tracker.run.summary import build_summary, worst_tensor
 from parity_tracker.statuses import BUDGET, is_failing
+
+_log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # running both sides
@@ -43,7 +47,9 @@ def default_dump_root() -> Path:
     """``<system temp>/parity-dumps``: where ``run_parity`` dumps when no ``dump_path`` is given.
 
     The run stage does not know the tracking store's folders (``./.parity``); a caller that
-    wants the dumps kept elsewhere passes ``dump_path``. ``log_run`` uploads them as ``tensors/``.
+    wants the dumps kept elsewhere passes ``dump_path``. ``log_run`` uploads them as ``tensors/``;
+    ``run.dumps.discard_default_dump`` then removes the run's folder (``pipeline.run_target``
+    does, once the run is logged or spooled), so a run leaves no orphaned temporary data.
     """
     return Path(tempfile.gettempdir()) / "parity-dumps"
 
@@ -154,14 +160,28 @@ def _eval_mode(*models: Any) -> Iterator[None]:
         for m in models
         if isinstance(m, torch.nn.Module)
     ]
-    for m, _ in saved:
-        m.eval()
+    for m, flags in saved:
+        if not _all_eval(flags):
+            m.eval()
     try:
         yield
     finally:
         for _, flags in saved:
             for sub, flag in flags:
-                sub.training = flag
+                if sub.training is not flag:  # only what changed (a setattr each, issue 19)
+                    sub.training = flag
+
+
+def _all_eval(flags: list[tuple[Any, bool]]) -> bool:
+    """Every module already in eval mode, none with its own ``train()``: ``eval()`` is a no-op.
+
+    Skipping it saves a recursive ``train(False)`` (≈ 2 µs per module, issue 19); a module
+    class that overrides ``train`` always gets the call.
+    """
+    import torch
+
+    base = torch.nn.Module.train
+    return not any(flag or type(sub).train is not base for sub, flag in flags)
 
 
 @dataclass
@@ -321,6 +341,7 @@ def _run_both(
     return status, error, durations
 
 
+@frozen_heap()  # issue 19: collections walk what the run made, not the whole heap
 def run_parity(
     reference: Any,
     candidate: Any,
@@ -371,8 +392,9 @@ def run_parity(
             ``local_max_abs_diff``: its own error, apart from the error it inherited.
         dump_mode: which tensors to save as ``.npy`` (``DumpMode``; default ``NOT_EQUAL``).
         dump_path: dump root (default ``default_dump_root() / <run_id>``, under the system
-            temporary folder, so a run never writes into the working tree unless asked); the
-            check's folder becomes ``RunResult.dump_dir`` and is logged as ``tensors/``.
+            temporary folder, so a run never writes into the working tree unless asked; logged
+            at INFO; removed by ``run.dumps.discard_default_dump`` once stored); the check's
+            folder becomes ``RunResult.dump_dir`` and is logged as ``tensors/``.
         tolerances: per-tag ``{glob: (rtol, atol)}`` for allclose.
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
@@ -401,7 +423,7 @@ def run_parity(
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
-    from parity_tracker.tensor_checker import DumpMode, TensorChecker
+    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
 
     settings = dict(settings or {})
     compiled = CompileStats(candidate) if is_compiled(candidate) else None
@@ -417,6 +439,7 @@ def run_parity(
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
     if dump_mode is not DumpMode.NOT and dump_path is None:
         dump_path = default_dump_root() / run_id
+        _log.info("parity run %s: dumped tensors go to %s", run_id, dump_path)
     env = dict(environment) if environment is not None else collect_environment()
     plans = [
         _Plan(0, reference, drive, inputs),
@@ -436,10 +459,12 @@ def run_parity(
             chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
     worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
+    # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
+    budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
-        budget=passes.sides if chosen == BUDGET else None,
+        budget=passes.sides if chosen == BUDGET else None, **budget_kw,
     )  # fmt: skip
     if capture_ops:
         from parity_tracker.ops import OpSession
@@ -458,7 +483,9 @@ def run_parity(
         settings.update(checker.run_notes)  # rec.note(...) of the drives
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
-        rows = [{**r, "run_id": run_id} for r in check.to_rows()]
+        rows = check.to_rows()  # new dicts: run_id is set in place (no second copy per row)
+        for r in rows:
+            r["run_id"] = run_id
         hist = worst.histogram(worst_tensor(rows))
         rows = _with_unreached_named(_with_artifact_paths(rows), error)
         op_rows, root_causes, kept = [], [], ([], [])
