@@ -300,7 +300,8 @@ def run_nightly(
         config: the matrix TOML.
         shard: ``"I/N"`` (1-based), default all cells.
         baseline: ``"auto"`` (see ``pipeline.baseline.choose_baseline``) or a run id: a nightly
-            parent run (each cell against the child with its config fingerprint) or a single run.
+            parent run (each cell against the child with its config fingerprint and judged
+            mode, ``run.mode.baseline_key``) or a single run.
         fail_on: ``regression`` | ``mismatch`` | ``never`` (see ``NightlyResult.exit_code``).
         expected: the expected-divergence file (default ``expected.toml`` beside ``config``).
         tracking_uri: the store (default ``track.store.resolve_tracking_uri``).
