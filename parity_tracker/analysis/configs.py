@@ -55,7 +55,8 @@ def setting_differences(base: Mapping[str, Any], head: Mapping[str, Any]) -> lis
 def _tolerances(table: pa.Table, prefix: str) -> pa.Table:
     """``tag``, ``step`` (nulls as 0) and the rtol/atol of one run, renamed with ``prefix``."""
     n = table.num_rows
-    cols = {"tag": table.column("tag"), "step": pc.fill_null(table.column("step"), 0)}
+    step = table.column("step") if "step" in table.column_names else pa.nulls(n, pa.int32())
+    cols = {"tag": table.column("tag"), "step": pc.fill_null(step.cast(pa.int32()), 0)}
     for name in ("rtol", "atol"):
         has = name in table.column_names
         col = table.column(name).cast(pa.float64()) if has else pa.nulls(n, pa.float64())
