@@ -1,7 +1,7 @@
 """``python -m benchmarks --quick|--full``: run the measurements, print a table, write JSON.
 
-``--quick`` (CI, about a minute): measurements 1, 2, 4, 6, 7, 9 and 10 at small sizes. A row
-that carries its own quick-size target (``extra["quick_target"]``: 1, 2, 7, 9, 10, issue 19)
+``--quick`` (CI, about a minute): measurements 1, 2, 4, 5, 6, 7, 9 and 10 at small sizes. A
+row that carries its own quick-size target (``extra["quick_target"]``: 1, 2, 5, 7, 9, 10, issue 19)
 keeps its verdict; the others are informational (``_common.informational``: their targets
 are set for the full sizes).
 ``--full`` (``make bench``): all seven at the issue's sizes (7: a
@@ -38,7 +38,7 @@ MEASUREMENTS = {
     9: "benchmarks.bench_fixed_cost",
     10: "benchmarks.bench_decode",
 }
-QUICK = (1, 2, 4, 6, 7, 9, 10)
+QUICK = (1, 2, 4, 5, 6, 7, 9, 10)
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
 

@@ -3,7 +3,8 @@
 No dumps, ``mode="equal"``, every module hooked (params, buffers, inputs, outputs), on the
 8-layer transformer and on vae-tiny at 256×256. ``--quick`` runs a 2-layer, d_model 128
 transformer only (vae-tiny's diffusers import alone would eat a third of CI's minute).
-Target ≤ 1.25.
+Targets (issue 19, item 3): ≤ 1.15 on the transformer, ≤ 1.25 on vae-tiny; at the quick size
+≤ 2.0 (item 1).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from benchmarks.overhead import ratio_row, session
 
 NAME = "1 module-level ÷ plain"
 TARGET = 1.25
+#: the full-size target of each pair (issue 19, item 3)
+FULL_TARGETS = {"transformer": 1.15, "vae-tiny": 1.25}
 #: the quick size's own target (issue 19, item 1: the 2×128 transformer ≤ 2.0, goal 1.5)
 QUICK_TARGET = 2.0
 
@@ -70,7 +73,8 @@ def run(quick: bool) -> list[Row]:
         if isinstance(s, Row):
             rows.append(s)
             continue
-        rows.append(quick_judged(ratio_row(s, NAME, "module", "plain", limit(quick)), quick))
+        lim = limit(quick, FULL_TARGETS.get(name, TARGET))
+        rows.append(quick_judged(ratio_row(s, NAME, "module", "plain", lim), quick))
         if name == "transformer" and "plain_fast_path" in s.times:
             rows.append(
                 ratio_row(

@@ -87,11 +87,14 @@ from parity_tracker.statuses import STRUCTURAL
 
 __all__ = ["DEFAULT_MAX_RESIDENT_BYTES", "LAYOUT_OPS", "OpSession", "suspended"]
 
-#: Default resident budget for captured storage (bytes): 512 MiB, half of the 1 GiB extra-memory
-#: target of a parity run (issue 5/9), so the op store, the TensorChecker's module snapshots
-#: (``tensor_checker.DEFAULT_EAGER_RESIDENT_BYTES``, 512 MiB) and the comparison temporaries of
-#: one pair fit together; before, the op store alone could fill the whole 1 GiB.
-DEFAULT_MAX_RESIDENT_BYTES = 512 << 20
+#: Default resident budget for captured storage (bytes): 16 MiB. Issue 19, item 5: the extra
+#: peak memory of an op-level run stays flat in depth (depths 8, 32, 64 of 1 MiB activations
+#: within 32 MiB of each other, ``benchmarks/bench_memory.py``): the op store holds at most
+#: this much, plus the module snapshots of an op-level run
+#: (``tensor_checker.OPS_RUN_RESIDENT_BYTES``, 8 MiB); the rest is spilled to disk and read
+#: back memory-mapped. It was 512 MiB (1 GiB before that); the time this costs on large
+#: models is in ``benchmarks/README.md`` ("Issue 19 — large models and flat memory").
+DEFAULT_MAX_RESIDENT_BYTES = 16 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +124,7 @@ class OpSession(SpillCounters):
             module call indices restart at each step.
         spill_dir: where captures beyond the budget are written (a fresh temporary folder
             inside it, deleted by ``close()``); default: the system temporary folder.
-        max_resident_bytes: resident budget for captured storage, in bytes (default 512 MiB;
+        max_resident_bytes: resident budget for captured storage, in bytes (default 16 MiB;
             0 spills every capture).
         keep_bytes: size limit of the reproducer material kept for each of the first root
             causes (``parity_tracker.localize.keep``; issue 20); 0 (the default) keeps none.

@@ -55,7 +55,7 @@ from parity_tracker.capture.holder import Holder
 from parity_tracker.capture.modules import CaptureLog, Group, HookHandle, install
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.sides import BudgetSides
-from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter
+from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, VerifiedPairs
 from parity_tracker.capture.store import SpillCounters, Spilled
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.core import Comparison
@@ -105,6 +105,10 @@ _ROLE = {True: "reference", False: "candidate"}
 #: 512 MiB (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``) it leaves room under the 1 GiB
 #: extra-memory target of a parity run (issue 5/9) for the comparison temporaries of one pair.
 DEFAULT_EAGER_RESIDENT_BYTES = 256 << 20
+#: Resident budget of the module snapshots in an op-level run (bytes): 8 MiB. There the op
+#: store (``parity_tracker.ops.DEFAULT_MAX_RESIDENT_BYTES``, 16 MiB) holds the same
+#: activations, so together they keep the run's extra memory flat in depth (issue 19, item 5).
+OPS_RUN_RESIDENT_BYTES = 8 << 20
 
 
 class TensorChecker(SpillCounters):
@@ -178,6 +182,7 @@ class TensorChecker(SpillCounters):
         self._hold = Holder(self)
         self._log = CaptureLog(self._hold.on_tensor)
         self._snap = Snapshotter()
+        self._store.intact = self._snap.intact  # copy-on-write snapshots spill only intact
         self._pairs = PairComparer(align, owned=self._snap.owns, on_compared=on_compared)
         if budget is not None:
             budget.on_compared = on_compared
@@ -479,6 +484,7 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
         if all(c.value is None for c in g.captures):
             continue  # None on every side: no value, nothing to compare or to report
         pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
+        pairs = VerifiedPairs(pairs, self._snap)  # copy-on-write snapshots checked
         out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
     return out
 

@@ -73,6 +73,7 @@ class Holder:
         budget = self.c.eager_mode == BUDGET
         pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
         comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
+        comp = self.c._snap.verified(g.tag, ref, cand, comp)  # copy-on-write snapshots
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):

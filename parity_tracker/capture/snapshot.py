@@ -13,13 +13,32 @@ import torch
 
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
-from parity_tracker.compare.hashing import digestible, storage_digest
+from parity_tracker.compare.core import Comparison
+from parity_tracker.compare.hashing import _NUMPY_DTYPES, content_hash, digestible, storage_digest
+
+#: Smallest snapshot (bytes) taken copy-on-write (``torch._lazy_clone``) instead of cloned:
+#: below it a clone costs less than the content hash a copy-on-write snapshot needs.
+COW_MIN_BYTES = 64 << 10
+
+_LAZY_CLONE = getattr(torch, "_lazy_clone", None)
+_IS_COW = getattr(torch._C, "_is_cow_tensor", None)
+_STORAGE_ADDRESS = getattr(torch._C, "_storage_address", None)
+_COW = None not in (_LAZY_CLONE, _IS_COW, _STORAGE_ADDRESS)
+_C_ORDER = True  # permuted (channels-last) sources copied in C order
 
 
 class _Entry:
-    """What :class:`Snapshotter` remembers of one source tensor and its copy."""
+    """What :class:`Snapshotter` remembers of one source tensor and its copy.
 
-    __slots__ = ("copy", "copy_digest", "layout", "source", "version")
+    ``copy_digest``: the copy's storage digest (computed on the first reuse); ``source_digest``:
+    the source's storage digest when the copy was taken (a C-order copy of a permuted source,
+    whose storage order differs from the copy's); ``storage``: the source's ``StorageImpl``
+    address (copy-on-write snapshots, whose source must not be read: see :meth:`Snapshotter.take`).
+    """
+
+    __slots__ = (
+        "copy", "copy_digest", "layout", "source", "source_digest", "storage", "version",
+    )  # fmt: skip
 
     def __init__(self, source, version, layout, copy) -> None:
         self.source = source
@@ -27,18 +46,51 @@ class _Entry:
         self.layout = layout
         self.copy = copy
         self.copy_digest: int | None = None
+        self.source_digest: int | None = None
+        self.storage: int | None = None
 
 
-def _layout(t: torch.Tensor) -> tuple:
-    """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them)."""
+def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
+    """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them).
+
+    ``ptr=False`` leaves out the data pointer: reading it from a copy-on-write tensor copies
+    its storage (the pointer is then checked through the copy-on-write state instead).
+    """
     return (
-        t.data_ptr(),
+        t.data_ptr() if ptr else None,
         t.storage_offset(),
         tuple(t.shape),
         t.stride(),
         t.dtype,
         t.device,
     )
+
+
+def _permuted(t: torch.Tensor) -> bool:
+    """A plain strided, non-quantized tensor that is not contiguous (copied in C order)."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_nested
+        and not t.is_contiguous()
+    )
+
+
+def _cow_eligible(t: torch.Tensor) -> bool:
+    """A plain, contiguous CPU tensor of a numpy dtype that fills its whole storage, large enough.
+
+    The whole storage: a lazy clone shares (and pins) the whole storage, so a small view of a
+    large buffer (a KV cache) would pin the buffer and make its next write copy all of it.
+    """
+    if not _COW or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.requires_grad:
+        return False
+    if t.device.type != "cpu" or t.layout != torch.strided or t.dtype not in _NUMPY_DTYPES:
+        return False
+    if t.is_conj() or t.is_neg() or not t.is_contiguous() or t.storage_offset() != 0:
+        return False
+    nbytes = t.numel() * t.element_size()
+    return nbytes >= COW_MIN_BYTES and t.untyped_storage().nbytes() == nbytes
 
 
 class Snapshotter:
@@ -63,6 +115,8 @@ class Snapshotter:
     def __init__(self) -> None:
         self._seen: dict[int, _Entry] = {}
         self._copies: dict[int, weakref.ref] = {}
+        #: id(copy-on-write snapshot) -> its content hash when taken (``content_hash``)
+        self._hashes: dict[int, str] = {}
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
@@ -70,40 +124,125 @@ class Snapshotter:
         return ref is not None and ref() is value
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
-        """A detached copy of ``t`` that no later write to ``t``, counted or not, can change."""
+        """A detached copy of ``t`` that no later write to ``t``, counted or not, can change.
+
+        Three kinds of copy (issue 19, item 3):
+
+        - copy-on-write (``torch._lazy_clone``; a plain contiguous CPU tensor of at least
+          :data:`COW_MIN_BYTES` filling its storage): no bytes copied now; torch copies the
+          storage before any write to it through torch (in-place ops, ``.data``, ``out=``,
+          ``.numpy()`` / DLPack / ``data_ptr()`` taken after this call), so the copy keeps the
+          values of now. A write through a raw view taken BEFORE this call (a numpy array kept
+          from earlier) reaches both: the content hash taken now (:meth:`recorded_hash`) is
+          checked against the comparison's (:meth:`verified`), and a changed copy is an
+          ``error`` pair, never a verdict on other values.
+        - a C-order copy of a non-contiguous source (so the comparison need not make one);
+        - a clone (the rest).
+        """
         version = tensor_version(t)
         key = id(t)
         copy = self._reusable(key, t, version)
         if copy is not None:
             return copy
-        copy = t.detach().clone()  # a detached clone records no autograd graph
+        src = t.detach()  # a detached copy records no autograd graph
+        if _cow_eligible(src):
+            digest = content_hash(src)  # read before the lazy clone: a read then copies
+            copy = _LAZY_CLONE(src)
+            self._hashes[id(copy)] = digest
+        elif _C_ORDER and _permuted(src):
+            copy = src.clone(memory_format=torch.contiguous_format)
+        else:
+            copy = src.clone()
         self._own(copy)
-        if version is not None and copy.stride() == t.stride() and digestible(t):
+        if version is not None and digestible(t):
             # an object that refuses weak references gets no reuse
             with contextlib.suppress(TypeError):
                 ref = weakref.ref(t, self._forget(key))
-                self._seen[key] = _Entry(ref, version, _layout(t), weakref.ref(copy))
+                cow = id(copy) in self._hashes
+                entry = _Entry(ref, version, _layout(t, ptr=not cow), weakref.ref(copy))
+                if cow:
+                    entry.storage = _STORAGE_ADDRESS(t)
+                elif copy.stride() != t.stride():
+                    entry.source_digest = storage_digest(t)
+                self._seen[key] = entry
         return copy
 
     def _reusable(self, key: int, t: torch.Tensor, version: int | None) -> torch.Tensor | None:
-        """The earlier copy of ``t`` when every check above holds, else None."""
+        """The earlier copy of ``t`` when every check above holds, else None.
+
+        Same object (weak reference), version counter, layout, and the same bytes: the source
+        hashes as the copy (or as itself when the copy was taken), or, for a copy-on-write
+        copy, both still share one storage that was never copied (a write through torch
+        would have given the source its own storage), so their bytes are the same bytes.
+        """
         entry = self._seen.get(key)
         if entry is None or version is None or entry.source() is not t:
             return None
         copy = entry.copy()
-        if copy is None or entry.version != version or entry.layout != _layout(t):
+        if copy is None or entry.version != version:
             return None
+        if entry.storage is not None:
+            same = (
+                entry.layout == _layout(t, ptr=False)
+                and _STORAGE_ADDRESS(t) == entry.storage
+                and _IS_COW(t)
+                and _IS_COW(copy)
+            )
+            return copy if same else None
+        if entry.layout != _layout(t):
+            return None
+        if entry.source_digest is not None:
+            return copy if storage_digest(t) == entry.source_digest else None
         if entry.copy_digest is None:
             entry.copy_digest = storage_digest(copy)
         return copy if storage_digest(t) == entry.copy_digest else None
+
+    def recorded_hash(self, value: object) -> str | None:
+        """The content hash a copy-on-write snapshot had when taken (None for other values)."""
+        h = self._hashes.get(id(value))
+        return h if h is not None and self.owns(value) else None
+
+    def intact(self, value: object) -> bool:
+        """False for a copy-on-write snapshot whose bytes changed since it was taken."""
+        h = self.recorded_hash(value)
+        return h is None or content_hash(value) == h
+
+    def verified(self, tag: str, ref: Any, cand: Any, comp: Comparison) -> Comparison:
+        """``comp``, or an ``error`` when a copy-on-write side no longer holds its captured values.
+
+        Free in the common case: the comparison's own content hash of the side equals the one
+        recorded when the snapshot was taken; otherwise (``align`` or a conversion changed
+        what was hashed) the snapshot is hashed again.
+        """
+        for side, value, hashed in (
+            ("reference", ref, comp.ref_hash),
+            ("candidate", cand, comp.cand_hash),
+        ):
+            h = self.recorded_hash(value)
+            if h is None or hashed == h or content_hash(value) == h:
+                continue
+            return Comparison(
+                status="error",
+                mode=comp.mode,
+                message=(
+                    f"{tag}: the {side}'s snapshot changed after it was captured (a write "
+                    "through a numpy/DLPack view or pointer taken before the capture reached "
+                    "the copy-on-write snapshot); not compared. Set "
+                    "parity_tracker.capture.snapshot.COW_MIN_BYTES = math.inf to copy instead"
+                ),
+            )
+        return comp
 
     def _own(self, copy: torch.Tensor) -> None:
         key = id(copy)
         copies = self._copies
 
+        hashes = self._hashes
+
         def gone(ref: weakref.ref) -> None:
             if copies.get(key) is ref:
                 del copies[key]
+                hashes.pop(key, None)
 
         self._copies[key] = weakref.ref(copy, gone)
 
@@ -124,6 +263,7 @@ class Snapshotter:
         """Forget every snapshot (they stay alive where someone else holds them)."""
         self._seen.clear()
         self._copies.clear()
+        self._hashes.clear()
 
 
 class SnapshotStore(BoundedStore):
@@ -139,6 +279,10 @@ class SnapshotStore(BoundedStore):
     def __init__(self, max_resident_bytes: float, spill_dir: str | os.PathLike[str] | None):
         super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "checker-spill-")
         self._ids = itertools.count()
+        #: ``intact(copy) -> bool`` (``Snapshotter.intact``): a copy-on-write snapshot that no
+        #: longer holds its captured values is kept in memory (and found by the comparison's
+        #: check), never written to disk as if it did.
+        self.intact: Callable[[Any], bool] = lambda _copy: True
 
     def clear(self) -> None:
         """Forget every snapshot, reset the counters and delete the spill folder."""
@@ -166,7 +310,7 @@ class SnapshotStore(BoundedStore):
     def _spill_entry(self, _key: int, payload: tuple[weakref.ref, list[Any]]) -> bool:
         ref, caps = payload
         copy = ref()
-        if copy is None:
+        if copy is None or not self.intact(copy):
             return False
         spilled = self.write(copy, f"{next(self._ids)}.bin")
         weakref.finalize(spilled, spilled.path.unlink, True)
@@ -174,3 +318,21 @@ class SnapshotStore(BoundedStore):
             if c.value is copy:
                 c.value = spilled
         return True
+
+
+class VerifiedPairs:
+    """A pair comparer whose verdicts pass through :meth:`Snapshotter.verified`.
+
+    Args:
+        pairs: anything with ``compare(tag, ref, cand, mode, tol, step)`` (``PairComparer``,
+            the budget's per-step comparer).
+        snap: the snapshotter whose copy-on-write snapshots are checked.
+    """
+
+    def __init__(self, pairs: Any, snap: Snapshotter) -> None:
+        self.pairs, self.snap = pairs, snap
+
+    def compare(self, tag: str, ref: Any, cand: Any, mode: str, tol: Any, step: int = 0):
+        """``pairs.compare(...)``, turned into an ``error`` if a snapshot side changed."""
+        comp = self.pairs.compare(tag, ref, cand, mode, tol, step)
+        return self.snap.verified(tag, ref, cand, comp)

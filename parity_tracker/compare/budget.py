@@ -69,6 +69,9 @@ CHUNK = 1 << 20
 SCAN_CHUNK = 1 << 18
 """Elements per chunk of the error pass (:func:`max_abs_err`): one 2 MiB float64 scratch
 chunk, reused (measured fastest of 2^14..2^20 on a bf16 side, one thread)."""
+SMALL = 1 << 16
+"""Up to this many elements a real side is scanned in whole-tensor ops (:func:`_small_scan`;
+its fresh float64 tensor is at most 512 KiB): the fixed cost per tag, not bandwidth, rules."""
 
 
 def check_k(k: float, what: str = "k") -> float:
@@ -158,7 +161,8 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
     conversion ``.to(torch.float64)`` makes) and the golden subtracted in place: the same
     float64 differences as widening into fresh tensors, without allocating (and page-faulting)
     two chunk-sized temporaries per chunk (3-4× faster on a bf16 side). Complex sides take the
-    plain path.
+    plain path. A finite real side of at most :data:`SMALL` elements is scanned in
+    whole-tensor ops instead (:func:`_small_scan`: the same differences and maxima).
 
     Args:
         side: a dense CPU tensor of the golden's shape, any dtype.
@@ -172,6 +176,10 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
     s, g = flat(side), flat(golden)
     wide = torch.complex128 if (s.is_complex() or g.is_complex()) else torch.float64
     real = wide == torch.float64
+    if real and 0 < s.numel() <= SMALL and g.dtype == wide:
+        found = _small_scan(s, g, golden_max, side.dtype)
+        if found is not None:
+            return found
     scratch = torch.empty(min(SCAN_CHUNK, s.numel()), dtype=wide) if real else None
     worst, lost, top_g = 0.0, 0, 0.0
     for lo in range(0, s.numel(), SCAN_CHUNK):
@@ -188,6 +196,26 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
         if golden_max:
             top_g = max(top_g, _finite_abs_max(b))
     return ErrorScan(worst, lost, side.dtype, golden_max=top_g if golden_max else None)
+
+
+def _small_scan(s: torch.Tensor, g: torch.Tensor, golden_max: bool, dtype) -> ErrorScan | None:
+    """:func:`max_abs_err` of a small real pair in whole-tensor ops, ``None`` if not finite.
+
+    The same float64 differences (``s.to(float64)``: the exact widening, then ``sub_``) and
+    the same ``aminmax`` maxima as the chunked pass, with one read-back (``tolist``) instead of
+    per-chunk slicing, scratch and four scalar reads: ≈ 21 against 32 µs for 16 Ki elements.
+    A pair with a non-finite difference or golden element returns ``None`` (the chunked pass
+    then applies the module's non-finite rule).
+    """
+    d = s.to(torch.float64, copy=True).sub_(g)  # copy: a float64 side is never written
+    lo, hi = torch.aminmax(d)
+    parts = (lo, hi, *torch.aminmax(g)) if golden_max else (lo, hi)
+    values = torch.stack(parts).tolist()
+    if not all(map(math.isfinite, values)):
+        return None
+    worst = max(-values[0], values[1])
+    top_g = max(-values[2], values[3]) if golden_max else None
+    return ErrorScan(worst, 0, dtype, golden_max=top_g)
 
 
 def _finite_abs_max(g: torch.Tensor) -> float:
@@ -251,7 +279,12 @@ def _side_error(
             ),
         )
     scan = max_abs_err(s.tensor, golden64, golden_max=golden_max or digest)
-    return replace(scan, side_hash=content_hash(s.tensor)) if digest else scan
+    if not digest:
+        return scan
+    h = content_hash(s.tensor)  # the constructor, not dataclasses.replace (≈ 3 µs less)
+    return ErrorScan(
+        scan.max_abs_err, scan.lost, scan.dtype, golden_max=scan.golden_max, side_hash=h
+    )
 
 
 def side_error(golden: Any, side: Any, name: str = "twin", *, digest: bool = False) -> ErrorScan:

@@ -157,9 +157,15 @@ class PairComparer:
         """The bytes' digest of a side the comparison's own hash cannot re-check, else None.
 
         The comparison hashes the converted tensors: when the two dtypes differ, a side may
-        have been converted first, so its recorded hash is not the hash of its bytes.
+        have been converted first, so its recorded hash is not the hash of its bytes. A
+        non-contiguous side (channels-last activations) gets its storage digest too: re-reading
+        it in storage order costs one read, its C-order content hash a copy first.
         """
-        if comp.ref_dtype == comp.cand_dtype or (self.owned is not None and self.owned(t)):
+        if self.owned is not None and self.owned(t):
+            return None
+        if comp.ref_dtype == comp.cand_dtype and (
+            not isinstance(t, torch.Tensor) or t.is_contiguous()
+        ):
             return None
         return storage_digest(t)
 
@@ -214,7 +220,12 @@ def resolve(log: Any, g: Any, mode: str, tol: Tolerances, ref_side: int, pairs: 
 
     ``pairs`` is a :class:`PairComparer` for the pairs not compared eagerly.
     """
-    sides = {c.side for c in g.captures}
+    caps = g.captures
+    if len(caps) == 2 and g.ref_index is not None and caps[0].side != caps[1].side:
+        comp = g.pairs.get(1 - g.ref_index)  # the usual eager pair: its one comparison
+        if comp is not None:
+            return comp
+    sides = {c.side for c in caps}
     if len(sides) == 1:
         return missing(log, g, mode, next(iter(sides)), ref_side)
     ref_i = reference_index(g)

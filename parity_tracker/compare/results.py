@@ -11,7 +11,7 @@ import enum
 import functools
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from parity_tracker.compare.core import Comparison
@@ -91,13 +91,17 @@ class TagResult:
 
     def to_row(self) -> dict[str, Any]:
         """One ``modules`` table row: exactly ``compare.columns.MODULES_SCHEMA``'s column names."""
-        cols, nulls, pick = _module_columns()
+        cols, nulls, comp_cols, pick = _module_columns()
         comp = self.comparison
-        # a Comparison keeps every field in its __dict__ (frozen dataclass, no slots; only the
-        # columns are picked below): the same values as to_dict() without its 31 getattr calls
-        fields = comp.__dict__ if type(comp) is Comparison else comp.to_dict()
-        merged = {**nulls, **fields}
-        merged.update(
+        if type(comp) is Comparison:
+            # a Comparison keeps every field in its __dict__ (frozen dataclass, no slots): its
+            # columns are picked from it at C level, into a copy of the row of nulls (issue 19)
+            row = nulls.copy()
+            row.update(zip(comp_cols, pick(comp.__dict__), strict=True))
+        else:
+            merged = {**nulls, **comp.to_dict()}
+            row = {c: merged[c] for c in cols}
+        row.update(
             tag=self.tag,
             module=self.module,
             kind=self.kind,
@@ -108,20 +112,34 @@ class TagResult:
             cache_hit=self.cache_hit,
             dump_path=self.dump_paths[0] if self.dump_paths else None,
         )
-        return dict(zip(cols, pick(merged), strict=True))
+        return row
 
 
 @functools.cache
-def _module_columns() -> tuple[tuple[str, ...], dict[str, None], Callable[[dict], tuple]]:
-    """``columns.MODULES_SCHEMA``'s column names, a row of nulls, and a getter of them in order.
+def _module_columns() -> tuple[
+    tuple[str, ...], dict[str, None], tuple[str, ...], Callable[[dict], tuple]
+]:
+    """``columns.MODULES_SCHEMA``'s column names, a row of nulls, and the ``Comparison`` columns.
 
-    Built once (``Schema.names`` builds a new list per call); a row is then one C-level pick
-    of the columns instead of a per-column ``dict.get`` (issue 19: cost per captured tensor).
+    Built once (``Schema.names`` builds a new list per call). The last two: the columns that
+    are ``Comparison`` fields, in schema order, and one C-level getter of them from a
+    ``Comparison``'s ``__dict__`` (issue 19: cost per captured tensor).
     """
     from parity_tracker.compare.columns import MODULES_SCHEMA
 
     cols = tuple(MODULES_SCHEMA.names)
-    return cols, dict.fromkeys(cols), operator.itemgetter(*cols)
+    comp_cols = tuple(c for c in cols if c in _COMPARISON_FIELDS)
+    return cols, dict.fromkeys(cols), comp_cols, _getter(comp_cols)
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
+    """``operator.itemgetter`` that always returns a tuple (also for 0 or 1 name)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda d: tuple(d[n] for n in names)
+
+
+_COMPARISON_FIELDS = frozenset(f.name for f in fields(Comparison))
 
 
 @dataclass

@@ -27,6 +27,7 @@ from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import MODULES_SCHEMA, OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.localize.root_cause import fallback_root_causes
+from parity_tracker.run.heap import frozen_heap
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
 from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
@@ -154,14 +155,28 @@ def _eval_mode(*models: Any) -> Iterator[None]:
         for m in models
         if isinstance(m, torch.nn.Module)
     ]
-    for m, _ in saved:
-        m.eval()
+    for m, flags in saved:
+        if not _all_eval(flags):
+            m.eval()
     try:
         yield
     finally:
         for _, flags in saved:
             for sub, flag in flags:
-                sub.training = flag
+                if sub.training is not flag:  # only what changed (a setattr each, issue 19)
+                    sub.training = flag
+
+
+def _all_eval(flags: list[tuple[Any, bool]]) -> bool:
+    """Every module already in eval mode, none with its own ``train()``: ``eval()`` is a no-op.
+
+    Skipping it saves a recursive ``train(False)`` (≈ 2 µs per module, issue 19); a module
+    class that overrides ``train`` always gets the call.
+    """
+    import torch
+
+    base = torch.nn.Module.train
+    return not any(flag or type(sub).train is not base for sub, flag in flags)
 
 
 @dataclass
@@ -321,6 +336,7 @@ def _run_both(
     return status, error, durations
 
 
+@frozen_heap()  # issue 19: collections walk what the run made, not the whole heap
 def run_parity(
     reference: Any,
     candidate: Any,
@@ -401,7 +417,7 @@ def run_parity(
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import collect_environment
-    from parity_tracker.tensor_checker import DumpMode, TensorChecker
+    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
 
     settings = dict(settings or {})
     compiled = CompileStats(candidate) if is_compiled(candidate) else None
@@ -436,10 +452,12 @@ def run_parity(
             chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
     worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
+    # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
+    budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
     checker = TensorChecker(
         verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
         dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
-        budget=passes.sides if chosen == BUDGET else None,
+        budget=passes.sides if chosen == BUDGET else None, **budget_kw,
     )  # fmt: skip
     if capture_ops:
         from parity_tracker.ops import OpSession
@@ -458,7 +476,9 @@ def run_parity(
         settings.update(checker.run_notes)  # rec.note(...) of the drives
         t0 = time.perf_counter()
         check = checker.check(chosen, dump_mode=dump_mode, dump_path=dump_path)
-        rows = [{**r, "run_id": run_id} for r in check.to_rows()]
+        rows = check.to_rows()  # new dicts: run_id is set in place (no second copy per row)
+        for r in rows:
+            r["run_id"] = run_id
         hist = worst.histogram(worst_tensor(rows))
         rows = _with_unreached_named(_with_artifact_paths(rows), error)
         op_rows, root_causes, kept = [], [], ([], [])
