@@ -76,3 +76,20 @@ def test_cli_run_outside_git_logs_no_commit_and_tf32_as_in_effect(in_tmp_cwd,
         assert params["tf32"] in ("True", "False")
     else:
         assert "tf32" not in params
+
+
+def test_history_of_runs_without_commit_says_unknown_never_none(in_tmp_cwd, sqlite_tracking_uri):
+    from test_cli import TINY, invoke
+
+    uri = ("--tracking-uri", sqlite_tracking_uri)
+    assert invoke("run", TINY, *uri).exit_code == 0  # passes, no commit (tmp_path: no git)
+    assert invoke("run", TINY, *uri, perturb=True).exit_code == 1  # fails, no commit
+    res = invoke("history", TINY, *uri, "--json")
+    out = json.loads(res.stdout)
+    assert [p["commit"] for p in out["points"]] == [None, None]  # each run its own point
+    assert out["first_bad_commit"] is None and out["newest_failing"] is True
+    text = invoke("history", TINY, *uri, terminal_width=200).stdout
+    assert "None" not in text and "unknown" in text
+    # the newest run fails: never "none (the newest passes)"
+    assert "first bad commit: unknown: the newest run fails" in text
+    assert "newest passes" not in text
