@@ -90,11 +90,11 @@ def print_run(
     if s.get("error"):
         err = f"{s['error'].get('type')}: {s['error'].get('message')}"
         con.print(f"[red]error[/]: {escape(err)}")
-    from parity_tracker.compare.verdict import worst_tensors
+    from parity_tracker.compare.verdict import WORST_ORDER, worst_tensors
 
     worst = worst_tensors(result.modules, 5)
     if worst:
-        table = Table(title="worst tensors")
+        table = Table(title="worst tensors", caption=f"sorted by: {WORST_ORDER}")
         for col in ("tag", "step", "status", "max_abs_diff", "sqnr_db"):
             table.add_column(col)
         for r in worst:

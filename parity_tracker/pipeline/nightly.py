@@ -167,6 +167,7 @@ def run_cell(
             dump_mode=cell.dump_mode, capture_ops=cell.ops, tracking_uri=store.uri,
             experiment=store.experiment, parent_run_id=parent_run_id, run_name=cell.name,
             commit=commit, branch=branch, render=render_run, source=SOURCE_NIGHTLY,
+            after_log=lambda done: _upload_reproducer(done, store.uri),
         )  # fmt: skip
     except Exception as exc:  # a broken target must not stop the matrix
         out.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -187,6 +188,21 @@ def run_cell(
     return out, result
 
 
+def _upload_reproducer(done: Any, uri: str | None) -> None:
+    """A failing logged cell's first root cause reproducer, under the run's ``repro/`` (issue 20).
+
+    Called by ``run_target`` while the run's dump (the kept material) is still on disk.
+    """
+    if done.result.passed:
+        return
+    try:
+        from parity_tracker.repro import upload_first_reproducer
+
+        upload_first_reproducer(done.result, done.run_id, tracking_uri=uri)
+    except Exception as exc:
+        warnings.warn(f"reproducer not uploaded: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
 def _cell(
     cell: Cell, parent: str, plan: _Plan, store: RunStore, render_run: RunRender | None
 ) -> CellResult:
@@ -195,13 +211,6 @@ def _cell(
                            branch=plan.branch, render_run=render_run)  # fmt: skip
     if result is None or res.run_id is None:
         return res
-    if not res.passed:  # the first root cause's reproducer, under the run's repro/ (issue 20)
-        try:
-            from parity_tracker.repro import upload_first_reproducer
-
-            upload_first_reproducer(result, res.run_id, tracking_uri=store.uri)
-        except Exception as exc:
-            warnings.warn(f"reproducer not uploaded: {exc!r}", RuntimeWarning, stacklevel=2)
     try:
         _diff_cell(res, result, plan, store)
     except Exception as exc:
