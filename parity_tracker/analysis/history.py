@@ -136,6 +136,9 @@ class History:
             else of the run: failing tensors or an unfinished run), None when the newest passes.
         skipped: run ids left out because they are incomplete (their writer stopped during the
             upload, ``track.store.is_incomplete``); the CLI says so.
+        newest_failing: whether the newest point whose state is known fails (the tag when
+            given, else the run), whatever its commit; None when no point's state is known. A
+            failing streak of runs without a commit has no first bad commit but still fails.
     """
 
     target: str
@@ -145,6 +148,7 @@ class History:
     tag: str | None = None
     first_bad_commit: str | None = None
     skipped: list[str] = field(default_factory=list)
+    newest_failing: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -254,6 +258,7 @@ def build_history(
                 f"tags look like: {', '.join(sample)}"
             )
         failing = [_tag_failing(p.tag_status) for p in points]
+    newest = next((f for f in reversed(failing) if f is not None), None)
     # a run without a commit cannot be a first bad commit: unknown, it neither extends nor
     # breaks the streak (runs made outside a git checkout with --allow-no-commit)
     failing = [None if p.commit is None else f for p, f in zip(points, failing, strict=True)]
@@ -266,4 +271,5 @@ def build_history(
         tag=tag,
         first_bad_commit=None if index is None else points[index].commit,
         skipped=skipped,
+        newest_failing=newest,
     )

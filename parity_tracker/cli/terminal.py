@@ -170,7 +170,7 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
         bad = hist.first_bad_commit
         mark = " <- first bad" if bad is not None and p.commit == bad else ""
         cells = [
-            str(p.commit)[:12] + mark,
+            (p.commit or NO_COMMIT)[:12] + mark,
             p.run_id[:12],
             p.status,
             "pass" if p.passed else "fail",
@@ -182,7 +182,20 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
         table.add_row(*cells, *([str(p.tag_status)] if tag else []))
     con = console()
     con.print(table)
-    con.print(f"first bad commit: {hist.first_bad_commit or 'none (the newest passes)'}")
+    con.print(f"first bad commit: {_first_bad_text(hist)}")
+
+
+#: How a run without a recorded commit shows (made outside a git checkout, no --commit).
+NO_COMMIT = "unknown"
+
+
+def _first_bad_text(hist: Any) -> str:
+    """The first bad commit; else why there is none (passing, or a streak without commits)."""
+    if hist.first_bad_commit:
+        return hist.first_bad_commit
+    if getattr(hist, "newest_failing", None):
+        return "unknown: the newest run fails, but no failing run of the streak has a commit"
+    return "none (the newest passes)"
 
 
 def cli_exe() -> str:

@@ -35,6 +35,7 @@ from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
+from parity_tracker.run.mode import baseline_params
 from parity_tracker.track.nights import KIND_NIGHT
 from parity_tracker.track.parents import TAG_NIGHT
 
@@ -148,10 +149,16 @@ def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellRe
 
 
 def _baseline(run: Any, night_ids: set[str], store: Any) -> Any:
-    """The cell's baseline: ``choose_baseline`` over its configuration's runs of other nights."""
-    others = [
-        r for r in store.find(config_fingerprint=run.fingerprint) if r.run_id not in night_ids
-    ]
+    """The cell's baseline: ``choose_baseline`` over its baseline key's runs of other nights.
+
+    The key is the fingerprint and the judged mode (``run.mode.baseline_params``); a run
+    without a ``mode`` param has no known mode, so no baseline.
+    """
+    mode = run.params.get("mode")
+    if not run.fingerprint or not mode:
+        return None
+    found = store.find(**baseline_params(run.fingerprint, mode))
+    others = [r for r in found if r.run_id not in night_ids]
     return choose_baseline([*others, run], head_run_id=run.run_id, head_commit=run.commit)
 
 

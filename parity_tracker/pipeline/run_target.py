@@ -149,6 +149,8 @@ def run_target(
         mode: ``auto`` | ``equal`` | ``allclose`` | ``budget``.
         rtol: allclose rtol for every tag (None: the case's overrides, else the per-dtype
             defaults of torch.testing.assert_close); give both rtol and atol or neither.
+            Given, both are recorded as settings (``rtol``, ``atol`` params) and so enter the
+            config fingerprint.
         atol: allclose atol for every tag.
         capture_ops: also compare every aten op output.
         isolate: re-run failing modules on the reference's inputs.
@@ -182,6 +184,9 @@ def run_target(
     extra: dict[str, Any] = {}
     if pair is not None:  # one (rtol, atol) for every tag, replacing the case's overrides
         extra["tolerances"] = {"*": pair}
+        # recorded as settings, so part of the config fingerprint (the baseline key): a run is
+        # never diffed against one judged with other tolerances (fake fixes or regressions)
+        extra["settings"] = {**case.settings, "rtol": pair[0], "atol": pair[1]}
     if keep_repro is not None:
         extra["keep_repro"] = keep_repro
     try:

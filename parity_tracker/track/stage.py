@@ -62,10 +62,17 @@ def _param_value(value: Any) -> str:
 
 
 def run_params(result: RunResult) -> dict[str, str]:
-    """The params of a run: settings, environment, mode, mode_reason, config_fingerprint."""
+    """The params of a run: settings, environment, mode, mode_reason, config_fingerprint.
+
+    An environment value that is None (unknown or not applicable: no git checkout, TF32 on a
+    machine without CUDA; ``run.environment``) is left out, never logged as the text
+    ``"None"``: an absent ``git_commit`` param matches no commit, as the absent
+    ``mlflow.source.git.commit`` tag does.
+    """
     r = result.record
     params = {param_key(k): _param_value(v) for k, v in result.settings.items()}
-    params.update({k: _param_value(r.environment.get(k)) for k in ENV_KEYS})
+    env = r.environment
+    params.update({k: _param_value(env[k]) for k in ENV_KEYS if env.get(k) is not None})
     params["mode"] = r.mode
     params["mode_reason"] = _param_value(r.mode_reason)
     params["config_fingerprint"] = r.config_fingerprint
