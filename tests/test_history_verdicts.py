@@ -194,3 +194,33 @@ def test_history_names_the_stored_configurations(store):
         build_history("not_installed_pkg:fn", {"quantization": "fp8"}, tracking_uri=uri)
     assert "quantization=bf16; quantization=int8" in str(err.value)
     assert "--set" in str(err.value)
+
+
+# ------------------------------------------------- the baseline key: fingerprint and mode
+
+
+@pytest.mark.parametrize("newest_mode", ["budget", "allclose"])
+def test_history_follows_the_newest_runs_mode(store, newest_mode):
+    """allclose and budget runs of one configuration share a fingerprint but not a baseline key
+    (run.mode.baseline_key): history follows the newest run's mode only, so a change of mode
+    is never a first bad commit. Hand-worked: c1/c3 are one mode and pass, c2/c4 the other and
+    fail; following the budget runs (c2, c4) both fail → first bad c2; following allclose
+    (c1, c3) both pass → none. Mixed, c4 failing after c3 passing would name c4."""
+    client, exp, uri, _ = store
+    other = "allclose" if newest_mode == "budget" else "budget"
+    logged = {}
+    for t, (commit, mode) in enumerate(
+        [("c1", other), ("c2", newest_mode), ("c3", other), ("c4", newest_mode)], start=1
+    ):
+        passes = mode == "allclose"
+        logged[commit] = _log(client, exp, commit=commit, t=t, compared=4,
+                              failing=0 if passes else 2, passed=passes,
+                              settings={"quantization": "none"})  # fmt: skip
+        # the fingerprint leaves the mode out (run.mode.config_fingerprint): one for all four
+        client.log_param(logged[commit], "mode", mode)
+    hist = build_history("toy", tracking_uri=uri)
+    followed = ["c2", "c4"]
+    assert hist.mode == newest_mode
+    assert [p.commit for p in hist.points] == followed
+    assert [p.run_id for p in hist.points] == [logged[c] for c in followed]
+    assert hist.first_bad_commit == ("c2" if newest_mode == "budget" else None)

@@ -139,6 +139,9 @@ class History:
         newest_failing: whether the newest point whose state is known fails (the tag when
             given, else the run), whatever its commit; None when no point's state is known. A
             failing streak of runs without a commit has no first bad commit but still fails.
+        mode: the judged mode followed (the newest matching run's ``mode`` param): with the
+            fingerprint it is the baseline key (``run.mode.baseline_key``), so a change of mode
+            never shows as a fix or a first bad commit.
     """
 
     target: str
@@ -149,6 +152,7 @@ class History:
     first_bad_commit: str | None = None
     skipped: list[str] = field(default_factory=list)
     newest_failing: bool | None = None
+    mode: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -207,7 +211,8 @@ def build_history(
     """The history of ``target`` with ``settings`` across commits.
 
     Runs are matched on the ``target`` param and every given setting; when they carry several
-    config fingerprints (e.g. another device), the newest run's fingerprint is followed.
+    config fingerprints (e.g. another device) or judged modes (allclose and budget runs of
+    one configuration), the newest run's fingerprint and mode are followed.
 
     Args:
         target: the target name (the ``target`` param).
@@ -240,8 +245,8 @@ def build_history(
         raise InputError(
             f"no stored run of {target} matches {wanted} in experiment {experiment!r}{note}"
         )
-    fingerprint = runs[0].fingerprint
-    runs = [r for r in runs if r.fingerprint == fingerprint]
+    fingerprint, mode = runs[0].fingerprint, getattr(runs[0], "mode", None)
+    runs = [r for r in runs if (r.fingerprint, getattr(r, "mode", None)) == (fingerprint, mode)]
     chosen = latest_per_commit(runs)
     if last is not None:
         chosen = chosen[-last:] if last > 0 else []
@@ -272,4 +277,5 @@ def build_history(
         first_bad_commit=None if index is None else points[index].commit,
         skipped=skipped,
         newest_failing=newest,
+        mode=mode,
     )

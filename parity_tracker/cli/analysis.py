@@ -165,7 +165,8 @@ def history(
     if as_json:
         _emit_json(hist.to_dict())
         return
-    T.print_history(hist, f"history of {name} {settings}", tag)
+    followed = f" (mode {hist.mode})" if hist.mode and "mode" not in settings else ""
+    T.print_history(hist, f"history of {name} {settings}{followed}", tag)
 
 
 # --------------------------------------------------------------------------- report, sync, ui

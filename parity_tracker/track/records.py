@@ -101,6 +101,9 @@ class RunHead:
             empty for runs logged before them).
         passed: the run's stored verdict (tag ``parity.passed``, ``store.stored_passed``):
             False when the tag is absent, so an unknown run is never shown passing.
+        mode: the ``mode`` param, the mode the run was judged in (equal, allclose, budget;
+            None if absent). With the fingerprint it is the run's baseline key
+            (``run.mode.baseline_key``): ``history`` follows one key.
     """
 
     run_id: str
@@ -113,6 +116,7 @@ class RunHead:
     incomplete: bool = False
     tag_codes: dict[str, str] = field(default_factory=dict)
     passed: bool = False
+    mode: str | None = None
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
@@ -128,6 +132,7 @@ class RunHead:
             incomplete=info.incomplete,
             tag_codes=code_tags(info.tags),
             passed=info.passed,
+            mode=info.params.get("mode"),
         )
 
 

@@ -76,6 +76,7 @@ _HEADS_SQL = """
 SELECT r.run_uuid, r.start_time, r.status, r.artifact_uri,
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
   (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'config_fingerprint'),
+  (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'mode'),
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?)
 FROM runs r
@@ -144,8 +145,9 @@ def _sqlite_heads(
             is_incomplete(status, complete),
             code_tags(codes[rid]),
             stored_passed(passed),
+            mode,
         )
-        for rid, start, status, artifact_uri, commit, fingerprint, complete, passed in rows
+        for rid, start, status, artifact_uri, commit, fingerprint, mode, complete, passed in rows
     ]
 
 
