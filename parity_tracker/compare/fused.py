@@ -237,12 +237,12 @@ class KernelFold:
         self._size, self._eager = size, None  # the numpy fold, once the loop failed to run
 
     def _inputs(self, r: torch.Tensor, c: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """The two numpy arrays the loop reads: two compiled signatures (float32, float64).
+        """The two numpy arrays the loop reads (float32, float64, or bfloat16 bits as uint16).
 
-        float32 pairs and float64 pairs are read in place; a pair of float32, bfloat16 and
-        float16 sides gets its narrow sides widened into a float32 scratch (exact: both are
-        subsets of float32; 4 bytes written per element instead of 8 per side); any other
-        pair is widened into float64 scratch.
+        float32 pairs and float64 pairs are read in place; in a pair of float32, bfloat16 and
+        float16 sides, bfloat16 is read in place as its bits (``uint16``; the loop widens it
+        exactly) and float16 is widened into a float32 scratch (exact); any other pair is
+        widened into float64 scratch.
         """
         n = r.numel()
         if r.dtype == c.dtype and r.dtype in _DIRECT:  # read in place
@@ -258,6 +258,8 @@ class KernelFold:
     def _to32(x: torch.Tensor, scratch: np.ndarray, n: int) -> np.ndarray:
         if x.dtype == torch.float32:
             return x.numpy()
+        if x.dtype == torch.bfloat16:  # its bits, widened in the loop (``_kernel._wide``)
+            return x.view(torch.int16).numpy().view(np.uint16)
         torch.from_numpy(scratch[:n]).copy_(x)
         return scratch[:n]
 
