@@ -179,3 +179,25 @@ def test_diff_stats_mixed_pairs_match_numpy(compiled, monkeypatch, case, dtypes,
         for key, value in want.items():
             if key not in skip:
                 assert _close(getattr(got, key), value), (key, getattr(got, key), value)
+
+
+def test_small_pairs_use_the_loop_once_it_is_loaded(compiled, monkeypatch) -> None:
+    """Below KERNEL_MIN, the compiled loop is used only when already loaded; same metrics."""
+    r, c = _pair("ties", 3000, (torch.float32, torch.bfloat16), seed=3)
+    pair = r.clone(), c.clone()
+    want = _np_expected(r.double().numpy(), c.double().numpy(), 1e-3, 1e-5, torch.float32)
+    used = []
+    real_call = fused.KernelFold.__call__
+    monkeypatch.setattr(
+        fused.KernelFold,
+        "__call__",
+        lambda self, *a, **k: used.append(1) or real_call(self, *a, **k),
+    )
+    got = metrics.diff_stats(*pair, rtol=1e-3, atol=1e-5)
+    assert used  # loaded (the fixture built it): the small pair went through the loop
+    for key, value in want.items():
+        assert _close(getattr(got, key), value), (key, getattr(got, key), value)
+    used.clear()
+    monkeypatch.setitem(fused._KERNEL, "fn", None)  # not loaded: the numpy fold, same numbers
+    again = metrics.diff_stats(r, c, rtol=1e-3, atol=1e-5)
+    assert not used and again == got
