@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from parity_tracker.compare.budget_k import DEFAULT_K as DEFAULT_K
+from parity_tracker.compare.budget_scan import fast_scan
 from parity_tracker.compare.convert import to_tensor
 from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.hashing import content_hash, dtype_name
@@ -162,7 +163,9 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
     float64 differences as widening into fresh tensors, without allocating (and page-faulting)
     two chunk-sized temporaries per chunk (3-4× faster on a bf16 side). Complex sides take the
     plain path. A finite real side of at most :data:`SMALL` elements is scanned in
-    whole-tensor ops instead (:func:`_small_scan`: the same differences and maxima).
+    whole-tensor ops instead (:func:`_small_scan`: the same differences and maxima); a larger
+    finite float32 / float64 / bfloat16 side in one compiled loop when numba is installed
+    (:func:`~parity_tracker.compare.budget_scan.fast_scan`: the same differences and maxima).
 
     Args:
         side: a dense CPU tensor of the golden's shape, any dtype.
@@ -180,6 +183,10 @@ def max_abs_err(side: torch.Tensor, golden: torch.Tensor, *, golden_max: bool = 
         found = _small_scan(s, g, golden_max, side.dtype)
         if found is not None:
             return found
+    elif real and (fast := fast_scan(s, g)) is not None:  # one compiled loop (numba)
+        return ErrorScan(
+            max(0.0, fast[0]), 0, side.dtype, golden_max=fast[1] if golden_max else None
+        )
     scratch = torch.empty(min(SCAN_CHUNK, s.numel()), dtype=wide) if real else None
     worst, lost, top_g = 0.0, 0, 0.0
     for lo in range(0, s.numel(), SCAN_CHUNK):

@@ -483,7 +483,7 @@ def diff_stats(
         raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(candidate.shape)}")
     r, c = flat(reference), flat(candidate)
     n = r.numel()
-    kernel = None if n >= fused.KERNEL_MIN else False
+    kernel = None if n >= fused.KERNEL_MIN or fused.kernel_loaded() else False
     if workers is None and n <= SMALL:
         if not (r.dtype.is_floating_point and c.dtype.is_floating_point):  # torch ops: serial
             chunk = min(chunk, SERIAL_CHUNK)  # (the fused fold makes no torch parallel region)

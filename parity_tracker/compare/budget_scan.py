@@ -1,0 +1,84 @@
+"""The budget's error pass in one compiled loop, when ``numba`` is there (issue 19).
+
+:func:`parity_tracker.compare.budget.max_abs_err` widens a side into float64 chunks and
+subtracts the golden with torch ops (four passes over each chunk, ≈ 1.8 ns per element on a
+bfloat16 side at 8×512). :func:`fast_scan` does the same in one loop
+(:mod:`parity_tracker.compare._scan_kernel`): the same float64 differences (the side widened
+exactly, then ``side − golden`` rounded once), the same maxima. It answers only for a real
+float32, float64 or bfloat16 side against a float64 golden, both CPU, and only when every
+difference and golden value is finite; anything else returns ``None`` and the torch path
+(with the module's non-finite rule) measures it. Optional like ``compare.fused``'s loop:
+without numba, or with ``PARITY_NO_KERNEL`` set, or if the loop fails, ``None`` always.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import numpy as np
+import torch
+
+_STATE: dict = {"fn": None, "built": False}
+
+
+def _load():
+    """The compiled scan, or ``None`` (no numba, ``PARITY_NO_KERNEL``, a broken install)."""
+    if not _STATE["built"]:
+        _STATE["built"] = True
+        if not os.environ.get("PARITY_NO_KERNEL"):
+            try:
+                from parity_tracker.compare._scan_kernel import scan
+
+                _STATE["fn"] = scan
+            except ImportError:
+                pass
+            except Exception as exc:  # a broken numba install: the torch path is the same
+                _give_up(exc)
+    return _STATE["fn"]
+
+
+def _give_up(exc: BaseException) -> None:
+    _STATE["fn"], _STATE["built"] = None, True
+    warnings.warn(
+        f"parity_tracker: compiled budget scan unavailable ({type(exc).__name__}: {exc}); "
+        "using torch ops (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _array(s: torch.Tensor) -> np.ndarray | None:
+    """The side's elements as numpy (bfloat16 as its ``uint16`` bits), or ``None``."""
+    try:
+        if s.dtype in (torch.float32, torch.float64):
+            return s.detach().numpy()
+        if s.dtype == torch.bfloat16:
+            return s.detach().view(torch.int16).numpy().view(np.uint16)
+    except (RuntimeError, TypeError):  # a view numpy cannot read (conjugate, negative bit)
+        return None
+    return None
+
+
+def fast_scan(s: torch.Tensor, g: torch.Tensor) -> tuple[float, float] | None:
+    """``(max |s − g|, max |g|)`` of 1-D contiguous CPU tensors, or ``None`` (module docstring).
+
+    Args:
+        s: the side, float32, float64 or bfloat16.
+        g: the golden, float64, of ``s``'s length.
+    """
+    fn = _load()
+    if fn is None or g.dtype != torch.float64 or s.device.type != "cpu" or g.device.type != "cpu":
+        return None
+    a = _array(s)
+    if a is None or s.numel() != g.numel() or s.numel() == 0:
+        return None
+    try:
+        worst, top_g, flag = fn(a, g.detach().numpy())
+    except Exception as exc:  # numba cannot compile here: never lose the scan
+        _give_up(exc)
+        return None
+    if flag != 0.0 or not (math.isfinite(worst) and math.isfinite(top_g)):
+        return None
+    return float(worst), float(top_g)
