@@ -371,10 +371,11 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     root = root_name(model)
     handle.root_name = root
     own = own_tensors(model, root)
-    all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in model.modules()}.values()]
+    named = list(model.named_modules())  # each module once, as model.modules() lists them
+    all_own = [(m, own.get(id(m), [])) for _, m in named]
     names: list[str] = []
     scripted: list[str] = []
-    for raw_name, mod in model.named_modules():
+    for raw_name, mod in named:
         is_root = mod is model
         if not is_root and not _has_forward(mod):
             continue

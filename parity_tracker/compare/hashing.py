@@ -164,9 +164,21 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
         (:func:`dense_span`), or that has a conjugate/negative bit. Those are never re-checked
         (the caller copies or compares again).
     """
-    if not digestible(tensor):
-        return None
     t = tensor
+    if (  # issue 19: the common case (a plain contiguous CPU tensor numpy reads) in one step
+        type(t) is torch.Tensor
+        and t.dtype in _NUMPY_DTYPES
+        and t.is_cpu
+        and not t.requires_grad
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.numel() > 0
+    ):
+        return xxhash.xxh3_64_intdigest(t.numpy())  # raw_buffer's bytes, as below
+    if not digestible(t):
+        return None
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
     if t.requires_grad:  # numpy() refuses these; a detached alias has the same bytes

@@ -488,7 +488,7 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
+def verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
     """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
     return [
         {
@@ -503,15 +503,22 @@ def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
     ]
 
 
-def first_divergence(results: list[TagResult]) -> TagResult | None:
-    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
-    i = first_divergence_index(_verdict_rows(results))
+def first_divergence(results: list[TagResult], rows: list[dict] | None = None) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule.
+
+    ``rows``: ``verdict_rows(results)`` when the caller already built them (issue 19: once
+    per check for this and :func:`structure_differences`).
+    """
+    i = first_divergence_index(verdict_rows(results) if rows is None else rows)
     return None if i is None else results[i]
 
 
-def structure_differences(results: list[TagResult]) -> list[TagResult]:
+def structure_differences(
+    results: list[TagResult], rows: list[dict] | None = None
+) -> list[TagResult]:
     """The one-sided results by :func:`parity_tracker.compare.verdict.structure_differences`."""
-    return [results[r["index"]] for r in verdict_structure(_verdict_rows(results))]
+    rows = verdict_rows(results) if rows is None else rows
+    return [results[r["index"]] for r in verdict_structure(rows)]
 
 
 def dump_plan(mode: DumpMode, ordered: list[tuple[Any, Comparison, int]]) -> list[Any]:
