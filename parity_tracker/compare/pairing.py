@@ -433,18 +433,20 @@ def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
 def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
     """The :class:`TagResult` of a resolved group."""
     ref_i = reference_index(g)
-    return TagResult(
-        tag=g.tag,
-        module=g.module,
-        kind=g.kind,
-        slot=g.slot,
-        call_index=g.call_index,
-        exec_order=g.captures[ref_i].exec_order,
-        step=g.step,
-        cache_hit=cache_hit(log, g),
-        comparison=comp,
-        dump_paths=tuple(paths),
-        n_tensors=n,
+    return TagResult._fast(  # every field, in field order
+        {
+            "tag": g.tag,
+            "module": g.module,
+            "kind": g.kind,
+            "slot": g.slot,
+            "call_index": g.call_index,
+            "exec_order": g.captures[ref_i].exec_order,
+            "step": g.step,
+            "cache_hit": cache_hit(log, g),
+            "comparison": comp,
+            "dump_paths": tuple(paths),
+            "n_tensors": n,
+        }
     )
 
 
