@@ -34,10 +34,12 @@ class Holder:
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
-        if self.c.reduce_to is not None:
-            cap.value = self.c.reduce_to(g.tag, g.step, value)
+        c = self.c
+        if c.reduce_to is not None:
+            cap.value = c.reduce_to(g.tag, g.step, value)
             return
-        ref_i = self._eager_reference(g, cap.side)
+        # the first capture of a group has nothing to be compared with (issue 19: no call)
+        ref_i = None if len(g.captures) < 2 else self._eager_reference(g, cap.side)
         if ref_i is None:
             self._keep(cap, value, alias)
             return

@@ -35,6 +35,7 @@ from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
 _SUSPEND = threading.local()
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
 
 
 class suspended:  # lower case: used as ``with suspended():`` (a function before issue 19)
@@ -52,7 +53,8 @@ class suspended:  # lower case: used as ``with suspended():`` (a function before
         _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
         self._popped = None
         try:
-            if isinstance(_get_current_dispatch_mode(), DispatchRecorder):
+            # issue 19: no dispatch mode at all (a module-level run) is answered in C
+            if _len_dispatch_stack() and isinstance(_get_current_dispatch_mode(), DispatchRecorder):
                 # Step out of the recorder entirely: the suspended work then costs nothing extra.
                 popped = _pop_mode_temporarily()
                 popped.__enter__()
