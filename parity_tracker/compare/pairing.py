@@ -161,11 +161,11 @@ class PairComparer:
         non-contiguous side (channels-last activations) gets its storage digest too: re-reading
         it in storage order costs one read, its C-order content hash a copy first.
         """
-        if self.owned is not None and self.owned(t):
-            return None
         if comp.ref_dtype == comp.cand_dtype and (
             not isinstance(t, torch.Tensor) or t.is_contiguous()
         ):
+            return None  # the usual case, asked first (issue 19)
+        if self.owned is not None and self.owned(t):
             return None
         return storage_digest(t)
 
