@@ -52,6 +52,12 @@ def render_digest(
             f"{ch.get('worse', 0)} | {ch.get('drift', 0)} | {ch.get('fix', 0)} | "
             f"{ch.get('expected', 0)} |"
         )
+    if result.missing_shards:
+        lines += ["", "## Shards that never reported (the night is INCOMPLETE: their cells are "
+                  "unknown)", ""]  # fmt: skip
+        lines += [f"- shard {s}" for s in result.missing_shards]
+    if result.shard_notes:
+        lines += ["", "## Shards", ""] + [f"- {n}" for n in result.shard_notes]
     lines += _section_rows(result.cells, "regression", "Regressions", limit)
     lines += _section_rows(result.cells, "worse", "Worse (max abs diff grew)", limit)
     unbased = [c for c in result.cells if c.run_id and not c.baseline_run_id and not c.error]

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.compare.verdict import first_divergence, structure_differences
+from parity_tracker.compare.verdict import WORST_ORDER, first_divergence, structure_differences
 from parity_tracker.statuses import FAILING, PASSING, STATUSES, is_failing
 
 from ._page import STATUS_COLORS, chip_items, fmt_num, fmt_shape, href, render
@@ -127,6 +127,7 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
         propagation=_propagation(modules, first, roots),
         ops=_ops(ops, first),
         **_histogram(result, summary, settings, modules),
+        worst_order=WORST_ORDER,
         modules=modules,
         failing_statuses=sorted(FAILING),
         table_statuses=sorted({r.get("status") or "" for r in modules}, key=_status_rank),

@@ -59,8 +59,9 @@ def _log(client, exp_id, *, commit, t, failing, fingerprint="fp1", tag_status=No
             Param("quantization", "none"),
             Param("config_fingerprint", fingerprint),
         ],
-        tags=[RunTag("mlflow.source.git.commit", commit), RunTag("parity.run_id", rid)],
-    )
+        tags=[RunTag("mlflow.source.git.commit", commit), RunTag("parity.run_id", rid),
+              RunTag("parity.passed", "false" if failing else "true")],  # as log_run stores it
+    )  # fmt: skip
     if tag_status is not None:
         rows = [{"tag": "checker_fc1", "status": tag_status, "step": 0},
                 {"tag": "checker_fc0", "status": "equal", "step": 0}]  # fmt: skip
@@ -132,7 +133,10 @@ def test_history_over_many_runs(store):
             run.info.run_id,
             metrics=[Metric("tensors_failing", float(i >= 30), 1000 + i, 0)],
             params=[Param("target", "toy"), Param("config_fingerprint", "fp1")],
-            tags=[RunTag("mlflow.source.git.commit", f"c{i:04d}")],
+            tags=[
+                RunTag("mlflow.source.git.commit", f"c{i:04d}"),
+                RunTag("parity.passed", "false" if i >= 30 else "true"),
+            ],
         )
         client.set_terminated(run.info.run_id, "FINISHED", end_time=1001 + i)
     start = time.perf_counter()

@@ -107,11 +107,36 @@ def test_long_sequences_fall_back_and_stay_valid(monkeypatch):
     [
         (dict(present="reference", inputs_status="passing"), "C"),
         (dict(present="candidate", inputs_status="unknown"), "C"),
-        (dict(present="both", inputs_status="passing"), "A"),
-        (dict(present="both", inputs_status="passing", layout_diffs=["input 0 stride"]), "B"),
-        (dict(present="both", inputs_status="passing", output_diffs=["output 0 dtype"]), "B"),
+        # case A needs bitwise-equal inputs: passing allclose alone is case B (look upstream)
+        (dict(present="both", inputs_status="passing", inputs_equal=True), "A"),
+        (dict(present="both", inputs_status="passing"), "B"),
+        (dict(present="both", inputs_status="passing", inputs_equal=False), "B"),
+        (
+            dict(
+                present="both",
+                inputs_status="passing",
+                inputs_equal=True,
+                layout_diffs=["input 0 stride"],
+            ),
+            "B",
+        ),
+        (
+            dict(
+                present="both",
+                inputs_status="passing",
+                inputs_equal=True,
+                output_diffs=["output 0 dtype"],
+            ),
+            "B",
+        ),
         (dict(present="both", inputs_status="failing"), None),
         (dict(present="both", inputs_status="unknown"), None),
+        # fed by a copy/conversion that ran on one side only (a candidate-only _to_copy): B
+        (dict(present="both", inputs_status="failing", fed_by=["_to_copy"]), "B"),
+        (
+            dict(present="both", inputs_status="passing", inputs_equal=True, fed_by=["_to_copy"]),
+            "B",
+        ),
     ],
 )
 def test_classify_cases(kwargs, expected):

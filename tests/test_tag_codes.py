@@ -29,6 +29,10 @@ def _sha(tags) -> str:
     return hashlib.sha256(json.dumps(tags).encode()).hexdigest()[:32]
 
 
+def _bind(sha: str, run, codes: str) -> str:
+    return hashlib.sha256(json.dumps([sha, run, codes]).encode()).hexdigest()[:32]
+
+
 ROWS = [("a", 0, "equal"), ("b", 0, "close"), ("a", 1, "mismatch"), ("c", 0, "skipped"),
         ("b", 1, "equal")]  # fmt: skip
 
@@ -50,7 +54,9 @@ def test_codes_of_a_hand_written_table():
     # a: equal then mismatch -> mismatch; b: close, equal -> close (first); c: skipped
     assert tc.tag_codes(_table(ROWS)) == (["a", "b", "c"], "x~-")
     tags = tc.encode(_table(ROWS))
-    header = {"v": 1, "sha256": _sha(["a", "b", "c"]), "tags": 3, "chunks": 1}
+    sha = _sha(["a", "b", "c"])
+    header = {"v": 2, "sha256": sha, "tags": 3, "chunks": 1, "run": None,
+              "bind": _bind(sha, None, "x~-")}  # fmt: skip
     assert tags == {"parity.tag_codes": json.dumps(header, separators=(",", ":")),
                     "parity.tag_codes.0": _blob("x~-")}  # fmt: skip
     got = tc.decode({**tags, "mlflow.user": "x"})
@@ -66,8 +72,9 @@ def test_many_tags_span_several_chunks():
     blob = _blob(codes)
     n = -(-len(blob) // 6000)
     assert n >= 3
-    assert json.loads(packed["parity.tag_codes"]) == {"v": 1, "sha256": _sha(tags),
-                                                      "tags": 40_000, "chunks": n}  # fmt: skip
+    assert json.loads(packed["parity.tag_codes"]) == {
+        "v": 2, "sha256": _sha(tags), "tags": 40_000, "chunks": n, "run": None,
+        "bind": _bind(_sha(tags), None, codes)}  # fmt: skip
     assert [packed[f"parity.tag_codes.{k}"] for k in range(n)] == [
         blob[k * 6000 : (k + 1) * 6000] for k in range(n)
     ]
@@ -97,8 +104,16 @@ def test_a_status_without_code_leaves_the_run_unencoded(rows):
     assert tc.encode(_table(rows)) == {}
 
 
-def _header(**over):
-    return json.dumps({"v": 1, "sha256": "0" * 32, "tags": 3, "chunks": 1, **over})
+def _header(**over):  # valid for the codes "x~-" of no run, unless ``over`` changes it
+    fields = {"v": 2, "sha256": "0" * 32, "tags": 3, "chunks": 1, "run": None,
+              "bind": _bind("0" * 32, None, "x~-")}  # fmt: skip
+    return json.dumps({**fields, **over})
+
+
+def test_the_valid_header_of_the_cases_below_decodes():
+    assert tc.decode({"parity.tag_codes": _header(), "parity.tag_codes.0": _blob("x~-")}) == (
+        tc.TagCodes("0" * 32, "x~-")
+    )
 
 
 @pytest.mark.parametrize(
@@ -109,7 +124,18 @@ def _header(**over):
         {"parity.tag_codes": _header()},  # chunk missing
         {"parity.tag_codes": _header(tags=4), "parity.tag_codes.0": _blob("x~-")},  # length
         {"parity.tag_codes": _header(), "parity.tag_codes.0": _blob("x~?")},  # not a code
-        {"parity.tag_codes": _header(v=2), "parity.tag_codes.0": _blob("x~-")},  # format
+        {"parity.tag_codes": _header(v=1), "parity.tag_codes.0": _blob("x~-")},  # old format
+        {"parity.tag_codes": _header(), "parity.tag_codes.0": _blob("x~=")},  # codes not bound
+        {"parity.tag_codes": _header(sha256="1" * 32), "parity.tag_codes.0": _blob("x~-")},
+        {"parity.tag_codes": _header(run="r1"), "parity.tag_codes.0": _blob("x~-")},  # binding
+        {
+            "parity.tag_codes": _header(run="r1", bind=_bind("0" * 32, "r1", "x~-")),
+            "parity.tag_codes.0": _blob("x~-"),
+            "parity.run_id": "r2",
+        },  # another run's codes
+        {"parity.tag_codes": _header(chunks=10**9), "parity.tag_codes.0": _blob("x~-")},
+        {"parity.tag_codes": _header(tags=float("nan")), "parity.tag_codes.0": _blob("x~-")},
+        {"parity.tag_codes": "[1, 2]", "parity.tag_codes.0": _blob("x~-")},
         {"parity.tag_codes": "{", "parity.tag_codes.0": _blob("x~-")},
         {"parity.tag_codes": _header(), "parity.tag_codes.0": "!!!"},  # not base64
         {"parity.tag_codes": _header(), "parity.tag_codes.0": base64.b64encode(b"x~-").decode()},

@@ -406,8 +406,9 @@ def test_run_store_baseline_runs_and_record_diff(tiny_pair, sqlite_tracking_uri,
                     parent_run_id=parent, render=None)  # fmt: skip
     store = RunStore(sqlite_tracking_uri, exp)
     fp = config_fingerprint(result.settings)
-    assert store.baseline_runs(child) == {fp: child}
-    assert store.baseline_runs(parent) == {fp: child}
+    # keyed by fingerprint and judged mode (no quantization, cache, ...: seed §2 says equal)
+    assert store.baseline_runs(child) == {f"{fp}/equal": child}
+    assert store.baseline_runs(parent) == {f"{fp}/equal": child}
     with pytest.raises(InputError, match="no such run"):
         store.baseline_runs("0" * 32)
     record_diff(child, regressions=3, baseline_run_id=None, tracking_uri=sqlite_tracking_uri)

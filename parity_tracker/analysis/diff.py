@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from parity_tracker.analysis.configs import config_differences
 from parity_tracker.errors import InputError
 from parity_tracker.statuses import failing_mask, is_passing, passing_mask
 
@@ -324,6 +325,9 @@ class RunDiff:
             count) and are not ``expected``.
         base_id: the base run's id (MLflow run id, or None: no baseline, every tag is new).
         head_id: the head run's id, when known.
+        config_differences: what differs between the two runs' configurations (settings,
+            mode, tolerances: ``analysis.configs.config_differences``); empty when they share
+            one, or when a side's settings are unknown (a bare table, no baseline).
     """
 
     table: pa.Table
@@ -332,6 +336,7 @@ class RunDiff:
     unexpected_failing: int = 0
     base_id: str | None = None
     head_id: str | None = None
+    config_differences: tuple[str, ...] = ()
 
     @property
     def regressions(self) -> int:
@@ -391,9 +396,13 @@ def diff_runs(
     from parity_tracker.analysis.expected import apply_expected
 
     head_tab, head_run, head_id = _modules_of(head, store)
-    base_tab, _, base_id = _modules_of(base, store)
+    base_tab, base_run, base_id = _modules_of(base, store)
     if head_tab is None:
         raise InputError("diff_runs needs a head run")
+    differences = config_differences(
+        getattr(base_run, "settings", None), getattr(head_run, "settings", None),
+        base_tab, head_tab,
+    )  # fmt: skip
     if isinstance(base, str) and base_id is None:
         base_id = base
     if isinstance(head, str) and head_id is None:
@@ -421,6 +430,7 @@ def diff_runs(
         unexpected_failing=int(pc.sum(pc.cast(unexpected, pa.int64())).as_py() or 0),
         base_id=base_id,
         head_id=head_id,
+        config_differences=tuple(differences),
     )
 
 

@@ -19,13 +19,28 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parity_tracker.errors import InputError
-from parity_tracker.statuses import PASSING, is_passing  # noqa: F401  (PASSING: old name)
+from parity_tracker.statuses import PASSING, is_failing, is_neutral  # noqa: F401  (PASSING: old name)
 from parity_tracker.track.query import RunStore
 
 
 def _is_failing(run: Any) -> bool:
-    """A run fails when it did not finish or reported a failing tensor."""
-    return run.status != "FINISHED" or run.metrics.get("tensors_failing", 0) > 0
+    """A run fails when it did not finish or its stored verdict is not a pass.
+
+    The verdict is the run's own (``RunHead.passed``: tag ``parity.passed``, decided once by
+    ``run.summary``), so a run that compared no tensor fails although nothing was failing.
+    """
+    return run.status != "FINISHED" or not run.passed
+
+
+def _tag_failing(status: str | None) -> bool | None:
+    """A tag's status over steps as a streak value.
+
+    Failing (``statuses.FAILING``) True, passing False, neutral (``skipped``: nothing compared)
+    or absent None (neither extends nor breaks the failing streak).
+    """
+    if status is None or is_neutral(status):
+        return None
+    return is_failing(status)
 
 
 def search_runs(
@@ -104,6 +119,7 @@ class CommitPoint:
     output_sqnr_db: float | None
     tag_status: str | None = None
     error_ratio: float | None = None  # worst error_ratio of a budget run (issue 15)
+    passed: bool | None = None  # the run's stored verdict (RunHead.passed)
 
 
 @dataclass
@@ -120,6 +136,9 @@ class History:
             else of the run: failing tensors or an unfinished run), None when the newest passes.
         skipped: run ids left out because they are incomplete (their writer stopped during the
             upload, ``track.store.is_incomplete``); the CLI says so.
+        newest_failing: whether the newest point whose state is known fails (the tag when
+            given, else the run), whatever its commit; None when no point's state is known. A
+            failing streak of runs without a commit has no first bad commit but still fails.
     """
 
     target: str
@@ -129,6 +148,7 @@ class History:
     tag: str | None = None
     first_bad_commit: str | None = None
     skipped: list[str] = field(default_factory=list)
+    newest_failing: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -147,7 +167,30 @@ def _point(run: Any) -> CommitPoint:
         output_max_abs_diff=m.get("output_max_abs_diff"),
         output_sqnr_db=m.get("output_sqnr_db"),
         error_ratio=m.get("worst_error_ratio"),
+        passed=bool(getattr(run, "passed", False)),
     )
+
+
+def stored_configs(store: RunStore, target: str, limit: int = 10) -> list[dict[str, str]]:
+    """The distinct settings of ``target``'s stored runs, newest first (``target`` left out).
+
+    For error messages and notes that tell the user which ``--set`` values exist.
+
+    Raises:
+        InfrastructureError: the store could not be reached.
+    """
+    seen: dict[str, dict[str, str]] = {}
+    for run in store.find(target=target):
+        settings = {k: v for k, v in sorted(run.settings.items()) if k != "target"}
+        seen.setdefault(repr(settings), settings)
+        if len(seen) >= limit:
+            break
+    return list(seen.values())
+
+
+def describe_configs(configs: Sequence[Mapping[str, str]]) -> str:
+    """``"quantization=int8,perturb=none; quantization=none,perturb=none"`` (``--set`` form)."""
+    return "; ".join(",".join(f"{k}={v}" for k, v in c.items()) or "(no settings)" for c in configs)
 
 
 def build_history(
@@ -190,6 +233,10 @@ def build_history(
     runs = [r for r in runs if not getattr(r, "incomplete", False)]
     if not runs:
         note = f" ({len(skipped)} incomplete run(s) skipped: {skipped[:3]})" if skipped else ""
+        configs = stored_configs(store, target) if not skipped else []
+        if configs:
+            note += (f"; stored configurations of {target}: {describe_configs(configs)}; "
+                     "pick one with --set KEY=VALUE (each key of it)")  # fmt: skip
         raise InputError(
             f"no stored run of {target} matches {wanted} in experiment {experiment!r}{note}"
         )
@@ -210,7 +257,8 @@ def build_history(
                 f"tag {tag!r} is in none of the {len(points)} runs; "
                 f"tags look like: {', '.join(sample)}"
             )
-        failing = [None if p.tag_status is None else not is_passing(p.tag_status) for p in points]
+        failing = [_tag_failing(p.tag_status) for p in points]
+    newest = next((f for f in reversed(failing) if f is not None), None)
     # a run without a commit cannot be a first bad commit: unknown, it neither extends nor
     # breaks the streak (runs made outside a git checkout with --allow-no-commit)
     failing = [None if p.commit is None else f for p, f in zip(points, failing, strict=True)]
@@ -223,4 +271,5 @@ def build_history(
         tag=tag,
         first_bad_commit=None if index is None else points[index].commit,
         skipped=skipped,
+        newest_failing=newest,
     )

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from parity_tracker.analysis.diff import count_changes, interesting
 from parity_tracker.files import jsonio
@@ -61,14 +62,56 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(diff: pa.Table, *, limit: int = 50) -> str:
-    """A GitHub-flavoured markdown table of the non-unchanged rows (at most ``limit``)."""
+def to_markdown(diff: pa.Table, *, limit: int = 50, differences: Sequence[str] = ()) -> str:
+    """A GitHub-flavoured markdown table of the non-unchanged rows (at most ``limit``).
+
+    Args:
+        diff: the whole diff table (``RunDiff.table``, unchanged rows included: when no row
+            changed, :func:`no_changes_line` counts them under the header).
+        limit: the most rows shown.
+        differences: ``RunDiff.config_differences``; when any, a warning quote comes first.
+    """
     rows = interesting(diff)
     shown = rows.slice(0, limit).to_pylist()
     text = markdown_table(_SHOWN, ([row.get(c) for c in _SHOWN] for row in shown))
+    if differences:
+        text = f"> **warning**: {config_warning(differences)}\n\n{text}"
     if rows.num_rows > limit:
         text += f"\n\n… and {rows.num_rows - limit} more"
+    if rows.num_rows == 0:
+        text += f"\n\n{no_changes_line(diff)}"
     return text
+
+
+def no_changes_line(diff: pa.Table) -> str:
+    """The line shown when no row of ``diff`` changed, with its real counts.
+
+    ``unchanged`` keeps the pass/fail class but not always the status (``equal`` -> ``close``
+    without a known content hash is ``unchanged``), so "all statuses identical" is said only
+    when every (tag, step) has the same status in both runs; otherwise the line counts those
+    whose status moved within its class and names the first.
+    """
+    n = diff.num_rows
+    if n == 0:
+        return "no changes: 0 tensors compared (both runs are empty)"
+    base, head = diff.column("base_status"), diff.column("head_status")
+    moved = diff.filter(pc.invert(pc.fill_null(pc.equal(base, head), False)))
+    if moved.num_rows == 0:
+        return f"no changes: {n} tensors compared, all statuses identical"
+    first = moved.slice(0, 1).to_pylist()[0]
+    return (
+        f"no changes: {n} tensors compared, the same pass/fail class for all; {moved.num_rows} "
+        f"changed status within it (e.g. {first['tag']}: {first['base_status']} -> "
+        f"{first['head_status']}; --all lists them)"
+    )
+
+
+def config_warning(differences: Sequence[str]) -> str:
+    """The warning that the diffed runs have different configurations, naming each difference."""
+    return (
+        "BASE and HEAD are runs of different configurations, so changes may come from the "
+        f"configuration, not the code: {'; '.join(differences)}"
+    )
 
 
 def to_json(diff: pa.Table, **extra: Any) -> str:

@@ -95,17 +95,26 @@ def diff(
         store=RunStore(tracking_uri, experiment),
     )
     shown = result.rows(include_unchanged=show_all)
+    differs = list(result.config_differences)
+    if differs:  # exit codes unchanged: the warning is information, not a verdict
+        click.echo(f"warning: {R.config_warning(differs)}", err=True)
     if as_json or fmt == "json":
         click.echo(
-            R.to_json(shown, base=base, head=head)
+            R.to_json(shown, base=base, head=head, config_differences=differs)
             if not show_all
             else jsonio.dumps(
-                {"counts": result.counts, "rows": shown.to_pylist(), "base": base, "head": head},
+                {
+                    "counts": result.counts,
+                    "rows": shown.to_pylist(),
+                    "base": base,
+                    "head": head,
+                    "config_differences": differs,
+                },
                 default=str,
             )
         )
     elif fmt == "markdown":
-        click.echo(R.to_markdown(shown))
+        click.echo(R.to_markdown(result.table, differences=differs))
     else:
         T.console().print(R.to_rich(shown, title=f"diff {base} -> {head}"))
         T.console().print(", ".join(f"{k} {v}" for k, v in result.counts.items() if v) or "no rows")
@@ -143,7 +152,9 @@ def history(
     from parity_tracker.track.query import RunStore
 
     store = RunStore(tracking_uri, experiment)
-    name, settings, heads = history_selection(target, parse_assignments(sets), store)
+    name, settings, heads = history_selection(
+        target, parse_assignments(sets), store, note=lambda text: click.echo(text, err=True)
+    )
     hist = build_history(name, settings, tag=tag, last=last, store=store, heads=heads)
     if hist.skipped:
         click.echo(

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from parity_tracker.cli.options import store_retry_option
+from parity_tracker.cli.quiet import quiet_libraries
 from parity_tracker.errors import EXIT_INFRA, ParityTrackerError
 from parity_tracker.files import jsonio
 
@@ -69,6 +70,7 @@ def report_files(result: Any) -> dict[str, str]:
 @store_retry_option
 def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
+    quiet_libraries()  # MLflow/alembic INFO lines, known-harmless library warnings (cli.quiet)
     if store_retry_s is not None:  # read by track.store.retry_window_s
         os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 

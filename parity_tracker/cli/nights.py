@@ -28,6 +28,12 @@ def nightly_output(
     else:
         click.echo(result.digest)
         click.echo(T.browse_hint(uri, result.parent_run_id))
+    if result.missing_shards:
+        click.echo(
+            f"night incomplete: shard {', '.join(result.missing_shards)} never reported (run it, "
+            "or `parity-tracker sync` its spool, then merge again)",
+            err=True,
+        )
     if result.spooled:
         click.echo(
             "tracking store unreachable for some cells; spooled to "

@@ -141,6 +141,7 @@ def run(
                 "tracking_uri": uri,
                 "passed": result.passed,
                 "interrupted": outcome.interrupted,
+                "dumps": outcome.dumps,
                 "summary": result.summary,
             }
         )
@@ -148,6 +149,8 @@ def run(
         T.print_run(
             result, outcome.run_id, uri, experiment, _run_url(uri, experiment, outcome.run_id)
         )
+        if outcome.dumps:
+            click.echo(outcome.dumps)
     if outcome.error is not None:
         raise outcome.error
     if outcome.interrupted:

@@ -90,11 +90,11 @@ def print_run(
     if s.get("error"):
         err = f"{s['error'].get('type')}: {s['error'].get('message')}"
         con.print(f"[red]error[/]: {escape(err)}")
-    from parity_tracker.compare.verdict import worst_tensors
+    from parity_tracker.compare.verdict import WORST_ORDER, worst_tensors
 
     worst = worst_tensors(result.modules, 5)
     if worst:
-        table = Table(title="worst tensors")
+        table = Table(title="worst tensors", caption=f"sorted by: {WORST_ORDER}")
         for col in ("tag", "step", "status", "max_abs_diff", "sqnr_db"):
             table.add_column(col)
         for r in worst:
@@ -162,16 +162,18 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
     from rich.table import Table
 
     table = Table(title=title + (f" tag {tag}" if tag else ""))
-    cols = ["commit", "run", "status", "compared", "failing", "output max abs diff", "sqnr dB"]
+    cols = ["commit", "run", "status", "verdict", "compared", "failing", "output max abs diff",
+            "sqnr dB"]  # fmt: skip
     for col in [*cols, *(["tag status"] if tag else [])]:
         table.add_column(col)
     for p in hist.points:
         bad = hist.first_bad_commit
         mark = " <- first bad" if bad is not None and p.commit == bad else ""
         cells = [
-            str(p.commit)[:12] + mark,
+            (p.commit or NO_COMMIT)[:12] + mark,
             p.run_id[:12],
             p.status,
+            "pass" if p.passed else "fail",
             fmt_n(p.tensors_compared),
             fmt_n(p.tensors_failing),
             fmt_n(p.output_max_abs_diff),
@@ -180,7 +182,20 @@ def print_history(hist: Any, title: str, tag: str | None) -> None:
         table.add_row(*cells, *([str(p.tag_status)] if tag else []))
     con = console()
     con.print(table)
-    con.print(f"first bad commit: {hist.first_bad_commit or 'none (the newest passes)'}")
+    con.print(f"first bad commit: {_first_bad_text(hist)}")
+
+
+#: How a run without a recorded commit shows (made outside a git checkout, no --commit).
+NO_COMMIT = "unknown"
+
+
+def _first_bad_text(hist: Any) -> str:
+    """The first bad commit; else why there is none (passing, or a streak without commits)."""
+    if hist.first_bad_commit:
+        return hist.first_bad_commit
+    if getattr(hist, "newest_failing", None):
+        return "unknown: the newest run fails, but no failing run of the streak has a commit"
+    return "none (the newest passes)"
 
 
 def cli_exe() -> str:

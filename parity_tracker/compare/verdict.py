@@ -133,14 +133,23 @@ def _badness(item: tuple[int, Row]) -> tuple[int, float, float, int]:
     return (*worst_key(row), i)
 
 
+#: How :func:`worst_tensors` ranks failing rows, in words: the caption of every table or
+#: heading that shows the worst tensors (the CLI's table, the report's histogram).
+WORST_ORDER = (
+    "value mismatches first, by lowest SQNR (dB), ties by largest max |Δ|; then the other "
+    "failing rows (shape mismatch, missing, error) in table order"
+)
+
+
 def worst_tensors(rows: Iterable[Row] | Any, n: int | None = None) -> list[Row]:
     """Failing rows from worst to least bad (the ``n`` worst when ``n`` is given).
 
-    Value mismatches (status ``mismatch``: both tensors exist and have a shape in common) come
-    first, by lowest ``sqnr_db`` — scale-free, signal power over error power — with missing or
-    non-finite SQNR last and ties broken by the largest ``max_abs_diff``, then row order. The
-    other failing rows (shape mismatch, missing, error: no value difference to measure) follow
-    in row order. Weights and cache hits are included: they are tensors that differ.
+    The order is :data:`WORST_ORDER` (its caption). Value mismatches (status ``mismatch``:
+    both tensors exist and have a shape in common) come first, by lowest ``sqnr_db`` —
+    scale-free, signal power over error power — with missing or non-finite SQNR last and ties
+    broken by the largest ``max_abs_diff``, then row order. The other failing rows (shape
+    mismatch, missing, error: no value difference to measure) follow in row order. Weights
+    and cache hits are included: they are tensors that differ.
     """
     ranked = sorted(
         ((i, r) for i, r in enumerate(_rows(rows)) if is_failing(r.get("status"))), key=_badness

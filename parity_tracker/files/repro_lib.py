@@ -116,6 +116,46 @@ def layout_differences(meta: dict[str, Any]) -> list[str]:
     return out
 
 
+def bitwise_equal(reference: torch.Tensor, candidate: torch.Tensor) -> bool:
+    """Same dtype, shape and values (NaN matching NaN at the same positions).
+
+    The ``equal`` status's rule (``torch.equal`` plus a dtype check, NaN-aware): case A (the
+    kernel differs) is only claimed for inputs equal this way.
+    """
+    if reference.dtype != candidate.dtype or reference.shape != candidate.shape:
+        return False
+    if torch.equal(reference, candidate):
+        return True
+    if not (reference.is_floating_point() or reference.is_complex()):
+        return False
+    same = (reference == candidate) | (reference.isnan() & candidate.isnan())
+    return bool(same.all())
+
+
+def value_differences(ref_in: list[Any], cand_in: list[Any]) -> list[str]:
+    """Inputs present on both sides that are not bitwise equal (:func:`bitwise_equal`), in words.
+
+    A dtype difference alone is named by :func:`layout_differences`; here the values are
+    compared after casting both to their promoted dtype.
+    """
+    out = []
+    for p, (r, c) in enumerate(zip(ref_in, cand_in, strict=False)):
+        if r is None or c is None or r.is_quantized or c.is_quantized:
+            continue
+        if r.shape != c.shape:
+            out.append(f"shape (input {p}: {list(r.shape)} vs {list(c.shape)})")
+            continue
+        common = torch.promote_types(r.dtype, c.dtype)
+        r2, c2 = r.to(common), c.to(r.device).to(common)
+        if bitwise_equal(r2, c2):
+            continue
+        wide = torch.complex128 if common.is_complex else torch.float64
+        diff = (r2.to(wide) - c2.to(wide)).abs()
+        worst = diff[~diff.isnan()].max().item() if bool((~diff.isnan()).any()) else float("nan")
+        out.append(f"value (input {p}: not bitwise equal, max abs diff {worst!r})")
+    return out
+
+
 def argument_differences(meta: dict[str, Any]) -> list[str]:
     """Non-tensor arguments that differ between the two sides' calls, in words."""
     out = []
@@ -157,8 +197,9 @@ def check_op(folder: Path) -> None:
 
     Raises:
         AssertionError: the candidate's recorded output differs. The message names the op and
-            says whether the inputs differ in dtype/stride/contiguity (case B: PyTorch on the
-            candidate's own inputs is tried too) or the kernel differs (case A).
+            says whether the inputs differ (dtype/stride/contiguity, or values that are not
+            bitwise equal: case B, PyTorch on the candidate's own inputs is tried too) or the
+            kernel differs (case A: bitwise-equal inputs with the same layout).
     """
     folder = Path(folder)
     meta = read_index(folder)
@@ -167,7 +208,7 @@ def check_op(folder: Path) -> None:
     cand_in = [load_tensor(folder, p["cand"]) if p.get("cand") else None for p in meta["inputs"]]
     args, kwargs = decode(meta["args"], ref_in), decode(meta["kwargs"], ref_in)
     expected = _first(op(*args, **kwargs))
-    layout = layout_differences(meta)
+    layout = layout_differences(meta) + value_differences(ref_in, cand_in)
     on_cand = None
     if None not in cand_in:
         cargs, ckw = decode(meta["cand_args"], cand_in), decode(meta["cand_kwargs"], cand_in)
@@ -178,13 +219,14 @@ def check_op(folder: Path) -> None:
         if layout:
             same = on_cand is not None and _equalish(meta, on_cand[i], cand)
             verdict = (
-                "PyTorch on the candidate's inputs gives the candidate's output: fix the inputs"
+                "PyTorch on the candidate's inputs gives the candidate's output: fix the inputs "
+                "(look upstream)"
                 if same
                 else "and the kernel differs too (PyTorch on the candidate's inputs disagrees)"
             )
             msg = f"{name} output {i}: inputs differ in {'; '.join(layout)}; {verdict}"
         else:
-            msg = f"{name} output {i}: kernel differs (same inputs and layout as PyTorch)"
+            msg = f"{name} output {i}: kernel differs (bitwise-equal inputs, same layout)"
         args_diff = argument_differences(meta)
         if args_diff:
             msg += f"; the candidate called it with other arguments: {', '.join(args_diff)}"
@@ -283,4 +325,13 @@ def check(folder: Path) -> None:
     (check_op if kind == "op" else check_module)(Path(folder))
 
 
-__all__ = ["check", "check_module", "check_op", "decode", "inside", "load_tensor"]
+__all__ = [
+    "bitwise_equal",
+    "check",
+    "check_module",
+    "check_op",
+    "decode",
+    "inside",
+    "load_tensor",
+    "value_differences",
+]

@@ -8,12 +8,17 @@ recorded ops on both sides (model inputs, parameters, buffers) are compared dire
 by value: the reference's input is rebuilt from its producer's capture, the candidate's is the
 live input. Value comparisons use :func:`parity_tracker.compare.passes` (the verdict of
 ``compare_tensors`` without its metrics). ``passing`` = all inputs pass, ``failing`` = one
-fails, else ``unknown``.
+fails, else ``unknown``. Each input's own status refines ``passing`` into ``equal`` (bitwise
+equal: same dtype, shape and values, NaN matching NaN, the ``equal`` mode's rule) and
+``passing`` (allclose only): case A needs every input ``equal``
+(``localize.root_cause.classify``). An input whose producer ran on one side only (its row
+``missing_*``) is named as a :class:`~parity_tracker.localize.root_cause.Feeder`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -22,8 +27,42 @@ from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, su
 from parity_tracker.compare import passes
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import layout_differences
+from parity_tracker.localize.root_cause import Feeder
 from parity_tracker.localize.views import external_view_entry
 from parity_tracker.statuses import is_neutral, is_passing
+
+
+@dataclass
+class InputEvidence:
+    """What an op's inputs say about its root cause (:meth:`InputJudge.inputs_evidence`).
+
+    Attributes:
+        status: ``passing`` | ``failing`` | ``unknown`` (all tensor inputs together).
+        layout: dtype / stride / contiguity differences of the inputs.
+        failing: the failing inputs ``(position, reference input, candidate input)``,
+            tensors left out.
+        views: view-chain entries explaining failing inputs (``localize.views``).
+        statuses: per input position: ``equal`` (bitwise), ``passing`` (allclose only),
+            ``failing`` or ``unknown``.
+        feeders: inputs whose producer ran on one side only.
+    """
+
+    status: str
+    layout: list[str] = field(default_factory=list)
+    failing: list[tuple] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    feeders: list[Feeder] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        """Every tensor input is bitwise equal on both sides (case A's requirement)."""
+        return all(s == "equal" for s in self.statuses)
+
+    @property
+    def close_only(self) -> list[int]:
+        """Positions of inputs that pass allclose without being bitwise equal."""
+        return [p for p, s in enumerate(self.statuses) if s == "passing"]
 
 
 class InputJudge:
@@ -36,6 +75,8 @@ class InputJudge:
         ref_events: reference events by sequence number.
         cand_status: candidate ``(seq, out)`` -> ``(status, reference seq, reference out)``.
         ref_status: reference ``(seq, out)`` -> status.
+        one_sided: ``(side, seq)`` of an op that ran on that side only ->
+            ``(op, frame's op call base, status, its inputs' status)``.
     """
 
     def __init__(
@@ -46,18 +87,22 @@ class InputJudge:
         ref_events: dict[int, OpEvent],
         cand_status: dict[tuple[int, int], tuple[str, int | None, int | None]],
         ref_status: dict[tuple[int, int], str],
+        one_sided: dict[tuple[int, int], tuple[str, str, str, str]] | None = None,
     ):
         self.mode, self.tolerances, self.params = mode, tolerances, params
+        self.one_sided = one_sided if one_sided is not None else {}
         self.ref_events, self.cand_status, self.ref_status = ref_events, cand_status, ref_status
         self._ext_cache: dict[tuple, str] = {}
 
     def inputs_status(self, r: OpEvent | None, c: OpEvent | None) -> tuple[str, list[str]]:
         """``(inputs status, layout differences)`` of an aligned pair or a one-sided op."""
-        status, layout, _failing, _views = self.inputs_evidence(r, c)
-        return status, layout
+        ev = self.inputs_evidence(r, c)
+        return ev.status, ev.layout
 
-    def inputs_evidence(self, r: OpEvent | None, c: OpEvent | None, cand_events=None) -> tuple:
-        """``(inputs status, layout differences, failing inputs, view entries)`` of an op.
+    def inputs_evidence(
+        self, r: OpEvent | None, c: OpEvent | None, cand_events=None
+    ) -> InputEvidence:
+        """The :class:`InputEvidence` of an aligned pair or a one-sided op.
 
         The inputs are compared by their actual values, as the op saw them (views included).
         The failing inputs are ``(position, reference input, candidate input)`` without their
@@ -71,15 +116,16 @@ class InputJudge:
         if r is None or c is None:
             ev = c if c is not None else r
             assert ev is not None
-            return self._one_sided_inputs(ev, side=1 if c is not None else 0), [], [], []
+            return InputEvidence(self._one_sided_inputs(ev, side=1 if c is not None else 0))
         layout = layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
-        statuses, failing, views = [], [], []
+        statuses, failing, views, feeders = [], [], [], []
         for p in range(max(len(r.inputs), len(c.inputs))):
             if p >= len(r.inputs) or p >= len(c.inputs):
                 statuses.append("unknown")
                 continue
             rd, cd = r.inputs[p], c.inputs[p]
             statuses.append(self._input_status(rd, cd))
+            feeders += self._feeders(p, rd, cd)
             if statuses[-1] != "failing":
                 continue
             failing.append((p, _bare(rd), _bare(cd)))
@@ -89,7 +135,18 @@ class InputJudge:
                 )
             if entry is not None:
                 views.append(entry)
-        return _combine(statuses), layout, failing, views
+        return InputEvidence(_combine(statuses), layout, failing, views, statuses, feeders)
+
+    def _feeders(self, p: int, rd: OpInput, cd: OpInput) -> list[Feeder]:
+        """Input ``p``'s producers that ran on one side only (none, one or two)."""
+        out = []
+        for side, d, name in ((0, rd, "reference"), (1, cd, "candidate")):
+            known = self.one_sided.get((side, d.src[0])) if d.src is not None else None
+            if known is not None:
+                op, base, status, ins = known
+                tag = base if d.src[1] == 0 else f"{base}:{d.src[1]}"
+                out.append(Feeder(p, op, tag, name, status, ins))
+        return out
 
     def _same(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> bool:
         """Two whole storages pass by the session's rule (:func:`compare.passes`)."""
@@ -167,10 +224,17 @@ class InputJudge:
             return self._verdict(ref_t, cand_t)
 
     def _verdict(self, ref_t: torch.Tensor, cand_t: torch.Tensor) -> str:
-        """``passing`` / ``failing`` by the session's mode: :func:`compare.passes`, no metrics.
+        """``equal`` / ``passing`` / ``failing``: :func:`compare.passes`, no metrics.
 
-        A dtype difference alone is not a value difference here (``ignore_dtype``).
+        ``equal``: the values are equal (``passes`` in ``equal`` mode: same shape, equal
+        values, NaN matching NaN); ``passing``: not equal, but passing the session's mode
+        (allclose). A dtype difference alone is not a value difference here
+        (``ignore_dtype``): it is layout evidence.
         """
+        if passes(ref_t, cand_t, mode="equal", ignore_dtype=True):
+            return "equal"
+        if self.mode == "equal":
+            return "failing"
         ok = passes(ref_t, cand_t, mode=self.mode, tolerances=self.tolerances, ignore_dtype=True)
         return "passing" if ok else "failing"
 
@@ -214,6 +278,9 @@ def _dense(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _passfail(status: str) -> str:
+    """An input's status from its producer's row status (``equal`` kept: bitwise equal)."""
+    if status == "equal":
+        return "equal"
     if is_passing(status):
         return "passing"
     if is_neutral(status):
@@ -222,8 +289,9 @@ def _passfail(status: str) -> str:
 
 
 def _combine(statuses: list[str]) -> str:
+    """All inputs together: ``failing`` if one fails, ``passing`` if all pass, else ``unknown``."""
     if "failing" in statuses:
         return "failing"
-    if all(s == "passing" for s in statuses):
+    if all(s in ("equal", "passing") for s in statuses):
         return "passing"
     return "unknown"

@@ -28,7 +28,13 @@ from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
 from parity_tracker.localize.keep import MAX_KEPT_OPS, KeptOp, keep_op
-from parity_tracker.localize.root_cause import CASE_B, LAYOUT_OPS, explain, op_root_cause
+from parity_tracker.localize.root_cause import (
+    CASE_B,
+    LAYOUT_OPS,
+    blamed_feeders,
+    explain,
+    op_root_cause,
+)
 from parity_tracker.localize.views import view_entry
 from parity_tracker.statuses import is_failing, is_passing
 
@@ -67,9 +73,12 @@ class OpComparer:
         self._cand_status: dict[tuple[int, int], tuple[str, int | None, int | None]] = {}
         self._ref_status: dict[tuple[int, int], str] = {}  # reference (seq, out) -> status
         self._matched: list[tuple[int, int]] = []  # (reference seq, candidate seq) pairs
+        # (side, seq) of an op run on one side only -> (op, call base, status, inputs status)
+        self._one_sided: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         self._inputs = InputJudge(
-            mode, tolerances, params, self._ref_events, self._cand_status, self._ref_status
-        )
+            mode, tolerances, params, self._ref_events, self._cand_status, self._ref_status,
+            self._one_sided,
+        )  # fmt: skip
         self.rows: list[dict[str, Any]] = []
         self._finalized = False
         # candidate copy-only events by seq, tensors left out (view chains, localize.views)
@@ -185,9 +194,13 @@ class OpComparer:
         )
         base = op_call_base(frame.module, frame.call, ev.op, ev.k)
         results = self._compare_outputs(base, r, c)
-        inputs_status, layout, failing_inputs, views = self._inputs.inputs_evidence(
-            r, c, self._cand_events
-        )
+        evidence = self._inputs.inputs_evidence(r, c, self._cand_events)
+        inputs_status, layout = evidence.status, evidence.layout
+        failing_inputs, views = evidence.failing, evidence.views
+        if present != "both":  # for the ops it feeds (localize.root_cause.Feeder)
+            status = "missing_candidate" if c is None else "missing_reference"
+            self._one_sided[(0 if c is None else 1, ev.seq)] = (ev.op, base, status, inputs_status)
+        fed = blamed_feeders(evidence.statuses, evidence.feeders)
         out_diffs = [
             f"output {i} dtype {cmp.ref_dtype} vs {cmp.cand_dtype}"
             for i, cmp in results
@@ -195,12 +208,14 @@ class OpComparer:
         ]
         kept = False
         for i, cmp in results:
-            root, cause = op_root_cause(ev.op, present, cmp, inputs_status, layout, out_diffs)
+            root, cause = op_root_cause(ev.op, present, cmp, inputs_status, layout, out_diffs,
+                                        inputs_equal=evidence.equal, fed=fed)  # fmt: skip
             if views and is_failing(cmp.status) and not root:
                 root, cause = True, CASE_B  # the difference enters through a view chain
             message = cmp.message
             if root:
-                why = explain(cause, layout, out_diffs, views=views)
+                why = explain(cause, layout, out_diffs, views=views, fed=fed,
+                              close_inputs=evidence.close_only)  # fmt: skip
                 message = why + (f"; {message}" if message else "")
             row = {
                 "tag": op_tag(frame.module, frame.call, ev.op, ev.k, i),

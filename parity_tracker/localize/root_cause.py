@@ -1,12 +1,16 @@
 """Root causes: the seed's cases from evidence (seed §4 step 3), pure functions.
 
-A = same inputs, same layout, different result; B = inputs equal in value but different in
-dtype, stride or contiguity (plumbing); C = op present on one side only.
+A = bitwise-equal inputs (same dtype, shape and values, NaN matching NaN), same layout, different
+result: the kernel differs; B = plumbing: inputs equal in value but different in dtype, stride or
+contiguity, inputs that pass allclose without being bitwise equal (the difference is already in
+them: look upstream), or inputs fed by a copy/conversion that ran on one side only (e.g. a
+candidate-only ``_to_copy``); C = op present on one side only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from parity_tracker.compare import Comparison
@@ -38,12 +42,68 @@ LAYOUT_OPS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Feeder:
+    """An op input whose producer ran on one side only (e.g. a candidate-only ``_to_copy``).
+
+    Attributes:
+        position: the input's position among the consuming op's tensor inputs.
+        op: the one-sided producer's op name (``_to_copy``).
+        tag: the producer output's tag (``model.rotary_emb@0::_to_copy#1``).
+        side: ``"reference"`` or ``"candidate"``: the side it ran on.
+        status: its row's status (``missing_reference`` when only the candidate ran it).
+        inputs_status: its own inputs' status (``passing`` | ``failing`` | ``unknown``).
+    """
+
+    position: int
+    op: str
+    tag: str
+    side: str
+    status: str
+    inputs_status: str
+
+    def describe(self) -> str:
+        """``input 0 comes from <tag>, which ran on the candidate side only (<status>)``."""
+        return (
+            f"input {self.position} comes from {self.tag}, which ran on the {self.side} side "
+            f"only ({self.status})"
+        )
+
+
+def blamed_feeders(statuses: Sequence[str], feeders: Sequence[Feeder]) -> list[Feeder]:
+    """The one-sided producers that explain an op's input differences (empty: none do).
+
+    A feeder counts when it is a copy/conversion (:data:`LAYOUT_OPS`: a one-sided computing
+    op is a case-C root cause of its own, and what it feeds inherits its difference), the
+    input it feeds is not equal on both sides (``statuses[p]`` is not ``"equal"``) and its own
+    inputs are not failing (else the difference came from further up). When some input fails,
+    every failing input must be explained by such a feeder.
+
+    Args:
+        statuses: per input position: ``equal`` (bitwise), ``passing`` (allclose only),
+            ``failing`` or ``unknown``.
+        feeders: the inputs whose producer ran on one side only.
+    """
+    fed = [
+        f
+        for f in feeders
+        if f.op in LAYOUT_OPS
+        and f.position < len(statuses)
+        and statuses[f.position] != "equal"
+        and f.inputs_status != "failing"
+    ]
+    failing = {p for p, s in enumerate(statuses) if s == "failing"}
+    return fed if failing <= {f.position for f in fed} else []
+
+
 def classify(
     *,
     present: str,
     inputs_status: str,
     layout_diffs: Sequence[str] = (),
     output_diffs: Sequence[str] = (),
+    inputs_equal: bool = False,
+    fed_by: Sequence[str] = (),
 ) -> str | None:
     """The seed's root-cause case of one failing op, from evidence (seed §4 step 3).
 
@@ -53,14 +113,22 @@ def classify(
         layout_diffs: dtype / stride / contiguity differences of the inputs
             (see :func:`layout_differences`).
         output_diffs: dtype or shape differences of the outputs (shape inference is plumbing).
+        inputs_equal: every tensor input is bitwise equal on both sides (same dtype, shape
+            and values, NaN matching NaN: the ``equal`` status). False (the default) never
+            gives case A: passing allclose is not enough.
+        fed_by: op names of the one-sided copies/conversions that explain the inputs'
+            differences (:func:`blamed_feeders`); the caller passes them only when they do.
 
     Returns:
         ``"C"`` for an op present on one side only (not implemented or substituted);
-        ``"B"`` for passing inputs that differ in layout or a differing output dtype/shape
-        (plumbing: shape inference, type conversion, memory layout);
-        ``"A"`` for passing inputs with identical layout and a different result (the op
-        computes something else); ``None`` when the inputs are not all passing (the op is not a
-        root cause, or the evidence is insufficient).
+        ``"B"`` for inputs fed by a copy/conversion that ran on one side only, passing inputs
+        that differ in layout, a differing output dtype/shape (plumbing: shape inference, type
+        conversion, memory layout), or passing inputs that are not bitwise equal (the
+        difference is already in them: look upstream);
+        ``"A"`` for bitwise-equal inputs with identical layout and a different result (the
+        kernel computes something else); ``None`` when the inputs are not all passing and no
+        one-sided producer explains them (the op is not a root cause, or the evidence is
+        insufficient).
 
     Raises:
         InputError: ``present`` or ``inputs_status`` is not one of the allowed values.
@@ -71,9 +139,11 @@ def classify(
         raise InputError(f"inputs_status={inputs_status!r}: use 'passing', 'failing', 'unknown'")
     if present != "both":
         return CASE_C
+    if fed_by:
+        return CASE_B
     if inputs_status != "passing":
         return None
-    if layout_diffs or output_diffs:
+    if layout_diffs or output_diffs or not inputs_equal:
         return CASE_B
     return CASE_A
 
@@ -85,14 +155,19 @@ def op_root_cause(
     inputs_status: str,
     layout: list[str],
     out_diffs: list[str],
+    *,
+    inputs_equal: bool = False,
+    fed: Sequence[Feeder] = (),
 ) -> tuple[bool, str | None]:
     """Whether an op's failing output is a root cause, and its case (seed §4 step 3).
 
-    A root cause is a failing op whose tensor inputs all pass (case A, or B when layouts or
-    output dtypes differ), or an op present on one side only (case C) that is not a pure copy
-    or allocation (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input.
-    (An op whose failing input reads an equal producer through another view chain is named
-    case B later, once every frame is compared: ``OpComparer`` with ``localize.views``.)
+    A root cause is a failing op whose tensor inputs all pass (case A when they are bitwise
+    equal with the same layout, else B), an op whose differing inputs all come from
+    copies/conversions that ran on one side only (``fed``: case B), or an op
+    present on one side only (case C) that is not a pure copy or allocation
+    (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input. (An op whose
+    failing input reads an equal producer through another view chain is named case B later,
+    once every frame is compared: ``OpComparer`` with ``localize.views``.)
 
     Args:
         op: the op name (``"manual"`` for a manual registration).
@@ -101,6 +176,8 @@ def op_root_cause(
         inputs_status: ``"passing"``, ``"failing"`` or ``"unknown"``.
         layout: the inputs' layout differences (``localize.align.layout_differences``).
         out_diffs: output dtype differences, e.g. ``"output 0 dtype float32 vs bfloat16"``.
+        inputs_equal: every tensor input is bitwise equal on both sides (see :func:`classify`).
+        fed: the one-sided producers explaining the inputs' differences (:func:`blamed_feeders`).
 
     Returns:
         ``(is_root_cause, case)`` with case ``"A"``, ``"B"``, ``"C"`` or None.
@@ -116,27 +193,62 @@ def op_root_cause(
         inputs_status=inputs_status,
         layout_diffs=layout,
         output_diffs=out_diffs,
+        inputs_equal=inputs_equal,
+        fed_by=[f.op for f in fed],
     )
     return cause is not None, cause
 
 
+def case_prefix(cause: str | None) -> str:
+    """``root cause (case X): ``: how a root cause's message starts (:func:`explain`)."""
+    return f"root cause (case {cause}): "
+
+
 def explain(
-    cause: str | None, layout: list[str], out_diffs: list[str], *, views: Sequence[str] = ()
+    cause: str | None,
+    layout: list[str],
+    out_diffs: list[str],
+    *,
+    views: Sequence[str] = (),
+    fed: Sequence[Feeder] = (),
+    close_inputs: Sequence[int] = (),
 ) -> str:
-    """The message prefix naming a root cause's case (empty when ``cause`` is None)."""
-    if cause == "B" and views:
+    """The message prefix naming a root cause's case (empty when ``cause`` is None).
+
+    Args:
+        cause: ``"A"``, ``"B"``, ``"C"`` or None.
+        layout: the inputs' layout differences.
+        out_diffs: the outputs' dtype differences.
+        views: view-chain entries (``localize.views``) when the difference enters through one.
+        fed: the one-sided producers feeding the op (named first: they explain the rest).
+        close_inputs: positions of inputs that pass allclose but are not bitwise equal.
+    """
+    head = case_prefix(cause)
+    if fed:
         return (
-            "root cause (case B): the difference enters through a view/layout change: "
-            + "; ".join(views)
+            head
+            + "a copy/conversion that ran on one side only feeds this op (its inputs differ "
+            + "through it; "
+            + "the kernel is not shown to differ): "
+            + "; ".join(f.describe() for f in fed)
         )
-    if cause == "A":
-        return (
-            "root cause (case A): inputs equal with the same layout, the op computes another result"
+    if cause == CASE_B and views:
+        return head + "the difference enters through a view/layout change: " + "; ".join(views)
+    if cause == CASE_A:
+        return head + (
+            "inputs bitwise equal with the same layout, the op computes another result "
+            "(the kernel differs)"
         )
-    if cause == "B":
-        return "root cause (case B): inputs equal in value but " + ", ".join(layout + out_diffs)
-    if cause == "C":
-        return "root cause (case C): op present on one side only (not implemented or substituted)"
+    if cause == CASE_B and (layout or out_diffs):
+        return head + "inputs equal in value but " + ", ".join(layout + out_diffs)
+    if cause == CASE_B:
+        which = ", ".join(str(p) for p in close_inputs) or "?"
+        return head + (
+            f"input(s) {which} pass allclose but are not bitwise equal: the difference is "
+            "already in the inputs (look upstream), not proven to be the kernel's"
+        )
+    if cause == CASE_C:
+        return head + "op present on one side only (not implemented or substituted)"
     return ""
 
 

@@ -11,9 +11,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from parity_tracker.run.mode import baseline_params
+
 
 def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit: str | None) -> Any:
-    """The baseline among stored runs of one fingerprint (``track.RunInfo``, newest first).
+    """The baseline among stored runs of one baseline key (``track.RunInfo``, newest first).
+
+    The candidates are the runs of the head's fingerprint and mode (``run.mode.baseline_params``).
 
     Rule (``--baseline auto``): finished, complete runs (``track.store.is_incomplete``) other
     than the head, started before it, on another
@@ -35,20 +39,27 @@ def choose_baseline(candidates: Sequence[Any], *, head_run_id: str, head_commit:
 
 
 def baseline_modules(
-    baseline: str, *, head_run_id: str, head_commit: str | None, fingerprint: str, store: Any
+    baseline: str,
+    *,
+    head_run_id: str,
+    head_commit: str | None,
+    fingerprint: str,
+    mode: str,
+    store: Any,
 ) -> tuple[str | None, pa.Table | None]:
     """``(baseline run id, its modules table)`` for one cell, or ``(None, None)``.
 
     Args:
-        baseline: ``auto`` (:func:`choose_baseline` among the runs of ``fingerprint``) or a
-            run id.
+        baseline: ``auto`` (:func:`choose_baseline` among the runs of the cell's baseline key:
+            ``fingerprint`` and ``mode``, ``run.mode.baseline_params``) or a run id.
         head_run_id: the cell's own run (never its own baseline).
         head_commit: the commit under test.
         fingerprint: the cell's ``config_fingerprint``.
+        mode: the cell's judged mode (a run of another mode is never its baseline).
         store: a ``track.RunStore``.
     """
     if baseline == "auto":
-        runs = store.find(config_fingerprint=fingerprint)
+        runs = store.find(**baseline_params(fingerprint, mode))
         chosen = choose_baseline(runs, head_run_id=head_run_id, head_commit=head_commit)
         if chosen is None:
             return None, None
@@ -57,7 +68,10 @@ def baseline_modules(
 
 
 def resolve_baseline_runs(baseline: str, store: Any) -> dict[str, str] | None:
-    """The runs an explicit ``--baseline RUN_ID`` means, as ``{fingerprint: run id}``.
+    """The runs an explicit ``--baseline RUN_ID`` means, as ``{baseline key: run id}``.
+
+    Keys are ``run.mode.baseline_key`` (fingerprint and mode): a cell is paired with the run of
+    its own key only.
 
     A nightly parent run gives its children; a parity run gives itself
     (``track.RunStore.baseline_runs``). ``auto`` gives None.

@@ -2,8 +2,10 @@
 
 Night id (``--night``): given, or :func:`default_night_id`, ``<UTC date>-<commit[:12]>-<matrix
 hash[:8]>`` (e.g. ``20261130-1a2b3c4d5e6f-9f86d081``): shards started on the same day, on the
-same commit, from the same matrix file, meet without being told. Each shard tags its parent run
-``parity.night`` and attaches ``cells.json`` (the cells it will run) before running any.
+same commit, from the same matrix file, meet without being told. Without a commit the default
+is unique per call (a random suffix): two commit-less nights never share an id. Each shard
+tags its parent run ``parity.night`` and attaches ``cells.json`` (the cells it will run)
+before running any.
 
 ``merge_night`` gathers every cell of a night from the store (``track.RunStore`` only), picks
 each cell's baseline from any earlier night whatever the sharding (the newest earlier run of its
@@ -11,6 +13,9 @@ configuration not in this night, :func:`~parity_tracker.pipeline.baseline.choose
 diffs it, and logs the combined ``digest.md``, ``matrix.html``, ``history.html`` and
 ``regressions.parquet`` on one night parent run. Cells a shard planned but the store does not
 hold (spooled, or the shard died) are listed as errors, so the night cannot pass without them.
+A shard that never reported at all (no parent run for index ``I`` of ``1..N``) has no
+``cells.json`` to name its cells: the merge names the shard (``NightlyResult.missing_shards``)
+and the night is incomplete, never PASS. A shard reported twice counts once (``pick_shards``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import datetime as dt
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,7 @@ from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
+from parity_tracker.run.mode import baseline_params
 from parity_tracker.track.nights import KIND_NIGHT
 from parity_tracker.track.parents import TAG_NIGHT
 
@@ -40,14 +47,21 @@ _NIGHT_OK = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 
 def default_night_id(commit: str | None, config: str | Path, today: dt.date) -> str:
-    """``<YYYYMMDD>-<commit[:12] or nocommit>-<sha256(matrix file)[:8]>``.
+    """``<YYYYMMDD>-<commit[:12]>-<sha256(matrix file)[:8]>``.
 
     The UTC date, the commit and the matrix file's bytes: every shard of one nightly computes
     the same id on its own machine. Shards that may straddle midnight UTC should be given an
     explicit ``--night`` (e.g. the CI pipeline's id).
+
+    Without a commit (``--allow-no-commit``) nothing ties two nights of one day apart, so the
+    id is unique per call: ``<YYYYMMDD>-nocommit-<matrix hash>-<uuid4 hex[:12]>``. Shards of
+    such a night must then be given one ``--night``; without it each shard is its own night,
+    and a merge names the other shards as missing.
     """
     digest = hashlib.sha256(Path(config).read_bytes()).hexdigest()[:8]
-    return f"{today:%Y%m%d}-{(commit or 'nocommit')[:12]}-{digest}"
+    if not commit:
+        return f"{today:%Y%m%d}-nocommit-{digest}-{uuid.uuid4().hex[:12]}"
+    return f"{today:%Y%m%d}-{commit[:12]}-{digest}"
 
 
 def check_night_id(night: str) -> str:
@@ -64,6 +78,40 @@ def check_night_id(night: str) -> str:
 def cells_json(cells: Sequence[Cell]) -> str:
     """The ``cells.json`` of a shard: ``[{"target", "settings"}]`` in run order."""
     return json.dumps([{"target": c.target, "settings": dict(c.settings)} for c in cells])
+
+
+def pick_shards(parents: Sequence[Any]) -> tuple[list[Any], list[str], list[str]]:
+    """``(one parent per shard index, missing shards, notes)`` of a night's shard parents.
+
+    A shard reported more than once (a retried CI job) counts once: its newest FINISHED parent,
+    else its newest (a note names the run kept and the ones ignored). The shard count ``N`` is
+    read from every parent's ``shard`` param (``I/N``); every index ``1..N`` must be present,
+    else ``"I/N"`` is listed as missing. Parents that disagree on ``N`` are checked against the
+    largest ``N`` (and a note says so): a shard of a larger split never silently drops.
+    """
+    from parity_tracker.pipeline.matrix import parse_shard
+
+    by_index: dict[int, list[Any]] = {}
+    counts: set[int] = set()
+    for parent in parents:
+        index, count = parse_shard(parent.params.get("shard") or "1/1")
+        counts.add(count)
+        by_index.setdefault(index, []).append(parent)
+    total = max(counts, default=1)
+    notes = [f"shards disagree on the shard count ({sorted(counts)}): checked against {total}"]
+    notes = notes if len(counts) > 1 else []
+    chosen = []
+    for index in sorted(by_index):
+        runs = sorted(by_index[index], key=lambda r: (r.status == "FINISHED", r.start_time))
+        chosen.append(runs[-1])
+        if len(runs) > 1:
+            which = "completed" if runs[-1].status == "FINISHED" else "one; none completed"
+            notes.append(
+                f"shard {index}/{total} reported {len(runs)} times: used run {runs[-1].run_id} "
+                f"(the latest {which}), ignored {', '.join(r.run_id for r in runs[:-1])}"
+            )
+    missing = [f"{i}/{total}" for i in range(1, total + 1) if i not in by_index]
+    return chosen, missing, notes
 
 
 def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
@@ -87,7 +135,7 @@ def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
 def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellResult:
     """A cell's outcome read back from its stored run (the diff is added later)."""
     out = CellResult(cell, run_id=run.run_id, fingerprint=run.fingerprint)
-    out.passed = run.tags.get("parity.passed") == "true"
+    out.passed = run.passed  # the stored verdict (track.store.stored_passed)
     out.mode = run.tags.get("parity.mode")
     out.tensors_failing = int(run.metrics.get("tensors_failing", 0))
     out.output_max_abs_diff = run.metrics.get("output_max_abs_diff")
@@ -101,10 +149,16 @@ def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellRe
 
 
 def _baseline(run: Any, night_ids: set[str], store: Any) -> Any:
-    """The cell's baseline: ``choose_baseline`` over its configuration's runs of other nights."""
-    others = [
-        r for r in store.find(config_fingerprint=run.fingerprint) if r.run_id not in night_ids
-    ]
+    """The cell's baseline: ``choose_baseline`` over its baseline key's runs of other nights.
+
+    The key is the fingerprint and the judged mode (``run.mode.baseline_params``); a run
+    without a ``mode`` param has no known mode, so no baseline.
+    """
+    mode = run.params.get("mode")
+    if not run.fingerprint or not mode:
+        return None
+    found = store.find(**baseline_params(run.fingerprint, mode))
+    others = [r for r in found if r.run_id not in night_ids]
     return choose_baseline([*others, run], head_run_id=run.run_id, head_commit=run.commit)
 
 
@@ -131,7 +185,8 @@ def gather_night(
 ) -> tuple[list[Any], list[CellResult]]:
     """``(shard parent runs, one CellResult per planned cell)`` of night ``night``, diffed.
 
-    A cell run twice in the night (a shard re-run) counts once: its newest run. ``found`` is
+    A shard reported twice counts once (``pick_shards``: its newest completed parent, only
+    that parent's cells); a cell run twice under it counts once: its newest run. ``found`` is
     ``store.night(night)`` when already read.
 
     Raises:
@@ -144,10 +199,13 @@ def gather_night(
             f"no nightly shard tagged parity.night={night!r} in experiment {store.experiment!r} "
             f"of {store.uri}; run `parity-tracker nightly --night {night}` first"
         )
+    night_ids = {r.run_id for r in children}  # every run of the night: never a baseline
+    parents = pick_shards(parents)[0]
+    kept = {p.run_id for p in parents}
+    children = [r for r in children if r.tags.get("mlflow.parentRunId") in kept]
     by_name: dict[str, Any] = {}
     for run in sorted(children, key=lambda r: r.start_time):
         by_name[run.tags.get("mlflow.runName") or run.run_id] = run
-    night_ids = {r.run_id for r in children}
     stored = [r for r in by_name.values() if r.tags.get("parity.complete") == "true"]
     fetched = store.fetch([(r.run_id, r.artifact_uri) for r in stored], "summary.json")
     summaries = dict(zip([r.run_id for r in stored], fetched, strict=True))
@@ -202,6 +260,7 @@ def merge_night(
     check_night_id(night)
     found = store.night(night)
     parents = found[0]
+    chosen, missing, notes = pick_shards(parents)
     if expected is None and parents:
         guess = Path(parents[0].params.get("config", "")).with_name("expected.toml")
         expected = guess if guess.is_file() else None
@@ -209,15 +268,17 @@ def merge_night(
     today = today or dt.datetime.now(dt.timezone.utc).date()
     parents, cells = gather_night(night, store, expected=entries, today=today, found=found)
     commits = sorted({p.commit for p in parents if p.commit})
+    total = len(chosen) + len(missing)
     parent = start_parent_run(
         tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
-        params={"night": night, "shards": len(parents), "cells": len(cells), "fail_on": fail_on},
+        params={"night": night, "shards": total, "cells": len(cells), "fail_on": fail_on},
         tags={"parity.kind": KIND_NIGHT, TAG_NIGHT: night,
               "parity.shard_runs": ",".join(p.run_id for p in parents)[:5000]},
         commit=commits[0] if len(commits) == 1 else None,
     )  # fmt: skip
-    out = NightlyResult(parent, ",".join(commits) or None, (0, len(parents)), cells,
-                        expired_entries(entries, today), fail_on, night=night)  # fmt: skip
+    out = NightlyResult(parent, ",".join(commits) or None, (0, total), cells,
+                        expired_entries(entries, today), fail_on, night=night,
+                        missing_shards=missing, shard_notes=notes)  # fmt: skip
     _publish(out, render, store)
     end_run(parent, "FINISHED", tracking_uri=store.uri)
     return out

@@ -41,6 +41,7 @@ from parity_tracker.pipeline.results import (
     cells_table,
     regressions_table,
 )
+from parity_tracker.run.mode import baseline_key
 from parity_tracker.track.browse import SOURCE_NIGHTLY
 from parity_tracker.track.query import RunStore
 
@@ -105,13 +106,13 @@ class Reporter:
 def _diff_cell(out: CellResult, result: Any, plan: _Plan, store: RunStore) -> None:
     """Pick the cell's baseline, diff head against it (``analysis.diff.diff_runs``), record it."""
     fp = out.fingerprint = result.fingerprint
-    if plan.explicit is not None:
-        base_id = plan.explicit.get(fp)
+    if plan.explicit is not None:  # the explicit run of this cell's fingerprint AND mode
+        base_id = plan.explicit.get(baseline_key(fp, result.record.mode))
         base_tab = None if base_id is None else store.modules_tables([base_id])[0]
     else:
         base_id, base_tab = baseline_modules(
             plan.baseline, head_run_id=out.run_id, head_commit=plan.commit, fingerprint=fp,
-            store=store,
+            mode=result.record.mode, store=store,
         )  # fmt: skip
     out.baseline_run_id = base_id
     diff = diff_runs(  # no baseline: base None, every tag is new
@@ -166,6 +167,7 @@ def run_cell(
             dump_mode=cell.dump_mode, capture_ops=cell.ops, tracking_uri=store.uri,
             experiment=store.experiment, parent_run_id=parent_run_id, run_name=cell.name,
             commit=commit, branch=branch, render=render_run, source=SOURCE_NIGHTLY,
+            after_log=lambda done: _upload_reproducer(done, store.uri),
         )  # fmt: skip
     except Exception as exc:  # a broken target must not stop the matrix
         out.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -186,6 +188,21 @@ def run_cell(
     return out, result
 
 
+def _upload_reproducer(done: Any, uri: str | None) -> None:
+    """A failing logged cell's first root cause reproducer, under the run's ``repro/`` (issue 20).
+
+    Called by ``run_target`` while the run's dump (the kept material) is still on disk.
+    """
+    if done.result.passed:
+        return
+    try:
+        from parity_tracker.repro import upload_first_reproducer
+
+        upload_first_reproducer(done.result, done.run_id, tracking_uri=uri)
+    except Exception as exc:
+        warnings.warn(f"reproducer not uploaded: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
 def _cell(
     cell: Cell, parent: str, plan: _Plan, store: RunStore, render_run: RunRender | None
 ) -> CellResult:
@@ -194,13 +211,6 @@ def _cell(
                            branch=plan.branch, render_run=render_run)  # fmt: skip
     if result is None or res.run_id is None:
         return res
-    if not res.passed:  # the first root cause's reproducer, under the run's repro/ (issue 20)
-        try:
-            from parity_tracker.repro import upload_first_reproducer
-
-            upload_first_reproducer(result, res.run_id, tracking_uri=store.uri)
-        except Exception as exc:
-            warnings.warn(f"reproducer not uploaded: {exc!r}", RuntimeWarning, stacklevel=2)
     try:
         _diff_cell(res, result, plan, store)
     except Exception as exc:
@@ -299,7 +309,8 @@ def run_nightly(
         config: the matrix TOML.
         shard: ``"I/N"`` (1-based), default all cells.
         baseline: ``"auto"`` (see ``pipeline.baseline.choose_baseline``) or a run id: a nightly
-            parent run (each cell against the child with its config fingerprint) or a single run.
+            parent run (each cell against the child with its config fingerprint and judged
+            mode, ``run.mode.baseline_key``) or a single run.
         fail_on: ``regression`` | ``mismatch`` | ``never`` (see ``NightlyResult.exit_code``).
         expected: the expected-divergence file (default ``expected.toml`` beside ``config``).
         tracking_uri: the store (default ``track.store.resolve_tracking_uri``).
@@ -377,7 +388,7 @@ def _check_explicit(plan: _Plan, out: NightlyResult) -> None:
         return
     raise InputError(
         f"--baseline {plan.baseline} covers none of this shard's {len(ran)} cells (no run of "
-        f"the same configuration under it; another shard's parent?). The cells are stored "
+        f"the same configuration and mode under it; another shard's parent?). The cells are stored "
         f"under nightly run {out.parent_run_id}; use --baseline auto, or merge the night with "
         f"`parity-tracker nightly-merge --night {plan.night}`"
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from parity_tracker.analysis.diff import interesting
 from parity_tracker.pipeline.results import NightlyResult, cell_status
+from parity_tracker.run.mode import baseline_params
 
 #: Commits of history per configuration on the history page.
 HISTORY_COMMITS = 30
@@ -67,8 +68,9 @@ def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str,
     for c in result.cells:
         if not c.run_id:
             continue
-        fp = c.fingerprint
-        runs = latest_per_commit(store.find(config_fingerprint=fp))[-HISTORY_COMMITS:]
+        fp = c.fingerprint  # the cell's history: runs of its baseline key (fingerprint + mode)
+        key = baseline_params(fp, c.mode) if c.mode else {"config_fingerprint": fp}
+        runs = latest_per_commit(store.find(**key))[-HISTORY_COMMITS:]
         for r in runs:
             mine = this.get(r.run_id)
             out.append({

@@ -60,7 +60,9 @@ class NightlyResult:
     """The whole nightly: every cell, the digest, and the verdict.
 
     ``shard`` is ``(I, N)`` for one shard, ``(0, N)`` for a night merged from N shards
-    (``pipeline.night.merge_night``); ``night`` is the night id.
+    (``pipeline.night.merge_night``); ``night`` is the night id. ``missing_shards`` (``"I/N"``)
+    are shards of a merged night that never reported: their cells are unknown, so the night is
+    incomplete and fails; ``shard_notes`` say which run of a shard reported twice was used.
     """
 
     parent_run_id: str | None
@@ -71,6 +73,13 @@ class NightlyResult:
     fail_on: str
     digest: str = ""
     night: str | None = None
+    missing_shards: list[str] = field(default_factory=list)
+    shard_notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """False when a shard of a merged night never reported (``missing_shards``)."""
+        return not self.missing_shards
 
     @property
     def regressions(self) -> int:
@@ -100,9 +109,12 @@ class NightlyResult:
         the exit code is 0.
         """
         n = len(self.unexpected_cells)
-        if not n and not self.exit_code:
+        if not n and not self.exit_code and self.complete:
             return "PASS"
         counted = f"{n} cell{'s' if n != 1 else ''} failing, not expected"
+        if not self.complete:
+            gone = ", ".join(self.missing_shards)
+            counted = f"incomplete: shard {gone} never reported; {counted}"
         if self.exit_code:
             return f"FAIL ({counted}; exit {self.exit_code})"
         return f"FAIL ({counted}; exit 0 under --fail-on {self.fail_on})"
@@ -116,15 +128,17 @@ class NightlyResult:
     def exit_code(self) -> int:
         """The exit code: 0 or 1 by ``fail_on``; 3 when cells were spooled.
 
-        ``regression``: 1 on a regression row, a cell that did not complete, or an expired
-        expected entry; ``mismatch``: also on any failing tensor not marked expected;
-        ``never``: 0. Whatever ``fail_on`` says, 3 (infrastructure) when cells were spooled.
+        ``regression``: 1 on a regression row, a cell that did not complete, a shard that never
+        reported (``missing_shards``), or an expired expected entry; ``mismatch``: also on any
+        failing tensor not marked expected; ``never``: 0 (the headline still says FAIL).
+        Whatever ``fail_on`` says, 3 (infrastructure) when cells were spooled.
         """
         if self.spooled:
             return EXIT_INFRA
         if self.fail_on == "never":
             return 0
         bad = self.regressions > 0 or bool(self.failed_cells) or bool(self.expired)
+        bad = bad or not self.complete
         if self.fail_on == "mismatch":
             bad = bad or any(c.unexpected_failing for c in self.cells)
         return 1 if bad else 0
@@ -139,6 +153,9 @@ class NightlyResult:
             "fail_on": self.fail_on,
             "exit_code": self.exit_code,
             "headline": self.headline,
+            "complete": self.complete,
+            "missing_shards": list(self.missing_shards),
+            "shard_notes": list(self.shard_notes),
             "unexpected_cells": [c.cell.name for c in self.unexpected_cells],
             "regressions": self.regressions,
             "spooled": self.spooled,

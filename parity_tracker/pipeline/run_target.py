@@ -3,12 +3,15 @@
 ``run_target`` is what ``parity-tracker run`` and every nightly cell call. It never loses a
 computed result: a store that cannot be reached leaves the run in the spool (the error is
 returned with the result, not raised over it), and an interrupted run is still logged KILLED.
+The run's dumped tensors are removed from the system temporary folder once they are stored
+(uploaded, or copied into the spool): ``TargetRun.dumps`` says where they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from parity_tracker.errors import InputError, ParityTrackerError
@@ -54,12 +57,43 @@ class TargetRun:
         run_id: the MLflow run id, None when not logged (see ``error``).
         error: a ``SpooledError`` (store unreachable, run spooled; CLI exit 3), else None.
         interrupted: the run was stopped by Ctrl-C (logged KILLED).
+        dumps: where the run's dumped tensors are, in words (None: nothing was dumped).
     """
 
     result: Any
     run_id: str | None = None
     error: ParityTrackerError | None = None
     interrupted: bool = False
+    dumps: str | None = None
+
+
+def settle_dumps(out: TargetRun) -> str | None:
+    """Remove the run's temporary dump folder once its tensors are stored; say where they are.
+
+    Stored means uploaded (``out.run_id``: the MLflow run's ``tensors/`` artifacts) or spooled
+    (``out.error.spool_path``: ``log_run`` copied them under ``artifacts/tensors``). Otherwise
+    (not logged, or logging raised) the folder is kept: nothing computed is lost. A folder the
+    caller chose (``dump_path``) is never removed (``run.dumps.discard_default_dump``).
+
+    Returns:
+        The sentence for the user, or None when the run dumped nothing.
+    """
+    from parity_tracker.run.dumps import discard_default_dump
+
+    dump = out.result.dump_dir
+    spool = getattr(out.error, "spool_path", None)
+    if dump is None:
+        return None
+    if out.run_id is not None:
+        where = f"logged as tensors/ of MLflow run {out.run_id}"
+    elif spool is not None and (Path(spool) / "artifacts" / "tensors").is_dir():
+        where = f"spooled with the run under {Path(spool) / 'artifacts' / 'tensors'}"
+    else:
+        return f"dumped tensors kept in {dump} (the run was not stored)"
+    removed = discard_default_dump(out.result)
+    if removed is None:
+        return f"dumped tensors {where}; also in {dump}"
+    return f"dumped tensors {where}; temporary folder {removed} removed"
 
 
 def build_case(spec: str, settings: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, str]]:
@@ -105,6 +139,7 @@ def run_target(
     render: Callable[[Any], Mapping[str, str]] | None = None,
     source: tuple[str, str] | None = None,
     keep_repro: int | None = None,
+    after_log: Callable[[TargetRun], None] | None = None,
 ) -> TargetRun:
     """Build and run target ``spec`` with ``settings``, then log it (``track.log_run``).
 
@@ -114,6 +149,8 @@ def run_target(
         mode: ``auto`` | ``equal`` | ``allclose`` | ``budget``.
         rtol: allclose rtol for every tag (None: the case's overrides, else the per-dtype
             defaults of torch.testing.assert_close); give both rtol and atol or neither.
+            Given, both are recorded as settings (``rtol``, ``atol`` params) and so enter the
+            config fingerprint.
         atol: allclose atol for every tag.
         capture_ops: also compare every aten op output.
         isolate: re-run failing modules on the reference's inputs.
@@ -130,6 +167,9 @@ def run_target(
         source: ``(mlflow.source.name, mlflow.source.type)`` of the logged run
             (``track.browse.SOURCE_RUN`` / ``SOURCE_NIGHTLY``); None: ``log_run``'s default.
         keep_repro: bytes kept per reproducer (``run_parity``; None: its default, 0: none).
+        after_log: called with the ``TargetRun`` once the run is logged, while its dump is
+            still on disk (the nightly uploads the first reproducer); then the temporary dump
+            is removed (:func:`settle_dumps`).
 
     Raises:
         InputError: bad target or settings; TargetBuildError: the build raised.
@@ -144,6 +184,9 @@ def run_target(
     extra: dict[str, Any] = {}
     if pair is not None:  # one (rtol, atol) for every tag, replacing the case's overrides
         extra["tolerances"] = {"*": pair}
+        # recorded as settings, so part of the config fingerprint (the baseline key): a run is
+        # never diffed against one judged with other tolerances (fake fixes or regressions)
+        extra["settings"] = {**case.settings, "rtol": pair[0], "atol": pair[1]}
     if keep_repro is not None:
         extra["keep_repro"] = keep_repro
     try:
@@ -156,6 +199,7 @@ def run_target(
     )
     out = TargetRun(result=result, interrupted=result.status == "killed")
     if not log:
+        out.dumps = settle_dumps(out)  # kept: nothing stored them
         return out
     try:
         out.run_id = log_run(
@@ -171,4 +215,9 @@ def run_target(
         )
     except SpooledError as exc:
         out.error = exc
+    try:
+        if after_log is not None and out.run_id is not None:
+            after_log(out)
+    finally:
+        out.dumps = settle_dumps(out)
     return out

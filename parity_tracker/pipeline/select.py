@@ -41,7 +41,7 @@ def run_for_commit(
 
 
 def history_selection(
-    target: str, settings: Mapping[str, str], store: Any
+    target: str, settings: Mapping[str, str], store: Any, note: Any = None
 ) -> tuple[str, dict[str, str], list[Any] | None]:
     """What ``history TARGET --set ...`` follows: ``(target name, settings, heads or None)``.
 
@@ -49,7 +49,9 @@ def history_selection(
     target (so no torch, and no need for the target's package): when they hold one
     configuration, that is the answer (with the heads already read). Only when they hold
     several (or none) is the target resolved, to fill in its default settings; a target not
-    installed here then follows the newest configuration among the stored runs.
+    installed here then follows the newest configuration among the stored runs: its settings
+    are returned (so they are printed), and ``note(text)`` is told which one was chosen among
+    which stored configurations and how to pick another (``--set``).
 
     Raises:
         InputError: no stored run and the target cannot be resolved (names both).
@@ -63,9 +65,30 @@ def history_selection(
         resolved = resolve_target(target)
     except InputError as exc:
         if heads:
-            return target, given, heads
+            return _newest_config(target, given, heads, store, note)
         raise InputError(
             f"no stored run of {target!r} with {given} in experiment {store.experiment!r} "
             f"of {store.uri}, and the target is not installed here ({exc})"
         ) from exc
     return resolved.name, resolved.validate(given), None
+
+
+def _newest_config(
+    target: str, given: dict[str, str], heads: list[Any], store: Any, note: Any
+) -> tuple[str, dict[str, str], list[Any]]:
+    """The newest stored configuration of a target not installed here (``history_selection``)."""
+    from parity_tracker.analysis.history import describe_configs, stored_configs
+
+    fingerprint = heads[0].fingerprint
+    newest = store.find(target=target, config_fingerprint=fingerprint, max_results=1)
+    chosen = dict(given)
+    if newest:
+        chosen.update((k, v) for k, v in sorted(newest[0].settings.items()) if k != "target")
+    if note is not None:
+        others = stored_configs(store, target)
+        note(
+            f"{target} is not installed here; following the newest stored configuration "
+            f"{describe_configs([chosen])} (stored: {describe_configs(others)}); pick another "
+            "with --set KEY=VALUE"
+        )
+    return target, chosen, [h for h in heads if h.fingerprint == fingerprint]

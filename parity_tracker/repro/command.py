@@ -54,14 +54,17 @@ def _choose(kept: dict[str, Any], tag: str | None, run_id: str) -> dict[str, Any
 
 
 def reproducer_from_material(material: Path, tag: str | None, out: Path, run_id: str) -> Reproducer:
-    """Write the reproducer of ``tag`` (default: the first kept root cause, else the module)."""
+    """Write the reproducer of ``tag`` (default: the first kept root cause, else the module).
+
+    ``run_id`` is the MLflow run id the material belongs to (named in errors and the README).
+    """
     index = material / "kept.json"
     if not index.is_file():
         raise InputError(f"run {run_id} kept no reproducer material: {KEEP_HINT}")
     item = _choose(json.loads(index.read_text()), tag, run_id)
     from parity_tracker.files.safe_paths import resolve_inside
 
-    return Reproducer(write_reproducer(resolve_inside(material, item["dir"]), out), item)
+    return Reproducer(write_reproducer(resolve_inside(material, item["dir"]), out, run_id), item)
 
 
 def reproduce_run(
@@ -121,7 +124,7 @@ def upload_first_reproducer(result: Any, run_id: str, *, tracking_uri: str | Non
 
     with tempfile.TemporaryDirectory(prefix="parity-repro-") as tmp:
         try:
-            rep = reproducer_from_material(material, None, Path(tmp) / "r", result.run_id)
+            rep = reproducer_from_material(material, None, Path(tmp) / "r", run_id)
         except InputError:
             return None
         return log_folder(

@@ -96,7 +96,10 @@ def torch_flags() -> dict[str, Any]:
 
     ``tf32`` is True when either ``torch.backends.cuda.matmul.allow_tf32`` or
     ``torch.backends.cudnn.allow_tf32`` is on (TF32 changes float32 matmul/conv results on
-    Ampere+ GPUs, so a run with it on cannot be expected to be bitwise equal to one without).
+    Ampere+ GPUs, so a run with it on cannot be expected to be bitwise equal to one without),
+    and None (not applicable) when torch sees no CUDA device: the flags then affect nothing
+    (``cudnn.allow_tf32`` defaults to True, which on a CPU machine would claim TF32 is in
+    effect when it is not).
     """
     import torch
 
@@ -104,8 +107,15 @@ def torch_flags() -> dict[str, Any]:
         "torch_version": torch.__version__,
         "num_threads": torch.get_num_threads(),
         "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
-        "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32),
+        "tf32": _tf32(torch),
     }
+
+
+def _tf32(torch: Any) -> bool | None:
+    """Whether TF32 may be used for float32 matmul/conv; None without a CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
 
 
 def collect_environment(
@@ -124,7 +134,9 @@ def collect_environment(
         cwd: the directory whose git tree is read (default: the working directory).
 
     Returns:
-        A dict with exactly the keys of ``ENV_KEYS``; values are str, int, bool or None.
+        A dict with exactly the keys of ``ENV_KEYS``; values are str, int, bool or None (None:
+        unknown or not applicable, e.g. no git tree, or ``tf32`` without CUDA; such a value is
+        not logged as a param, ``track.stage.run_params``).
     """
     from parity_tracker import __version__
 

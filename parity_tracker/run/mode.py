@@ -1,4 +1,8 @@
-"""The comparison mode of a run (seed §2) and its configuration fingerprint (the baseline key)."""
+"""The comparison mode of a run (seed §2), its configuration fingerprint and its baseline key.
+
+The baseline key (:func:`baseline_key`, :func:`baseline_params`) is the configuration
+fingerprint and the judged mode: what a stored run must share with a run to be its baseline.
+"""
 
 from __future__ import annotations
 
@@ -114,3 +118,35 @@ def config_fingerprint(settings: Mapping[str, Any]) -> str:
 
     items = sorted((str(k), str(v)) for k, v in settings.items() if k not in NOT_FINGERPRINTED)
     return xxhash.xxh64(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
+
+
+def baseline_params(fingerprint: str, mode: str) -> dict[str, str]:
+    """The run params a baseline must match: ``config_fingerprint`` and ``mode``.
+
+    The fingerprint leaves the judged mode out (:func:`config_fingerprint`), but the mode
+    decides the statuses: the same numbers are ``close`` under a ``budget`` run (error against
+    PyTorch's own at that precision, issue 15) and ``mismatch`` under ``allclose``, so runs of
+    different modes are never each other's baseline (a change of mode alone would show as
+    fixes or regressions). Every run ``track.log_run`` stores carries its judged mode as the
+    ``mode`` param (since the first store format), so stored runs keep the mode they were
+    judged in; a run without that param matches nothing (its mode is unknown).
+
+    Args:
+        fingerprint: the run's ``config_fingerprint``.
+        mode: the run's judged mode (``RunSummary.mode``: equal, allclose or budget).
+
+    Returns:
+        ``{"config_fingerprint": fingerprint, "mode": mode}``, for ``track.RunStore.find``.
+    """
+    return {"config_fingerprint": str(fingerprint), "mode": str(mode)}
+
+
+def baseline_key(fingerprint: str | None, mode: str | None) -> str | None:
+    """The baseline key of a run as one string, ``"<fingerprint>/<mode>"``, or None.
+
+    Two runs may be each other's baseline only when their keys are equal (see
+    :func:`baseline_params`). None when either part is unknown: such a run is never paired.
+    """
+    if not fingerprint or not mode:
+        return None
+    return f"{fingerprint}/{mode}"

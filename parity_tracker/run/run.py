@@ -12,6 +12,7 @@ multi-step runs), compared eagerly as the candidate runs, so the first divergent
 
 from __future__ import annotations
 
+import logging
 import random
 import tempfile
 import time
@@ -36,6 +37,8 @@ from parity_tracker.run.spill import LazySpillRoot
 from parity_tracker.run.summary import build_summary, worst_tensor
 from parity_tracker.statuses import BUDGET, is_failing
 
+_log = logging.getLogger(__name__)
+
 # ---------------------------------------------------------------------------------------------
 # running both sides
 
@@ -44,7 +47,9 @@ def default_dump_root() -> Path:
     """``<system temp>/parity-dumps``: where ``run_parity`` dumps when no ``dump_path`` is given.
 
     The run stage does not know the tracking store's folders (``./.parity``); a caller that
-    wants the dumps kept elsewhere passes ``dump_path``. ``log_run`` uploads them as ``tensors/``.
+    wants the dumps kept elsewhere passes ``dump_path``. ``log_run`` uploads them as ``tensors/``;
+    ``run.dumps.discard_default_dump`` then removes the run's folder (``pipeline.run_target``
+    does, once the run is logged or spooled), so a run leaves no orphaned temporary data.
     """
     return Path(tempfile.gettempdir()) / "parity-dumps"
 
@@ -387,8 +392,9 @@ def run_parity(
             ``local_max_abs_diff``: its own error, apart from the error it inherited.
         dump_mode: which tensors to save as ``.npy`` (``DumpMode``; default ``NOT_EQUAL``).
         dump_path: dump root (default ``default_dump_root() / <run_id>``, under the system
-            temporary folder, so a run never writes into the working tree unless asked); the
-            check's folder becomes ``RunResult.dump_dir`` and is logged as ``tensors/``.
+            temporary folder, so a run never writes into the working tree unless asked; logged
+            at INFO; removed by ``run.dumps.discard_default_dump`` once stored); the check's
+            folder becomes ``RunResult.dump_dir`` and is logged as ``tensors/``.
         tolerances: per-tag ``{glob: (rtol, atol)}`` for allclose.
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
@@ -433,6 +439,7 @@ def run_parity(
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
     if dump_mode is not DumpMode.NOT and dump_path is None:
         dump_path = default_dump_root() / run_id
+        _log.info("parity run %s: dumped tensors go to %s", run_id, dump_path)
     env = dict(environment) if environment is not None else collect_environment()
     plans = [
         _Plan(0, reference, drive, inputs),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
 from parity_tracker.run.environment import ENV_KEYS
+from parity_tracker.run.mode import baseline_key
 from parity_tracker.track.load import load_run as load_run
 from parity_tracker.track.records import RunHead as RunHead
 from parity_tracker.track.records import RunInfo as RunInfo
@@ -192,10 +193,12 @@ class RunStore:
         return runs[0]
 
     def baseline_runs(self, run_id: str) -> dict[str, str]:
-        """The runs a baseline run id stands for, as ``{config fingerprint: run id}``.
+        """The runs a baseline run id stands for, as ``{baseline key: run id}``.
 
-        A parity run stands for itself; a nightly parent run for its children (every child
-        with a ``config_fingerprint`` param).
+        Keys are ``run.mode.baseline_key`` (config fingerprint and judged mode), so a cell is
+        only ever paired with a run of its own mode. A parity run stands for itself; a nightly
+        parent run for its children (every child with ``config_fingerprint`` and ``mode``
+        params).
 
         Raises:
             InputError: no run ``run_id`` in the store (names it).
@@ -213,20 +216,20 @@ class RunStore:
             raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
         except Exception as exc:
             raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
-        fp = run.data.params.get("config_fingerprint")
-        if fp:
-            return {fp: run_id}
+        key = baseline_key(run.data.params.get("config_fingerprint"), run.data.params.get("mode"))
+        if run.data.params.get("config_fingerprint"):
+            return {key: run_id} if key else {}
         children = retry(
             client.search_runs,
             [run.info.experiment_id],
             f"tags.`mlflow.parentRunId` = '{run_id}'",
             max_results=5000,
         )
-        return {
-            c.data.params["config_fingerprint"]: c.info.run_id
+        keys = [
+            (baseline_key(c.data.params.get("config_fingerprint"), c.data.params.get("mode")), c)
             for c in children
-            if "config_fingerprint" in c.data.params
-        }
+        ]
+        return {key: c.info.run_id for key, c in keys if key}
 
     # -- the MLflow UI (``track.browse``)
     def experiment_id(self) -> str | None:

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.track.store import TAG_COMPLETE, TAG_RUN_ID, is_incomplete
+from parity_tracker.track.store import (
+    TAG_COMPLETE,
+    TAG_PASSED,
+    TAG_RUN_ID,
+    is_incomplete,
+    stored_passed,
+)
 from parity_tracker.track.tag_codes import code_tags
 
 
@@ -50,6 +56,11 @@ class RunInfo:
     tags: dict[str, str] = field(default_factory=dict)
     incomplete: bool = False
 
+    @property
+    def passed(self) -> bool:
+        """The run's stored verdict (tag ``parity.passed``, ``store.stored_passed``)."""
+        return stored_passed(self.tags.get(TAG_PASSED))
+
     @classmethod
     def from_mlflow(cls, run: Any) -> RunInfo:
         """Build from an ``mlflow.entities.Run``."""
@@ -88,6 +99,8 @@ class RunHead:
         incomplete: its writer stopped before storing it whole (``store.is_incomplete``).
         tag_codes: the run's MLflow tags that hold its per-tag statuses (``track.tag_codes``;
             empty for runs logged before them).
+        passed: the run's stored verdict (tag ``parity.passed``, ``store.stored_passed``):
+            False when the tag is absent, so an unknown run is never shown passing.
     """
 
     run_id: str
@@ -99,6 +112,7 @@ class RunHead:
     artifact_uri: str | None = None
     incomplete: bool = False
     tag_codes: dict[str, str] = field(default_factory=dict)
+    passed: bool = False
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunHead:
@@ -113,6 +127,7 @@ class RunHead:
             artifact_uri=info.artifact_uri,
             incomplete=info.incomplete,
             tag_codes=code_tags(info.tags),
+            passed=info.passed,
         )
 
 

@@ -13,11 +13,14 @@ from typing import Any
 from parity_tracker.track.records import RunHead, RunInfo
 from parity_tracker.track.store import (
     TAG_COMPLETE,
+    TAG_PASSED,
+    TAG_RUN_ID,
     get_client,
     is_incomplete,
     param_key,
     resolve_tracking_uri,
     retry,
+    stored_passed,
 )
 from parity_tracker.track.tag_codes import TAG_CODES, code_tags
 
@@ -73,6 +76,7 @@ _HEADS_SQL = """
 SELECT r.run_uuid, r.start_time, r.status, r.artifact_uri,
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
   (SELECT p.value FROM params p WHERE p.run_uuid = r.run_uuid AND p.key = 'config_fingerprint'),
+  (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?),
   (SELECT t.value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?)
 FROM runs r
 WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'{where}
@@ -101,7 +105,7 @@ def _sqlite_heads(
         ).fetchone()
         if exp is None:
             return []
-        args: list[Any] = ["mlflow.source.git.commit", TAG_COMPLETE, exp[0]]
+        args: list[Any] = ["mlflow.source.git.commit", TAG_COMPLETE, TAG_PASSED, exp[0]]
         for key, value in settings.items():
             args += [param_key(key), str(value)]
         sql = _HEADS_SQL.format(
@@ -120,10 +124,11 @@ def _sqlite_heads(
             for run_id, key, value, is_nan in con.execute(query, chunk):
                 metrics[run_id][key] = math.nan if is_nan else float(value)
             query = (  # a key range ('/' follows '.'): MLflow's (key, run_uuid) primary key
-                "SELECT run_uuid, key, value FROM tags WHERE key >= ? AND key < ? "
+                "SELECT run_uuid, key, value FROM tags WHERE ((key >= ? AND key < ?) OR key = ?) "
                 f"AND run_uuid IN ({','.join('?' * len(chunk))})"
-            )
-            for run_id, key, value in con.execute(query, [TAG_CODES, TAG_CODES + "/", *chunk]):
+            )  # the codes and the parity.run_id they are bound to (tag_codes.code_tags)
+            keys = [TAG_CODES, TAG_CODES + "/", TAG_RUN_ID]
+            for run_id, key, value in con.execute(query, [*keys, *chunk]):
                 codes[run_id][key] = value
     finally:
         con.close()
@@ -138,8 +143,9 @@ def _sqlite_heads(
             artifact_uri,
             is_incomplete(status, complete),
             code_tags(codes[rid]),
+            stored_passed(passed),
         )
-        for rid, start, status, artifact_uri, commit, fingerprint, complete in rows
+        for rid, start, status, artifact_uri, commit, fingerprint, complete, passed in rows
     ]
 
 

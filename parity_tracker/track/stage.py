@@ -34,7 +34,7 @@ from parity_tracker.track.browse import (
     ui_tags,
 )
 from parity_tracker.track.owner import fault_point
-from parity_tracker.track.store import TAG_RUN_ID, param_key
+from parity_tracker.track.store import TAG_PASSED, TAG_RUN_ID, param_key
 from parity_tracker.track.tag_codes import encode as encode_tag_codes
 
 #: The contract's metrics (design.md), then this module's extras.
@@ -62,10 +62,17 @@ def _param_value(value: Any) -> str:
 
 
 def run_params(result: RunResult) -> dict[str, str]:
-    """The params of a run: settings, environment, mode, mode_reason, config_fingerprint."""
+    """The params of a run: settings, environment, mode, mode_reason, config_fingerprint.
+
+    An environment value that is None (unknown or not applicable: no git checkout, TF32 on a
+    machine without CUDA; ``run.environment``) is left out, never logged as the text
+    ``"None"``: an absent ``git_commit`` param matches no commit, as the absent
+    ``mlflow.source.git.commit`` tag does.
+    """
     r = result.record
     params = {param_key(k): _param_value(v) for k, v in result.settings.items()}
-    params.update({k: _param_value(r.environment.get(k)) for k in ENV_KEYS})
+    env = r.environment
+    params.update({k: _param_value(env[k]) for k in ENV_KEYS if env.get(k) is not None})
     params["mode"] = r.mode
     params["mode_reason"] = _param_value(r.mode_reason)
     params["config_fingerprint"] = r.config_fingerprint
@@ -100,7 +107,7 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
     tags = {
         TAG_RUN_ID: result.run_id,
         "parity.status": r.status,
-        "parity.passed": str(bool(r.passed)).lower(),
+        TAG_PASSED: str(bool(r.passed)).lower(),
         "parity.config_fingerprint": r.config_fingerprint,
         "parity.mode": r.mode,
     }
@@ -112,7 +119,7 @@ def run_tags(result: RunResult, parent_run_id: str | None) -> dict[str, str]:
         tags["mlflow.parentRunId"] = parent_run_id
     if r.error is not None:
         tags["parity.error"] = f"{r.error.type}: {r.error.message}"[:5000]
-    tags.update(encode_tag_codes(result.modules))  # per-tag statuses for history --tag
+    tags.update(encode_tag_codes(result.modules, result.run_id))  # statuses for history --tag
     return tags
 
 

@@ -32,6 +32,17 @@ T = TypeVar("T")
 PARITY_DIR = ".parity"
 #: MLflow tags every parity run carries: its parity run id, and "stored whole" (set last).
 TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
+#: The run's verdict as stored (``"true"`` / ``"false"``: ``run.summary``'s ``passed``, the one
+#: verdict: completed, at least one tensor compared, no failing row). Readers decide pass/fail
+#: from it with :func:`stored_passed`, never from counts.
+TAG_PASSED = "parity.passed"
+
+
+def stored_passed(value: str | None) -> bool:
+    """True only for the stored verdict ``"true"`` (tag :data:`TAG_PASSED`); absent fails."""
+    return value == "true"
+
+
 #: MLflow statuses of a run whose upload may have stopped half way (see ``is_incomplete``).
 UNFINISHED_STATUSES = frozenset({"RUNNING", "KILLED", "SCHEDULED"})
 

@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow.compute as pc
 
 from parity_tracker.errors import InfrastructureError, ParityTrackerError
-from parity_tracker.statuses import is_passing
+from parity_tracker.statuses import is_failing, is_neutral
 from parity_tracker.track.tag_codes import TagCodes, decode, ordered_tags, tag_list_hash
 
 #: Where a run's modules table is among its artifacts (``track.log``).
@@ -36,12 +36,16 @@ MODULES_PATH = "tables/modules.parquet"
 def tag_status_over_steps(statuses: Sequence[str | None]) -> str | None:
     """A tag's status over its steps (rows in table order).
 
-    The first non-passing status, else the first; None when the tag has no row. The one rule
-    for every read path below.
+    The first failing status (``statuses.is_failing``) if any step fails; else the first
+    neutral one (``skipped``) if any; else the first (passing); None when the tag has no row.
+    So a skipped step never hides a later failure. The one rule for every read path below.
     """
     if not statuses:
         return None
-    return next((s for s in statuses if not is_passing(s)), statuses[0])
+    failing = next((s for s in statuses if is_failing(s)), None)
+    if failing is not None:
+        return failing
+    return next((s for s in statuses if is_neutral(s)), statuses[0])
 
 
 def _tag_status(table: Any, tag: str) -> str | None:
@@ -274,7 +278,9 @@ def tag_statuses(
     out: list[str | None] = [None] * len(heads)
     scan = []
     for i, codes in enumerate(decoded):
-        if codes is not None and codes.sha256 in lists:
+        # the codes count must be the tag list's length, else the table answers (never a crash)
+        ok = codes is not None and codes.sha256 in lists
+        if ok and len(lists[codes.sha256]) == len(codes.codes):
             out[i] = codes.status(positions[codes.sha256])
         else:
             scan.append(i)
