@@ -70,6 +70,7 @@ from parity_tracker.compare.pairing import (
     resolve,
     structure_differences,
     tag_result,
+    verdict_rows,
 )
 from parity_tracker.compare.results import (
     CheckResult,
@@ -437,11 +438,12 @@ def _assemble(self: TensorChecker, mode: str, resolved, dump_mode, dump_path) ->
     paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
     results = [tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
     results += never_called(self._log, mode)
+    rows = verdict_rows(results)  # read by both rules below, built once
     return CheckResult(
         results=results,
         weights=[r for r in results if r.kind in WEIGHT_KINDS],
-        first_divergence=first_divergence(results),
-        structure_differences=structure_differences(results),
+        first_divergence=first_divergence(results, rows),
+        structure_differences=structure_differences(results, rows),
         passed=not any(r.failed for r in results),
         mode=mode,
         dump_dir=dump_dir,
@@ -480,11 +482,13 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
     """Every group with a value, resolved to its comparison (eager verdicts reused)."""
     ref_side = self._log.reference_side()
     out = []
+    verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked
     for g in self._log.groups.values():
         if all(c.value is None for c in g.captures):
             continue  # None on every side: no value, nothing to compare or to report
-        pairs = self.budget.for_step(g.step) if mode == BUDGET else self._pairs
-        pairs = VerifiedPairs(pairs, self._snap)  # copy-on-write snapshots checked
+        pairs = (
+            VerifiedPairs(self.budget.for_step(g.step), self._snap) if mode == BUDGET else verified
+        )
         out.append((g, resolve(self._log, g, mode, tol, ref_side, pairs), len(g.captures)))
     return out
 

@@ -34,10 +34,12 @@ class Holder:
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
-        if self.c.reduce_to is not None:
-            cap.value = self.c.reduce_to(g.tag, g.step, value)
+        c = self.c
+        if c.reduce_to is not None:
+            cap.value = c.reduce_to(g.tag, g.step, value)
             return
-        ref_i = self._eager_reference(g, cap.side)
+        # the first capture of a group has nothing to be compared with (issue 19: no call)
+        ref_i = None if len(g.captures) < 2 else self._eager_reference(g, cap.side)
         if ref_i is None:
             self._keep(cap, value, alias)
             return
@@ -68,7 +70,7 @@ class Holder:
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = load(held.value)
+        held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
         budget = self.c.eager_mode == BUDGET
         pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
@@ -84,6 +86,8 @@ class Holder:
     def _eager_keep(self, g: Group, comp: Comparison) -> bool:
         """Whether the planned dump needs this group's tensors after an eager comparison."""
         mode = self.c.dump_mode
+        if mode is DumpMode.NOT:  # the runs' default: nothing is dumped, nothing kept
+            return False
         failed = is_failing(comp.status)
         if mode is DumpMode.ALL:
             return True

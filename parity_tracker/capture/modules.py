@@ -77,7 +77,7 @@ def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
-    return tuple(t.shape), name, _device_name(t.device)
+    return tuple(t.shape), name, "cpu" if t.is_cpu else _device_name(t.device)
 
 
 #: ``dtype_name`` per dtype, filled on first use (``str(dtype)`` costs ≈ 0.4 µs a call)
@@ -157,16 +157,16 @@ class CaptureLog:
         step: int | None = None,
     ) -> Group:
         """Record one leaf under ``tag`` (at ``step``, default the current one) for ``side``."""
-        step = self.step if step is None else step
-        group = self.groups.get((tag, step))
+        key = (tag, self.step if step is None else step)
+        group = self.groups.get(key)
         if group is None:
-            group = Group(tag, step, kind, module, slot, call_index, self.created)
+            group = Group(tag, key[1], kind, module, slot, call_index, self.created)
             self.created += 1
-            self.groups[(tag, step)] = group
+            self.groups[key] = group
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
-        if value is not None and not isinstance(value, NonTensor):
+        if not (value is None or isinstance(value, torch.Tensor | NonTensor)):
             value = as_tensor(value, tag)
         self._add(group, side, value, order, alias=kind == "param")
         return group
@@ -179,12 +179,11 @@ class CaptureLog:
                 self.ordered += 1
 
     def _add(self, g: Group, side: int, value: Any, order: int, alias: bool) -> None:
-        is_tensor = isinstance(value, torch.Tensor)
-        cap = Capture(side, None, order, is_tensor, meta(value) if is_tensor else None)
-        g.captures.append(cap)
-        if not is_tensor:
-            cap.value = value
+        if not isinstance(value, torch.Tensor):
+            g.captures.append(Capture(side, value, order, False))
             return
+        cap = Capture(side, None, order, True, meta(value))
+        g.captures.append(cap)
         self.on_tensor(g, cap, value, alias)
 
     def reference_side(self) -> int:
@@ -372,10 +371,11 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     root = root_name(model)
     handle.root_name = root
     own = own_tensors(model, root)
-    all_own = [(m, own.get(id(m), [])) for m in {id(m): m for m in model.modules()}.values()]
+    named = list(model.named_modules())  # each module once, as model.modules() lists them
+    all_own = [(m, own.get(id(m), [])) for _, m in named]
     names: list[str] = []
     scripted: list[str] = []
-    for raw_name, mod in model.named_modules():
+    for raw_name, mod in named:
         is_root = mod is model
         if not is_root and not _has_forward(mod):
             continue

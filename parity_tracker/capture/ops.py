@@ -35,6 +35,7 @@ from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
 _SUSPEND = threading.local()
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
 
 
 class suspended:  # lower case: used as ``with suspended():`` (a function before issue 19)
@@ -52,7 +53,8 @@ class suspended:  # lower case: used as ``with suspended():`` (a function before
         _SUSPEND.depth = getattr(_SUSPEND, "depth", 0) + 1
         self._popped = None
         try:
-            if isinstance(_get_current_dispatch_mode(), DispatchRecorder):
+            # issue 19: no dispatch mode at all (a module-level run) is answered in C
+            if _len_dispatch_stack() and isinstance(_get_current_dispatch_mode(), DispatchRecorder):
                 # Step out of the recorder entirely: the suspended work then costs nothing extra.
                 popped = _pop_mode_temporarily()
                 popped.__enter__()
@@ -246,13 +248,14 @@ class OpStore(BoundedStore):
 
     def _index(self, h: Held) -> None:
         assert h.tensor is not None
-        if _ptr(h.tensor):
-            self._by_ptr.setdefault(_ptr(h.tensor), []).append(h)
+        ptr = _ptr(h.tensor)  # once (issue 19: a storage object per call)
+        if ptr:
+            self._by_ptr.setdefault(ptr, []).append(h)
 
     def _unindex(self, h: Held) -> None:
-        if h.tensor is None or not _ptr(h.tensor):
+        ptr = 0 if h.tensor is None else _ptr(h.tensor)
+        if not ptr:
             return
-        ptr = _ptr(h.tensor)
         lst = self._by_ptr.get(ptr)
         if lst is not None:
             with contextlib.suppress(ValueError):
@@ -262,9 +265,10 @@ class OpStore(BoundedStore):
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
-        if not isinstance(tensor, torch.Tensor) or not _ptr(tensor):
+        ptr = _ptr(tensor) if isinstance(tensor, torch.Tensor) else 0
+        if not ptr:
             return
-        holders = self._by_ptr.pop(_ptr(tensor), None)
+        holders = self._by_ptr.pop(ptr, None)
         for h in holders or ():
             assert h.tensor is not None
             copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
@@ -545,7 +549,7 @@ class SideRecorder:
         tensors = _tensors_in(args, kwargs)
         if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
             shared = {_ptr(t) for t in tensors}
-            new = [(i, t) for i, t in new if _ptr(t) not in shared or _ptr(t) == 0]
+            new = [(i, t) for i, t in new if (p := _ptr(t)) not in shared or p == 0]
         if not new:
             for d in before or ():
                 if d.held is not None:

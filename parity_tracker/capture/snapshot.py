@@ -85,12 +85,14 @@ def _cow_eligible(t: torch.Tensor) -> bool:
     """
     if not _COW or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.requires_grad:
         return False
-    if t.device.type != "cpu" or t.layout != torch.strided or t.dtype not in _NUMPY_DTYPES:
+    nbytes = t.numel() * t.element_size()
+    if nbytes < COW_MIN_BYTES:  # first: most captures are small (issue 19)
+        return False
+    if not t.is_cpu or t.layout != torch.strided or t.dtype not in _NUMPY_DTYPES:
         return False
     if t.is_conj() or t.is_neg() or not t.is_contiguous() or t.storage_offset() != 0:
         return False
-    nbytes = t.numel() * t.element_size()
-    return nbytes >= COW_MIN_BYTES and t.untyped_storage().nbytes() == nbytes
+    return t.untyped_storage().nbytes() == nbytes
 
 
 class Snapshotter:
@@ -144,7 +146,9 @@ class Snapshotter:
         copy = self._reusable(key, t, version)
         if copy is not None:
             return copy
-        src = t.detach()  # a detached copy records no autograd graph
+        # a detached copy records no autograd graph; a plain tensor that requires no grad is
+        # cloned as it is (the same copy, without the detached alias: issue 19)
+        src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
         if _cow_eligible(src):
             digest = content_hash(src)  # read before the lazy clone: a read then copies
             copy = _LAZY_CLONE(src)

@@ -168,6 +168,7 @@ def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] 
 _NUMPY_FLOATS = frozenset(
     {torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128}
 )
+_ALL = np.logical_and.reduce  # ndarray.all without its Python wrapper
 _EXPONENT_BF16 = 0x7F80  # exponent field of a bfloat16 bit pattern (all ones: NaN or ±inf)
 
 
@@ -179,8 +180,8 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     exactly when its exponent field is not all ones. Other dtypes (float8, ...) give ``None``.
     ``array`` may pass ``t.numpy()`` when the caller already has it.
     """
-    if t.dtype in _NUMPY_FLOATS:
-        return bool(np.isfinite(t.numpy() if array is None else array).all())
+    if t.dtype in _NUMPY_FLOATS:  # the ufunc's own reduce: ndarray.all's wrapper costs ≈ 0.4 µs
+        return bool(_ALL(np.isfinite(t.numpy() if array is None else array), axis=None))
     if t.dtype == torch.bfloat16:
         bits = flat_view(t).view(torch.int16).numpy()
         return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
@@ -508,29 +509,38 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
         tol = (None, None)
     else:
         tol = (tolerances or Tolerances()).resolve(tag, dtype, dtype, *(explicit or ()))
-    return Comparison._fast(
-        dict(
-            mode=mode,
-            numel=r.numel(),
-            ref_shape=shape,
-            cand_shape=shape,
-            ref_dtype=name,
-            cand_dtype=name,
-            ref_device="cpu",
-            cand_device="cpu",
-            **_IDENTICAL_METRICS,
-            max_ulp=None if ulp_spec(dtype) is None else 0.0,
-            ref_nan=nan,
-            cand_nan=nan,
-            ref_inf=inf,
-            cand_inf=inf,
-            ref_hash=ref_hash,
-            cand_hash=cand_hash,
-            rtol=tol[0],
-            atol=tol[1],
-            message="",
-        )
+    values = _identical_template(mode, shape, dtype, name).copy()
+    values["rtol"], values["atol"] = tol
+    values["ref_nan"] = values["cand_nan"] = nan
+    values["ref_inf"] = values["cand_inf"] = inf
+    values["ref_hash"], values["cand_hash"] = ref_hash, cand_hash
+    record = object.__new__(Comparison)
+    object.__setattr__(record, "__dict__", values)  # the fresh copy becomes the record's
+    return record
+
+
+@functools.lru_cache(maxsize=1024)
+def _identical_template(mode, shape, dtype, name) -> dict[str, Any]:
+    """The fields of an identical small pair's record but tolerances, hashes and NaN/inf counts.
+
+    Issue 19: one dict copy per pair instead of building 27 fields twice (``Comparison._fast``
+    on a fresh dict); the values are those :func:`_identical` gives. Never mutated.
+    """
+    values = dict(_DEFAULTS)
+    values.update(
+        mode=mode,
+        numel=math.prod(shape),
+        ref_shape=shape,
+        cand_shape=shape,
+        ref_dtype=name,
+        cand_dtype=name,
+        ref_device="cpu",
+        cand_device="cpu",
+        **_IDENTICAL_METRICS,
+        max_ulp=None if ulp_spec(dtype) is None else 0.0,
+        message="",
     )
+    return values
 
 
 _NO_OVERRIDES = Tolerances()  # no tag overrides, no global pair: the per-dtype defaults

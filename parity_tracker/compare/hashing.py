@@ -164,12 +164,25 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
         (:func:`dense_span`), or that has a conjugate/negative bit. Those are never re-checked
         (the caller copies or compares again).
     """
-    if not digestible(tensor):
-        return None
     t = tensor
+    if (  # issue 19: the common case (a plain contiguous CPU tensor numpy reads) in one step
+        type(t) is torch.Tensor
+        and t.dtype in _NUMPY_DTYPES
+        and t.is_cpu
+        and not t.requires_grad
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.numel() > 0
+    ):
+        return xxhash.xxh3_64_intdigest(t.numpy())  # raw_buffer's bytes, as below
+    if not digestible(t):
+        return None
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
-    t = t.detach()
+    if t.requires_grad:  # numpy() refuses these; a detached alias has the same bytes
+        t = t.detach()
     flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
     return xxhash.xxh3_64_intdigest(raw_buffer(flat))
 
@@ -211,8 +224,9 @@ def content_hash(tensor: torch.Tensor) -> str:
     Returns:
         16 lowercase hex digits; equal strings ⇔ same dtype, shape and bitwise contents.
     """
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
+    if tensor.requires_grad or type(tensor) not in _PLAIN_TYPES:
+        tensor = tensor.detach()  # issue 19: a plain tensor without grad is hashed as it is
+    if not tensor.is_cpu:
         tensor = tensor.cpu()
     shape = tuple(tensor.shape)
     if _numpy_readable(tensor):  # the same bytes, without byte_view's reshape and views

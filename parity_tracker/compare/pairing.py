@@ -161,11 +161,11 @@ class PairComparer:
         non-contiguous side (channels-last activations) gets its storage digest too: re-reading
         it in storage order costs one read, its C-order content hash a copy first.
         """
-        if self.owned is not None and self.owned(t):
-            return None
         if comp.ref_dtype == comp.cand_dtype and (
             not isinstance(t, torch.Tensor) or t.is_contiguous()
         ):
+            return None  # the usual case, asked first (issue 19)
+        if self.owned is not None and self.owned(t):
             return None
         return storage_digest(t)
 
@@ -433,18 +433,20 @@ def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
 def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
     """The :class:`TagResult` of a resolved group."""
     ref_i = reference_index(g)
-    return TagResult(
-        tag=g.tag,
-        module=g.module,
-        kind=g.kind,
-        slot=g.slot,
-        call_index=g.call_index,
-        exec_order=g.captures[ref_i].exec_order,
-        step=g.step,
-        cache_hit=cache_hit(log, g),
-        comparison=comp,
-        dump_paths=tuple(paths),
-        n_tensors=n,
+    return TagResult._fast(  # every field, in field order
+        {
+            "tag": g.tag,
+            "module": g.module,
+            "kind": g.kind,
+            "slot": g.slot,
+            "call_index": g.call_index,
+            "exec_order": g.captures[ref_i].exec_order,
+            "step": g.step,
+            "cache_hit": cache_hit(log, g),
+            "comparison": comp,
+            "dump_paths": tuple(paths),
+            "n_tensors": n,
+        }
     )
 
 
@@ -488,7 +490,7 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
+def verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
     """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
     return [
         {
@@ -503,15 +505,22 @@ def _verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
     ]
 
 
-def first_divergence(results: list[TagResult]) -> TagResult | None:
-    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule."""
-    i = first_divergence_index(_verdict_rows(results))
+def first_divergence(results: list[TagResult], rows: list[dict] | None = None) -> TagResult | None:
+    """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule.
+
+    ``rows``: ``verdict_rows(results)`` when the caller already built them (issue 19: once
+    per check for this and :func:`structure_differences`).
+    """
+    i = first_divergence_index(verdict_rows(results) if rows is None else rows)
     return None if i is None else results[i]
 
 
-def structure_differences(results: list[TagResult]) -> list[TagResult]:
+def structure_differences(
+    results: list[TagResult], rows: list[dict] | None = None
+) -> list[TagResult]:
     """The one-sided results by :func:`parity_tracker.compare.verdict.structure_differences`."""
-    return [results[r["index"]] for r in verdict_structure(_verdict_rows(results))]
+    rows = verdict_rows(results) if rows is None else rows
+    return [results[r["index"]] for r in verdict_structure(rows)]
 
 
 def dump_plan(mode: DumpMode, ordered: list[tuple[Any, Comparison, int]]) -> list[Any]:

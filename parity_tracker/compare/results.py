@@ -74,6 +74,19 @@ class TagResult:
     dump_paths: tuple[str, ...] = ()
     n_tensors: int = 2
 
+    @classmethod
+    def _fast(cls, values: dict[str, Any]) -> TagResult:
+        """A record from ALL its field values without the frozen ``__init__`` (issue 19).
+
+        The generated frozen ``__init__`` sets each of the 11 fields through
+        ``object.__setattr__``; handing ``values`` over as the instance ``__dict__`` gives an
+        identical, still frozen record (as ``Comparison._fast``). ``values`` must name every
+        field and nothing else, and is owned by the record afterwards.
+        """
+        record = object.__new__(cls)
+        object.__setattr__(record, "__dict__", values)
+        return record
+
     @property
     def status(self) -> str:
         """The comparison's status."""
