@@ -10,34 +10,12 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic, overload
 
 LANES = 256
 """Independent running maxima (a constant trip count LLVM vectorizes, as in ``_kernel``)."""
 
 
-@intrinsic
-def _f32(typingctx, b):  # pragma: no cover (compiled); the float32 of a 32-bit pattern
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
-
-
-def _wide(x):  # pragma: no cover (replaced by the overload below when compiled)
-    raise NotImplementedError
-
-
-@overload(_wide)
-def _wide_overload(x):  # pragma: no cover (compiled)
-    """float64 of one element: a float as is; ``uint16``: the bits of a bfloat16."""
-    if isinstance(x, types.Float):
-        return lambda x: np.float64(x)
-    if x == types.uint16:  # bfloat16 = the upper half of a float32 (exact widening)
-        return lambda x: np.float64(_f32(np.uint32(x) << np.uint32(16)))
-    return None
+from parity_tracker.compare._kernel import _wide  # noqa: E402  (one owner of the widening)
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
