@@ -138,12 +138,20 @@ def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, A
 
     def sub(value: Any, depth: int) -> Any:
         if isinstance(value, torch.Tensor):
-            return TensorArg(next(counter))
+            return _tensor_arg(next(counter))
         if depth == 0 and isinstance(value, (list, tuple)):
             return type(value)(sub(v, 1) for v in value)
         return value
 
     return tuple(sub(a, 0) for a in args), {k: sub(v, 0) for k, v in kwargs.items()}
+
+
+_TENSOR_ARGS = tuple(TensorArg(i) for i in range(16))
+
+
+def _tensor_arg(i: int) -> TensorArg:
+    """``TensorArg(i)``; the first 16 shared (frozen, equal by value; issue 19: built once)."""
+    return _TENSOR_ARGS[i] if i < len(_TENSOR_ARGS) else TensorArg(i)
 
 
 def _capturable(t: Any) -> bool:
