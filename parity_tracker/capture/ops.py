@@ -86,6 +86,8 @@ class _OpInfo:
     overload: str  # the schema's overload name ("default" when it has none)
     view_returns: tuple[bool, ...]  # return i aliases an input without writing (a view)
     written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
+    #: one ``Tensor`` return, a view, nothing written: ``on_op`` never captures anything of it
+    view_only: bool = False
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -105,7 +107,9 @@ def _op_info(func: Any) -> _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write
         )
         overload = schema.overload_name or "default"
-        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", overload, views, written)
+        view_only = views == (True,) and not written and str(schema.returns[0].type) == "Tensor"
+        name = name if ns == "aten" else f"{ns}.{name}"
+        info = _OpInfo(name, overload, views, written, view_only)
         _OP_INFO[func] = info
     return info
 
@@ -452,7 +456,10 @@ class DispatchRecorder(TorchDispatchMode):
             self.failure.fail(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self._on_op(info, args, kwargs, out, before)
+        # issue 19: a view op's one output is never captured (``SideRecorder.on_op`` would
+        # find nothing new and return); about 2 of 3 ops of a transformer
+        if not (info.view_only and isinstance(out, torch.Tensor)):
+            self._on_op(info, args, kwargs, out, before)
         return out
 
 
