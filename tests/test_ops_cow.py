@@ -13,11 +13,13 @@ from __future__ import annotations
 import copy
 import tempfile
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
 from parity_tracker.capture.ops import _ptr
+from parity_tracker.capture.store import SpillDir
 from parity_tracker.run import run_parity
 from parity_tracker.tensor_checker import DumpMode
 
@@ -77,3 +79,23 @@ def test_in_place_write_after_a_snapshot_does_not_reach_the_recorded_output():
     # b's first op reads a's output: traced to its producer on both sides, an equal input
     assert ops["b@0::add#0"]["inputs_status"] == "passing"
     assert result.summary["status"] == "completed"
+
+
+def test_spill_writes_a_copy_on_write_storage_without_copying_it(tmp_path):
+    values = np.arange(N, dtype=np.float32) * 0.5 - 7.0
+    x = torch.tensor(values)  # torch-allocated (a numpy-owned buffer cannot be lazily cloned)
+    snapshot = torch._lazy_clone(x)
+    view = x.view(64, -1)[2:5, ::2]  # a strided view: written as its storage span
+    spill = SpillDir(tmp_path)
+    whole, part = spill.write(x, "x.bin"), spill.write(view, "v.bin")
+    assert torch._C._is_cow_tensor(x) and torch._C._is_cow_tensor(snapshot)  # still shared
+    assert np.array_equal(np.fromfile(whole.path, dtype=np.float32), values)
+    expected = values.reshape(64, -1)[2:5, ::2]
+    assert np.array_equal(part.load().numpy(), expected)
+    assert whole.nbytes == values.nbytes
+    bf16 = torch.tensor(values[:1000]).to(torch.bfloat16)
+    bits = bf16.view(torch.int16).numpy().view(np.uint16)  # bfloat16 has no numpy dtype
+    assert np.array_equal(np.fromfile(spill.write(bf16, "b.bin").path, dtype=np.uint16), bits)
+    empty = spill.write(torch.empty(0, 3), "e.bin")
+    assert empty.nbytes == 0 and tuple(empty.load().shape) == (0, 3)
+    spill.close()
