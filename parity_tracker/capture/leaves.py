@@ -206,16 +206,23 @@ def own_tensors(
     seen: set[str] = set()
     for mname, mod in model.named_modules(remove_duplicate=False):
         entries = table.setdefault(id(mod), [])
-        stores = [("param", [k for k, _ in mod._parameters.items()])]
-        stores.append(("buffer", [k for k, _ in mod._buffers.items()]))
-        stores.append((PACKED, packed_names(mod)))
-        for kind, names in stores:
-            for local in names:
-                qname = f"{mname}.{local}" if mname else local
-                if qname in seen or (kind != PACKED and read_own(mod, local, kind) is None):
+        owner = module_display_name(mname, root)  # once per module (issue 19)
+        prefix = f"{mname}." if mname else ""
+        for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
+            for local in [k for k, _ in store.items()]:
+                qname = prefix + local
+                # read_own's test, inline (TorchScript's store has no .get): a slot holding
+                # None has no tensor
+                value = store[local] if local in store else None  # noqa: SIM401
+                if qname in seen or value is None:
                     continue
                 seen.add(qname)
-                entries.append((qname, module_display_name(mname, root), local, kind))
+                entries.append((qname, owner, local, kind))
+        for local in packed_names(mod):
+            qname = prefix + local
+            if qname not in seen:
+                seen.add(qname)
+                entries.append((qname, owner, local, PACKED))
     return table
 
 
