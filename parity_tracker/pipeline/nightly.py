@@ -257,7 +257,11 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
 
 
 def _start(plan: _Plan, store: RunStore) -> str:
-    """Open the nightly's parent run."""
+    """Open the nightly's parent run.
+
+    Tags ``parity.night`` and ``parity.matrix_hash`` (of the whole matrix,
+    ``matrix.matrix_hash``); artifact ``cells.json`` (this shard's cells).
+    """
     from parity_tracker.pipeline.night import CELLS_FILE, cells_json
     from parity_tracker.track import log_artifact_files, start_parent_run
     from parity_tracker.track.parents import TAG_MATRIX, TAG_NIGHT
