@@ -248,7 +248,7 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     night = check_night_id(night) if night else default_night_id(commit, config, today)
     return _Plan(
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
-        explicit=resolve_baseline_runs(baseline, store), fail_on=fail_on,
+        explicit=resolve_baseline_runs(baseline, store, cells), fail_on=fail_on,
         entries=entries, today=today, commit=commit, branch=branch or git["git_branch"],
         night=night,
     )  # fmt: skip
@@ -258,7 +258,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
     """Open the nightly's parent run."""
     from parity_tracker.pipeline.night import CELLS_FILE, cells_json
     from parity_tracker.track import log_artifact_files, start_parent_run
-    from parity_tracker.track.parents import TAG_NIGHT
+    from parity_tracker.track.parents import KIND_SHARD, TAG_KIND, TAG_NIGHT
 
     index, count = plan.shard
     parent = start_parent_run(
@@ -272,7 +272,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "fail_on": plan.fail_on,
             "cells": len(plan.cells),
         },
-        tags={"parity.kind": "nightly", TAG_NIGHT: plan.night},
+        tags={TAG_KIND: KIND_SHARD, TAG_NIGHT: plan.night},
         source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,
@@ -334,8 +334,11 @@ def run_nightly(
 
     Raises:
         InputError: malformed config or expected file, bad shard or fail_on, unknown baseline,
-            no commit (see ``allow_no_commit``); an explicit ``baseline`` that covers none of
-            the shard's cells (raised after the shard is stored and published).
+            no commit (see ``allow_no_commit``), all before any cell runs; an explicit
+            ``baseline`` that covers none of the shard's cells: before any cell runs when
+            no stored run of it has a cell's name or settings (``check_baseline_covers``),
+            else after the shard is stored and published when no cell's config fingerprint
+            and mode match.
         InfrastructureError: the store could not be reached to open the parent run. (Cells
             the store refused later are spooled; ``NightlyResult.spooled`` lists them and
             ``exit_code`` is then 3.)
