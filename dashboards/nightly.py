@@ -190,7 +190,9 @@ def render_history(
             MLflow reports it, epoch seconds, a ``datetime`` or an ISO string; orders the
             commits), ``tensors_failing`` (int or None), ``output_max_abs_diff`` (float or
             None), ``regression`` (bool: this run regressed against its baseline). Optional:
-            ``url`` (link to the run), ``first_divergence`` (tag str).
+            ``url`` (link to the run), ``first_divergence`` (tag str), ``passed`` (bool: the
+            run's stored verdict, ``track.RunInfo.passed``; it ranks a configuration failing
+            even with 0 tensors failing; absent: failing tensors decide).
         tag_status: optional rows for the status heatmap: ``{tag, commit, status}`` with a
             comparison status (design.md, "Statuses"), optionally ``fingerprint`` (then one
             heatmap per fingerprint). Only tags failing at some commit are drawn, at most
@@ -239,10 +241,22 @@ def _name(run: Mapping[str, Any]) -> str:
     return f"{run.get('target')} {_settings_label(run.get('settings') or {})}"
 
 
+def _fails(run: Mapping[str, Any]) -> bool:
+    """The run's stored verdict: ``passed`` False (see ``render_history``) is a failing run.
+
+    The verdict (tag ``parity.passed``, ``track.store.stored_passed``) also fails a run whose
+    failing rule compared no tensor, e.g. an output-only rule, with 0 tensors failing. A run
+    given without it falls back to any failing tensor.
+    """
+    passed = run.get("passed")
+    return (run.get("tensors_failing") or 0) > 0 if passed is None else not passed
+
+
 def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
     """Every run of the configuration bitwise equal: zero output error, nothing failing."""
     return all(
         not r.get("regression")
+        and not _fails(r)
         and (r.get("tensors_failing") or 0) == 0
         and (finite(r.get("output_max_abs_diff")) or 0.0) == 0.0
         for r in group
@@ -250,11 +264,11 @@ def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _interest(group: Sequence[Mapping[str, Any]]) -> tuple[int, int, int, str]:
-    """Sort key: regressed configurations first, then failing, then inexact, then exact."""
+    """Sort key: regressed configurations first, then failing (the verdict), inexact, exact."""
     latest = group[-1]
     return (
         0 if any(r.get("regression") for r in group) else 1,
-        0 if (latest.get("tensors_failing") or 0) > 0 else 1,
+        0 if _fails(latest) else 1,
         1 if _exact(group) else 0,
         _name(latest),
     )
@@ -271,6 +285,7 @@ def _overview(
             "runs": len(group),
             "commit": _short_commit(group[-1].get("commit")),
             "failing": group[-1].get("tensors_failing"),
+            "fails": _fails(group[-1]),
             "exact": _exact(group),
             "first_diff": group[0].get("output_max_abs_diff"),
             "latest_diff": group[-1].get("output_max_abs_diff"),

@@ -77,6 +77,7 @@ def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str,
                 "fingerprint": fp, "target": c.cell.target, "settings": dict(c.cell.settings),
                 "commit": r.commit, "run_id": r.run_id, "start_time": r.start_time,
                 "tensors_failing": r.metrics.get("tensors_failing"),
+                "passed": r.passed,  # the stored verdict (track.store.stored_passed)
                 "output_max_abs_diff": r.metrics.get("output_max_abs_diff"),
                 "regression": bool(r.metrics.get("regressions", 0)) or bool(
                     mine is not None and mine.changes.get("regression")),
