@@ -190,7 +190,10 @@ def render_history(
             MLflow reports it, epoch seconds, a ``datetime`` or an ISO string; orders the
             commits), ``tensors_failing`` (int or None), ``output_max_abs_diff`` (float or
             None), ``regression`` (bool: this run regressed against its baseline). Optional:
-            ``url`` (link to the run), ``first_divergence`` (tag str), ``passed`` (bool: the
+            ``url`` (link to the run), ``first_divergence`` (tag str), ``position`` (int: the
+            commit's place in its configuration's history, ``analysis.history.
+            latest_per_commit``: when each commit was first tested; orders the commits instead
+            of ``start_time``, so a re-run old commit keeps its place), ``passed`` (bool: the
             run's stored verdict, ``track.RunInfo.passed``; it ranks a configuration failing
             even with 0 tensors failing; absent: failing tensors decide).
         tag_status: optional rows for the status heatmap: ``{tag, commit, status}`` with a
@@ -204,7 +207,7 @@ def render_history(
         A self-contained HTML page: plotly charts plus plain-HTML tables of the same numbers.
     """
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for run in sorted(runs, key=_time_key):
+    for run in sorted(runs, key=_order_key):
         groups[str(run.get("fingerprint"))].append(run)
     regressions = [r for r in runs if r.get("regression")]
     ordered = sorted(groups.items(), key=lambda kv: _interest(kv[1]))
@@ -293,6 +296,13 @@ def _overview(
         }
         for fp, group in ordered
     ]
+
+
+def _order_key(run: Mapping[str, Any]) -> tuple[float, float, str]:
+    """A configuration's commit order: ``position`` when given, else the start time."""
+    pos = run.get("position")
+    given = isinstance(pos, int | float) and not isinstance(pos, bool)
+    return (float(pos) if given else math.inf, *_time_key(run))
 
 
 def _time_key(run: Mapping[str, Any]) -> tuple[float, str]:
