@@ -84,12 +84,13 @@ def shard_run_ids(tags: Mapping[str, str]) -> list[str]:
     return [i for i in ids if len(i) == len(ids[0])]
 
 
-def cell_runs(uri: str, run: Any) -> list[RunInfo]:
+def cell_runs(uri: str, run: Any, limit: int | None = None) -> list[RunInfo]:
     """The cell runs a parent run (an ``mlflow.entities.Run``) stands for, oldest first.
 
     A night parent: the child runs of every shard it lists (:func:`shard_run_ids`); any other
     run: its own child runs (tag ``mlflow.parentRunId``). Incomplete runs are left out
-    (``store.is_incomplete``: they have no tables to diff).
+    (``store.is_incomplete``: they have no tables to diff). With ``limit``, the shards are
+    searched only until that many cells are found (for a message).
 
     Raises:
         Exception: whatever MLflow raises when the store cannot be reached.
@@ -99,8 +100,11 @@ def cell_runs(uri: str, run: Any) -> list[RunInfo]:
     client, exp_id = get_client(uri), run.info.experiment_id
     out: list[RunInfo] = []
     for parent in parents:  # MLflow's tag filters have no IN: one search per parent
-        out += _search_all(client, exp_id, f"tags.`mlflow.parentRunId` = {_quote(parent)}")
-    return sorted((r for r in out if not r.incomplete), key=lambda r: (r.start_time, r.run_id))
+        found = _search_all(client, exp_id, f"tags.`mlflow.parentRunId` = {_quote(parent)}")
+        out += [r for r in found if not r.incomplete]
+        if limit is not None and len(out) >= limit:
+            break
+    return sorted(out, key=lambda r: (r.start_time, r.run_id))
 
 
 def describe_parent(run: Any) -> str:
@@ -123,15 +127,14 @@ def parent_error(uri: str, run: Any, what: str = "tables") -> InputError | None:
     if not name:
         return None
     try:
-        cells = cell_runs(uri, run)
+        cells = cell_runs(uri, run, limit=4)  # a few: one search per shard until found
     except Exception:  # the listing is a courtesy: the error stays an input error
         cells = None
     if cells:
         shown = ", ".join(
-            f"{c.run_id} ({c.tags.get('mlflow.runName') or c.settings})" for c in cells[-4:]
+            f"{c.run_id} ({c.tags.get('mlflow.runName') or c.settings})" for c in cells[:4]
         )
-        more = f" (newest {min(4, len(cells))} of {len(cells)} cells)" if len(cells) > 4 else ""
-        hint = f"; pass a cell's run id, e.g. {shown}{more}"
+        hint = f"; pass a cell's run id, e.g. {shown}"
     else:
         hint = "; pass a cell's run id (it has no stored cell run)" if cells == [] else (
             "; pass one of its cells' run ids")  # fmt: skip
