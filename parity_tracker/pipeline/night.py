@@ -42,8 +42,7 @@ from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
 from parity_tracker.run.mode import baseline_params
-from parity_tracker.track.nights import KIND_NIGHT
-from parity_tracker.track.parents import TAG_MATRIX, TAG_NIGHT
+from parity_tracker.track.parents import KIND_NIGHT, TAG_KIND, TAG_MATRIX, TAG_NIGHT, TAG_SHARD_RUNS
 
 #: The artifact of a shard's parent run listing the cells it planned (``[{target, settings}]``).
 CELLS_FILE = "cells.json"
@@ -329,8 +328,8 @@ def merge_night(
     parent = start_parent_run(
         tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
         params={"night": night, "shards": total, "cells": len(cells), "fail_on": fail_on},
-        tags={"parity.kind": KIND_NIGHT, TAG_NIGHT: night,
-              "parity.shard_runs": ",".join(p.run_id for p in parents)[:5000],
+        tags={TAG_KIND: KIND_NIGHT, TAG_NIGHT: night,
+              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:5000],
               **({TAG_MATRIX: matrices.pop()} if len(matrices) == 1 else {})},
         commit=commits[0] if len(commits) == 1 else None,
     )  # fmt: skip

@@ -250,7 +250,7 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     night = check_night_id(night) if night else default_night_id(commit, config, today)
     return _Plan(
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
-        explicit=resolve_baseline_runs(baseline, store), fail_on=fail_on,
+        explicit=resolve_baseline_runs(baseline, store, cells), fail_on=fail_on,
         entries=entries, today=today, commit=commit, branch=branch or git["git_branch"],
         night=night, matrix_hash=matrix_hash(every),
     )  # fmt: skip
@@ -264,7 +264,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
     """
     from parity_tracker.pipeline.night import CELLS_FILE, cells_json
     from parity_tracker.track import log_artifact_files, start_parent_run
-    from parity_tracker.track.parents import TAG_MATRIX, TAG_NIGHT
+    from parity_tracker.track.parents import KIND_SHARD, TAG_KIND, TAG_MATRIX, TAG_NIGHT
 
     index, count = plan.shard
     parent = start_parent_run(
@@ -278,7 +278,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "fail_on": plan.fail_on,
             "cells": len(plan.cells),
         },
-        tags={"parity.kind": "nightly", TAG_NIGHT: plan.night, TAG_MATRIX: plan.matrix_hash},
+        tags={TAG_KIND: KIND_SHARD, TAG_NIGHT: plan.night, TAG_MATRIX: plan.matrix_hash},
         source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,
@@ -340,8 +340,11 @@ def run_nightly(
 
     Raises:
         InputError: malformed config or expected file, bad shard or fail_on, unknown baseline,
-            no commit (see ``allow_no_commit``); an explicit ``baseline`` that covers none of
-            the shard's cells (raised after the shard is stored and published).
+            no commit (see ``allow_no_commit``), all before any cell runs; an explicit
+            ``baseline`` that covers none of the shard's cells: before any cell runs when
+            no stored run of it has a cell's name or settings (``check_baseline_covers``),
+            else after the shard is stored and published when no cell's config fingerprint
+            and mode match.
         InfrastructureError: the store could not be reached to open the parent run. (Cells
             the store refused later are spooled; ``NightlyResult.spooled`` lists them and
             ``exit_code`` is then 3.)
