@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 
 import numpy as np
 import torch
+
+from parity_tracker.compare.fused import give_up
 
 _STATE: dict = {"fn": None, "built": False}
 
@@ -40,13 +41,7 @@ def _load():
 
 
 def _give_up(exc: BaseException) -> None:
-    _STATE["fn"], _STATE["built"] = None, True
-    warnings.warn(
-        f"parity_tracker: compiled budget scan unavailable ({type(exc).__name__}: {exc}); "
-        "using torch ops (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    give_up(_STATE, "compiled budget scan", "torch ops", exc)
 
 
 def _array(s: torch.Tensor) -> np.ndarray | None:
