@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from parity_tracker.compare.fused import give_up
+from parity_tracker.compare.fused import give_up, kernel_loaded
 
 _STATE: dict = {"fn": None, "built": False}
 
@@ -42,6 +42,19 @@ def _load():
 
 def _give_up(exc: BaseException) -> None:
     give_up(_STATE, "compiled budget scan", "torch ops", exc)
+
+
+def loaded() -> bool:
+    """Whether the scan can run without a new import: loaded, or loadable at once.
+
+    Loadable at once: the comparison's compiled loop (:func:`parity_tracker.compare.fused.
+    kernel_loaded`) has already imported numba, so loading the scan (cached next to the
+    package) costs ≈ 5 ms once per process. Small sides (``budget.SMALL``) use the scan only
+    then: a process that never loads numba never imports it for them.
+    """
+    if not _STATE["built"] and kernel_loaded():
+        _load()
+    return _STATE["fn"] is not None
 
 
 def _array(s: torch.Tensor) -> np.ndarray | None:
