@@ -505,7 +505,7 @@ def budget_compare(
         InputError: when ``k`` (explicit or resolved) is not a finite number ≥ 1, or the twin
             is an :class:`ErrorScan` and no ``reference`` is given.
     """
-    k = (budgets or Budgets()).resolve(tag, k)
+    k = check_k(k) if k is not None else (budgets or Budgets()).resolve(tag)  # resolve's rule
     if isinstance(twin, ErrorScan) and reference is None:
         raise InputError("budget_compare: pass reference= when the twin is given as an ErrorScan")
     base = compare_tensors(twin if reference is None else reference, candidate, mode="equal")
@@ -565,7 +565,10 @@ def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorSc
         floor=floor,
         error_ratio=ratio,
         compared_dtype=dtype,
-        comparison=replace(base, status=status, mode=MODE, message=message, **columns),
+        # dataclasses.replace without the frozen __init__ (27 object.__setattr__): same record
+        comparison=type(base)._fast(
+            {**base.to_dict(), "status": status, "mode": MODE, "message": message, **columns}
+        ),
         message=message,
     )
 
