@@ -18,6 +18,9 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
 - ``compiled`` (function): the comparison's compiled loop (``compare.fused.kernel()``); the
   test is skipped without numba or with ``PARITY_NO_KERNEL`` (tests/test_budget_scan.py has
   its own ``compiled``: the budget's scan).
+- ``night_env`` (function): ``in_tmp_cwd`` plus a fresh ``sqlite_tracking_uri`` as
+  ``$MLFLOW_TRACKING_URI`` and the night tests' matrix (``tests/night_helpers.py``) as
+  ``nightly.toml``; returns ``{"uri", "cwd", "cfg"}``.
 
 Shared helpers (not fixtures) are in ``tests/helpers.py``.
 
@@ -146,6 +149,19 @@ def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return tmp_path
+
+
+@pytest.fixture
+def night_env(in_tmp_cwd: Path, sqlite_tracking_uri: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """A fresh store as ``$MLFLOW_TRACKING_URI`` and ``night_helpers.MATRIX`` written as
+    ``nightly.toml`` in the tmp working directory: ``{"uri", "cwd", "cfg"}``."""
+    from night_helpers import MATRIX
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_tracking_uri)
+    monkeypatch.delenv("PARITY_TEST_PERTURB", raising=False)
+    cfg = in_tmp_cwd / "nightly.toml"
+    cfg.write_text(MATRIX)
+    return {"uri": sqlite_tracking_uri, "cwd": in_tmp_cwd, "cfg": str(cfg)}
 
 
 def _free_port() -> int:

@@ -135,6 +135,9 @@ def log_artifact_files(
 TAG_BASELINE = "parity.baseline_run_id"
 #: Tag of a nightly's parent run: the night it belongs to (all shards of a night share it).
 TAG_NIGHT = "parity.night"
+#: Tag of a nightly's parent run: ``pipeline.matrix.matrix_hash`` of the whole matrix it was cut
+#: from (every shard of one night must carry the same).
+TAG_MATRIX = "parity.matrix_hash"
 
 
 def record_diff(
