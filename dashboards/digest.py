@@ -56,6 +56,10 @@ def render_digest(
         lines += ["", "## Shards that never reported (the night is INCOMPLETE: their cells are "
                   "unknown)", ""]  # fmt: skip
         lines += [f"- shard {s}" for s in result.missing_shards]
+    if result.shard_problems:
+        lines += ["", "## Shard problems (the night is INCOMPLETE: its cells cannot be trusted "
+                  "whole)", ""]  # fmt: skip
+        lines += [f"- {p}" for p in result.shard_problems]
     if result.shard_notes:
         lines += ["", "## Shards", ""] + [f"- {n}" for n in result.shard_notes]
     lines += _section_rows(result.cells, "regression", "Regressions", limit)

@@ -190,7 +190,12 @@ def render_history(
             MLflow reports it, epoch seconds, a ``datetime`` or an ISO string; orders the
             commits), ``tensors_failing`` (int or None), ``output_max_abs_diff`` (float or
             None), ``regression`` (bool: this run regressed against its baseline). Optional:
-            ``url`` (link to the run), ``first_divergence`` (tag str).
+            ``url`` (link to the run), ``first_divergence`` (tag str), ``position`` (int: the
+            commit's place in its configuration's history, ``analysis.history.
+            latest_per_commit``: when each commit was first tested; orders the commits instead
+            of ``start_time``, so a re-run old commit keeps its place), ``passed`` (bool: the
+            run's stored verdict, ``track.RunInfo.passed``; it ranks a configuration failing
+            even with 0 tensors failing; absent: failing tensors decide).
         tag_status: optional rows for the status heatmap: ``{tag, commit, status}`` with a
             comparison status (design.md, "Statuses"), optionally ``fingerprint`` (then one
             heatmap per fingerprint). Only tags failing at some commit are drawn, at most
@@ -202,7 +207,7 @@ def render_history(
         A self-contained HTML page: plotly charts plus plain-HTML tables of the same numbers.
     """
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for run in sorted(runs, key=_time_key):
+    for run in sorted(runs, key=_order_key):
         groups[str(run.get("fingerprint"))].append(run)
     regressions = [r for r in runs if r.get("regression")]
     ordered = sorted(groups.items(), key=lambda kv: _interest(kv[1]))
@@ -239,10 +244,22 @@ def _name(run: Mapping[str, Any]) -> str:
     return f"{run.get('target')} {_settings_label(run.get('settings') or {})}"
 
 
+def _fails(run: Mapping[str, Any]) -> bool:
+    """The run's stored verdict: ``passed`` False (see ``render_history``) is a failing run.
+
+    The verdict (tag ``parity.passed``, ``track.store.stored_passed``) also fails a run whose
+    failing rule compared no tensor, e.g. an output-only rule, with 0 tensors failing. A run
+    given without it falls back to any failing tensor.
+    """
+    passed = run.get("passed")
+    return (run.get("tensors_failing") or 0) > 0 if passed is None else not passed
+
+
 def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
     """Every run of the configuration bitwise equal: zero output error, nothing failing."""
     return all(
         not r.get("regression")
+        and not _fails(r)
         and (r.get("tensors_failing") or 0) == 0
         and (finite(r.get("output_max_abs_diff")) or 0.0) == 0.0
         for r in group
@@ -250,11 +267,11 @@ def _exact(group: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _interest(group: Sequence[Mapping[str, Any]]) -> tuple[int, int, int, str]:
-    """Sort key: regressed configurations first, then failing, then inexact, then exact."""
+    """Sort key: regressed configurations first, then failing (the verdict), inexact, exact."""
     latest = group[-1]
     return (
         0 if any(r.get("regression") for r in group) else 1,
-        0 if (latest.get("tensors_failing") or 0) > 0 else 1,
+        0 if _fails(latest) else 1,
         1 if _exact(group) else 0,
         _name(latest),
     )
@@ -271,6 +288,7 @@ def _overview(
             "runs": len(group),
             "commit": _short_commit(group[-1].get("commit")),
             "failing": group[-1].get("tensors_failing"),
+            "fails": _fails(group[-1]),
             "exact": _exact(group),
             "first_diff": group[0].get("output_max_abs_diff"),
             "latest_diff": group[-1].get("output_max_abs_diff"),
@@ -278,6 +296,13 @@ def _overview(
         }
         for fp, group in ordered
     ]
+
+
+def _order_key(run: Mapping[str, Any]) -> tuple[float, float, str]:
+    """A configuration's commit order: ``position`` when given, else the start time."""
+    pos = run.get("position")
+    given = isinstance(pos, int | float) and not isinstance(pos, bool)
+    return (float(pos) if given else math.inf, *_time_key(run))
 
 
 def _time_key(run: Mapping[str, Any]) -> tuple[float, str]:

@@ -56,3 +56,14 @@ def interrupting(settings: dict[str, str]) -> ParityCase:
 def broken(settings: dict[str, str]) -> ParityCase:
     """A target whose build raises (for the error paths)."""
     raise RuntimeError("weights file missing")
+
+
+def loose(settings: dict[str, str]) -> ParityCase:
+    """No SETTINGS (any setting accepted). The candidate's ``2.weight`` moves by 1e-3 when
+    setting ``a`` holds a comma, or setting ``k`` is listed in $PARITY_TEST_FAIL_K (``1,3``)."""
+    reference, candidate = _model(), _model()
+    failing = os.environ.get("PARITY_TEST_FAIL_K", "").split(",")
+    if "," in settings.get("a", "") or settings.get("k", "-") in failing:
+        with torch.no_grad():
+            candidate[2].weight.add_(1e-3)
+    return ParityCase(reference, candidate, inputs=(torch.linspace(-1, 1, 24).reshape(3, 8),))

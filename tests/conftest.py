@@ -15,6 +15,12 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
   it: use a unique experiment name per test (e.g. from ``request.node.name``).
 - ``in_tmp_cwd`` (function): ``chdir`` into ``tmp_path`` so the embedded default store,
   ``./.parity/spool`` and ``./.parity/cache`` land there.
+- ``compiled`` (function): the comparison's compiled loop (``compare.fused.kernel()``); the
+  test is skipped without numba or with ``PARITY_NO_KERNEL`` (tests/test_budget_scan.py has
+  its own ``compiled``: the budget's scan).
+- ``night_env`` (function): ``in_tmp_cwd`` plus a fresh ``sqlite_tracking_uri`` as
+  ``$MLFLOW_TRACKING_URI`` and the night tests' matrix (``tests/night_helpers.py``) as
+  ``nightly.toml``; returns ``{"uri", "cwd", "cfg"}``.
 
 Shared helpers (not fixtures) are in ``tests/helpers.py``.
 
@@ -126,11 +132,36 @@ def sqlite_tracking_uri(sqlite_template: Path, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def compiled():
+    """The compiled comparison loop, or skip (no numba, or ``PARITY_NO_KERNEL`` set)."""
+    pytest.importorskip("numba")
+    from parity_tracker.compare import fused
+
+    fn = fused.kernel()
+    if fn is None:
+        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
+    return fn
+
+
+@pytest.fixture
 def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run the test with ``tmp_path`` as working directory; returns it."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return tmp_path
+
+
+@pytest.fixture
+def night_env(in_tmp_cwd: Path, sqlite_tracking_uri: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """A fresh store as ``$MLFLOW_TRACKING_URI`` and ``night_helpers.MATRIX`` written as
+    ``nightly.toml`` in the tmp working directory: ``{"uri", "cwd", "cfg"}``."""
+    from night_helpers import MATRIX
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_tracking_uri)
+    monkeypatch.delenv("PARITY_TEST_PERTURB", raising=False)
+    cfg = in_tmp_cwd / "nightly.toml"
+    cfg.write_text(MATRIX)
+    return {"uri": sqlite_tracking_uri, "cwd": in_tmp_cwd, "cfg": str(cfg)}
 
 
 def _free_port() -> int:

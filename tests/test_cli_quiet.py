@@ -88,3 +88,40 @@ def test_filters_drop_only_the_listed_records():
     ours = logging.getLogger("parity_tracker")
     assert ours.filter(_record(ours.name, logging.INFO, "anything"))
     assert not ours.filters
+
+
+#: What ``parity-tracker ui``'s ``mlflow server`` child printed (MLflow 3.17, uvicorn), copied.
+SERVER_NOISE = [
+    "2026/12/01 03:16:33 INFO mlflow.server.jobs.executor_registry: Available backends after "
+    "discovery: local",
+    "2026/12/01 03:16:39 INFO:     Started server process [3920]",
+    "2026/12/01 03:16:39 INFO:     Waiting for application startup.",
+    'INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200 OK',
+    "2026/12/01 03:16:45 INFO:     Shutting down",
+    "Registry store URI not provided. Using backend store URI.",
+]
+SERVER_KEPT = [
+    "2026/12/01 03:16:41 INFO:     Uvicorn running on http://127.0.0.1:35375 (Press CTRL+C to "
+    "quit)",
+    "2026/12/01 03:16:41 WARNING mlflow.server: something a user must see",
+    "ERROR:    [Errno 98] error while attempting to bind on address",
+    "[MLflow] Security middleware enabled with default settings (localhost-only).",
+]
+
+
+def test_ui_server_output_keeps_where_the_ui_is_warnings_and_errors(capsys):
+    from parity_tracker.cli.quiet import server_line_shown
+    from parity_tracker.cli.serve import serve
+
+    assert [line for line in SERVER_NOISE + SERVER_KEPT if server_line_shown(line)] == SERVER_KEPT
+    # through serve(): a child printing them on stdout and stderr; what reaches our stderr
+    script = (
+        "import sys\n"
+        f"for i, line in enumerate({SERVER_NOISE + SERVER_KEPT!r}):\n"
+        "    print(line, file=sys.stderr if i % 2 else sys.stdout, flush=True)\n"
+    )
+    code = serve([sys.executable, "-c", script], host="127.0.0.1", port=1,
+                 keep_line=server_line_shown)  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and out == ""  # our stdout stays ours (ui --json)
+    assert err.splitlines() == SERVER_KEPT

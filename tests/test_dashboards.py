@@ -699,3 +699,34 @@ def test_dashboards_import_only_the_library_records():
                 assert not bad, f"{path.name} imports {name}"
                 seen.add(name)
     assert "parity_tracker.compare.verdict" in seen  # the scan does see imports
+
+
+def test_history_ranks_a_failing_verdict_with_no_failing_tensor_as_failing():
+    # "zzz" fails by its stored verdict (an output-only rule) with 0 tensors failing and 0
+    # output error; "aaa" passes with a small output error. By the verdict zzz ranks first
+    # and is not "bitwise equal"; by names alone (both 0 failing) aaa would come first.
+    runs = [
+        {"fingerprint": fp, "target": name, "settings": {}, "commit": c, "run_id": f"{fp}{c}",
+         "start_time": i, "tensors_failing": 0, "output_max_abs_diff": d, "regression": False,
+         "passed": passed}
+        for fp, name, d, passed in (("fpa", "aaa", 1e-5, True), ("fpz", "zzz", 0.0, False))
+        for i, c in enumerate(("c1", "c2"))
+    ]  # fmt: skip
+    overview = _Doc(render_history(runs)).text("overview")
+    assert overview.index("zzz") < overview.index("aaa")
+    assert "zzz 2 c2 0 (verdict fail)" in overview
+    assert "bitwise equal" not in overview  # neither configuration is exact
+
+
+def test_history_chart_keeps_the_given_commit_order_of_a_re_run_old_commit():
+    # c1 was tested first and re-run last (its newest run, shown, started at 4): positions
+    # (analysis.history.latest_per_commit) keep it first; start times alone would put it last
+    runs = [
+        {"fingerprint": "fp", "target": "a", "settings": {}, "commit": c, "run_id": f"r{c}",
+         "start_time": t, "position": p, "tensors_failing": f, "output_max_abs_diff": d,
+         "regression": False}
+        for c, t, p, f, d in (("c2", 2, 1, 1, 0.5), ("c1", 4, 0, 0, 0.0), ("c3", 3, 2, 1, 0.5))
+    ]  # fmt: skip
+    fig = _Doc(render_history(runs)).figures["history-chart-0"]
+    assert fig["data"][0]["x"] == ["c1", "c2", "c3"]
+    assert fig["data"][1]["y"] == [0, 1, 1]

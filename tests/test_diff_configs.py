@@ -124,3 +124,18 @@ def test_diff_of_one_configuration_has_no_warning_and_markdown_says_no_changes(e
     n = first["summary"]["tensors_compared"]
     assert n == second["summary"]["tensors_compared"] > 0
     assert md.stdout.rstrip().endswith(f"no changes: {n} tensors compared, all statuses identical")
+
+
+def test_diff_of_unchanged_runs_by_prefix_reports_full_ids_real_counts_and_the_line_alone(env):
+    _, first = run_json("--commit", "c1")
+    _, second = run_json("--commit", "c2")
+    base, head = first["run_id"], second["run_id"]
+    n = first["summary"]["tensors_compared"]  # bitwise equal pairs: every tensor unchanged
+    assert n == second["summary"]["tensors_compared"] > 0
+    res = invoke("diff", base[:10], head[:12], "--json")
+    out = json.loads(res.stdout)
+    assert (out["base"], out["head"]) == (base, head)  # resolved, not what was typed
+    assert out["counts"]["unchanged"] == n and out["rows"] == []
+    assert sum(out["counts"].values()) == n
+    md = invoke("diff", base[:10], head[:12], "--format", "markdown")
+    assert md.stdout.strip() == f"no changes: {n} tensors compared, all statuses identical"

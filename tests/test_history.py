@@ -36,10 +36,12 @@ class _Run:
         self.run_id, self.commit, self.start_time = run_id, commit, start_time
 
 
-def test_latest_per_commit_keeps_newest_and_orders_by_time():
+def test_latest_per_commit_keeps_newest_and_orders_by_first_test():
     runs = [_Run("a", "c1", 10), _Run("b", "c2", 20), _Run("c", "c1", 30), _Run("d", "c3", 25)]
     got = latest_per_commit(runs)
-    assert [r.run_id for r in got] == ["b", "d", "c"]  # c1's newest run (30) is the newest
+    # c1 was first tested at 10 (before c2 at 20, c3 at 25): it stays first, shown by its
+    # newest run "c" (30); re-running an old commit does not move it to the end (issue 18)
+    assert [r.run_id for r in got] == ["c", "b", "d"]
 
 
 def _log(client, exp_id, *, commit, t, failing, fingerprint="fp1", tag_status=None, tmp=None):
@@ -97,6 +99,23 @@ def test_history_tag_first_bad_commit(store):
     # --last 2 keeps c4, c5
     last = build_history("toy", tracking_uri=uri, tag="checker_fc1", last=2)
     assert [p.commit for p in last.points] == ["c4", "c5"] and last.first_bad_commit == "c4"
+
+
+@pytest.mark.parametrize("backend", ["sqlite-sql", "mlflow-search"])
+def test_rerunning_an_old_commit_keeps_the_current_failing_streak(store, monkeypatch, backend):
+    client, exp, uri, _ = store
+    # c1 passes, c2 and c3 fail, then c1 is re-run (a bisection check) and still passes:
+    # by first test the commits are c1, c2, c3, so the streak c2..c3 is current
+    for t, (commit, failing) in enumerate([("c1", 0), ("c2", 1), ("c3", 1), ("c1", 0)]):
+        _log(client, exp, commit=commit, t=1000 + t, failing=failing)
+    if backend == "mlflow-search":  # the path every non-SQLite store (the server) takes
+        from parity_tracker.track import store as track_store
+
+        monkeypatch.setattr(track_store, "sqlite_path", lambda _uri: None)
+    hist = build_history("toy", tracking_uri=uri)
+    assert [p.commit for p in hist.points] == ["c1", "c2", "c3"]
+    assert [p.start_time for p in hist.points] == [1003, 1001, 1002]  # c1: its newest run
+    assert hist.first_bad_commit == "c2" and hist.newest_failing is True
 
 
 def test_history_without_tag_uses_metrics_and_follows_one_fingerprint(store):

@@ -12,22 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from night_helpers import CELLS, MATRIX, TINY
 
 from parity_tracker.cli import cli
 from parity_tracker.errors import InputError
-
-TINY = "cli_targets:tiny"
-MATRIX = f'[[matrix]]\ntarget = "{TINY}"\nquantization = ["none", "bf16"]\n'
-CELLS = [f"{TINY}[perturb=none,quantization=none]", f"{TINY}[perturb=none,quantization=bf16]"]
-
-
-@pytest.fixture
-def env(in_tmp_cwd, sqlite_tracking_uri, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_tracking_uri)
-    monkeypatch.delenv("PARITY_TEST_PERTURB", raising=False)
-    cfg = in_tmp_cwd / "nightly.toml"
-    cfg.write_text(MATRIX)
-    return {"uri": sqlite_tracking_uri, "cwd": in_tmp_cwd, "cfg": str(cfg)}
 
 
 def invoke(*args, perturb=False):
@@ -41,21 +29,22 @@ def shard(env, i, commit, *extra, perturb=False):
     return res.exit_code, json.loads(res.stdout)
 
 
-def test_default_night_id_is_date_commit_matrix_hash(env):
+def test_default_night_id_is_date_commit_matrix_hash(night_env):
     from parity_tracker.pipeline.night import default_night_id
 
     day = dt.date(2026, 11, 30)
     digest = hashlib.sha256(MATRIX.encode()).hexdigest()[:8]
     assert (
-        default_night_id("0123456789abcdef", env["cfg"], day) == f"20261130-0123456789ab-{digest}"
+        default_night_id("0123456789abcdef", night_env["cfg"], day)
+        == f"20261130-0123456789ab-{digest}"
     )
     # without a commit: unique per night (a random suffix), see test_night_shards
-    assert default_night_id(None, env["cfg"], day).startswith(f"20261130-nocommit-{digest}-")
+    assert default_night_id(None, night_env["cfg"], day).startswith(f"20261130-nocommit-{digest}-")
 
 
-def test_two_nights_of_two_shards_merge_with_per_cell_baselines(env):
-    _, a1 = shard(env, 1, "a" * 40, "--night", "n1")
-    _, a2 = shard(env, 2, "a" * 40, "--night", "n1")
+def test_two_nights_of_two_shards_merge_with_per_cell_baselines(night_env):
+    _, a1 = shard(night_env, 1, "a" * 40, "--night", "n1")
+    _, a2 = shard(night_env, 2, "a" * 40, "--night", "n1")
     assert [c["cell"] for c in a1["cells"] + a2["cells"]] == CELLS
     res = invoke("nightly-merge", "--night", "n1", "--json")
     first = json.loads(res.stdout)
@@ -67,8 +56,8 @@ def test_two_nights_of_two_shards_merge_with_per_cell_baselines(env):
         assert f"- {name}" in first["digest"]
 
     # night 2, shards swapped around: the baseline is still found per cell
-    shard(env, 2, "b" * 40, "--night", "n2", perturb=True)
-    shard(env, 1, "b" * 40, "--night", "n2", perturb=True)
+    shard(night_env, 2, "b" * 40, "--night", "n2", perturb=True)
+    shard(night_env, 1, "b" * 40, "--night", "n2", perturb=True)
     res = invoke("nightly-merge", "--night", "n2", "--json")
     second = json.loads(res.stdout)
     assert res.exit_code == 1 and second["regressions"] > 0  # --fail-on regression
@@ -80,12 +69,12 @@ def test_two_nights_of_two_shards_merge_with_per_cell_baselines(env):
     assert missing.exit_code == 2 and "n9" in missing.output
 
 
-def test_merge_names_a_planned_cell_missing_from_the_store(env):
+def test_merge_names_a_planned_cell_missing_from_the_store(night_env):
     from parity_tracker.track.store import get_client
 
-    shard(env, 1, "c" * 40, "--night", "n3")
-    _, s2 = shard(env, 2, "c" * 40, "--night", "n3")
-    get_client(env["uri"]).delete_run(s2["cells"][0]["run_id"])  # as if it had been spooled
+    shard(night_env, 1, "c" * 40, "--night", "n3")
+    _, s2 = shard(night_env, 2, "c" * 40, "--night", "n3")
+    get_client(night_env["uri"]).delete_run(s2["cells"][0]["run_id"])  # as if it had been spooled
     res = invoke("nightly-merge", "--night", "n3", "--json")
     out = json.loads(res.stdout)
     assert res.exit_code == 1
@@ -93,22 +82,22 @@ def test_merge_names_a_planned_cell_missing_from_the_store(env):
     assert lost["cell"] == CELLS[1] and "not in the store" in lost["error"]
 
 
-def test_explicit_baseline_covering_no_cell_exits_2(env):
-    _, s1 = shard(env, 1, "d" * 40)
-    res = invoke("nightly", "--config", env["cfg"], "--shard", "2/2", "--commit", "e" * 40,
+def test_explicit_baseline_covering_no_cell_exits_2(night_env):
+    _, s1 = shard(night_env, 1, "d" * 40)
+    res = invoke("nightly", "--config", night_env["cfg"], "--shard", "2/2", "--commit", "e" * 40,
                  "--baseline", s1["parent_run_id"])  # fmt: skip
     assert res.exit_code == 2
     assert s1["parent_run_id"] in res.output and "covers none" in res.output
 
 
-def test_nightly_without_commit_exits_2_unless_allowed(env):
-    res = invoke("nightly", "--config", env["cfg"], "--shard", "1/2")
+def test_nightly_without_commit_exits_2_unless_allowed(night_env):
+    res = invoke("nightly", "--config", night_env["cfg"], "--shard", "1/2")
     assert res.exit_code == 2 and "--allow-no-commit" in res.output
-    ok = invoke("nightly", "--config", env["cfg"], "--shard", "1/2", "--allow-no-commit")
+    ok = invoke("nightly", "--config", night_env["cfg"], "--shard", "1/2", "--allow-no-commit")
     assert ok.exit_code == 0
 
 
-def test_history_never_marks_a_missing_commit_first_bad(env):
+def test_history_never_marks_a_missing_commit_first_bad(night_env):
     from parity_tracker.analysis.history import build_history
 
     for perturb in (False, True):  # outside a git checkout: no commit recorded
@@ -120,7 +109,7 @@ def test_history_never_marks_a_missing_commit_first_bad(env):
     assert "first bad" not in res.output.replace("first bad commit:", "")
 
 
-def test_run_ids_by_unique_prefix_everywhere_and_ambiguous_exits_2(env):
+def test_run_ids_by_unique_prefix_everywhere_and_ambiguous_exits_2(night_env):
     from parity_tracker.track.query import RunStore
     from parity_tracker.track.store import get_client
 
@@ -128,19 +117,19 @@ def test_run_ids_by_unique_prefix_everywhere_and_ambiguous_exits_2(env):
     head = json.loads(invoke("run", TINY, "--json", perturb=True).stdout)["run_id"]
     res = invoke("diff", base[:12], head[:12], "--format", "json")
     assert res.exit_code == 1 and json.loads(res.stdout)["counts"]["regression"] > 0
-    out = env["cwd"] / "r.html"
+    out = night_env["cwd"] / "r.html"
     assert invoke("report", head[:8], "-o", str(out)).exit_code == 0 and out.is_file()
     # two runs sharing a first digit exist among 17 (pigeonhole over 16 hex digits)
-    client = get_client(env["uri"])
+    client = get_client(night_env["uri"])
     exp = client.get_experiment_by_name("parity").experiment_id
     ids = [base, head] + [client.create_run(exp).info.run_id for _ in range(15)]
     first = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
     res = invoke("diff", first, head)
     assert res.exit_code == 2 and "ambiguous" in res.output
     assert sum(i in res.output for i in ids if i.startswith(first)) >= 2
-    assert RunStore(env["uri"]).resolve_run_id(head[:10].upper()) == head
+    assert RunStore(night_env["uri"]).resolve_run_id(head[:10].upper()) == head
     with pytest.raises(InputError, match="malformed"):
-        RunStore(env["uri"]).resolve_run_id("x'")
+        RunStore(night_env["uri"]).resolve_run_id("x'")
 
 
 def test_retry_rides_out_transient_faults_within_the_window(monkeypatch):

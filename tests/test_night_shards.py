@@ -10,23 +10,10 @@ import datetime as dt
 import json
 from types import SimpleNamespace
 
-import pytest
 from click.testing import CliRunner
+from night_helpers import CELLS
 
 from parity_tracker.cli import cli
-
-TINY = "cli_targets:tiny"
-MATRIX = f'[[matrix]]\ntarget = "{TINY}"\nquantization = ["none", "bf16"]\n'
-CELLS = [f"{TINY}[perturb=none,quantization=none]", f"{TINY}[perturb=none,quantization=bf16]"]
-
-
-@pytest.fixture
-def env(in_tmp_cwd, sqlite_tracking_uri, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_tracking_uri)
-    monkeypatch.delenv("PARITY_TEST_PERTURB", raising=False)
-    cfg = in_tmp_cwd / "nightly.toml"
-    cfg.write_text(MATRIX)
-    return {"uri": sqlite_tracking_uri, "cfg": str(cfg)}
 
 
 def invoke(*args):
@@ -41,8 +28,8 @@ def shard(env, spec, night):
     return json.loads(res.stdout)
 
 
-def test_a_night_whose_shard_2_never_reported_fails_and_names_it(env):
-    shard(env, "1/2", "nx")  # shard 2/2 (the bf16 cell) never runs
+def test_a_night_whose_shard_2_never_reported_fails_and_names_it(night_env):
+    shard(night_env, "1/2", "nx")  # shard 2/2 (the bf16 cell) never runs
     res = invoke("nightly-merge", "--night", "nx", "--json")
     out = json.loads(res.stdout)
     assert res.exit_code == 1
@@ -57,10 +44,10 @@ def test_a_night_whose_shard_2_never_reported_fails_and_names_it(env):
     assert plain.exit_code == 1 and "shard 2/2 never reported" in plain.output
 
 
-def test_a_retried_shard_counts_once_its_latest_completed_run(env):
-    first = shard(env, "1/2", "nr")
-    second = shard(env, "1/2", "nr")  # the CI job of shard 1 was retried
-    other = shard(env, "2/2", "nr")
+def test_a_retried_shard_counts_once_its_latest_completed_run(night_env):
+    first = shard(night_env, "1/2", "nr")
+    second = shard(night_env, "1/2", "nr")  # the CI job of shard 1 was retried
+    other = shard(night_env, "2/2", "nr")
     res = invoke("nightly-merge", "--night", "nr", "--json")
     out = json.loads(res.stdout)
     assert res.exit_code == 0 and out["missing_shards"] == [] and out["complete"] is True
@@ -73,8 +60,9 @@ def test_a_retried_shard_counts_once_its_latest_completed_run(env):
     assert second["parent_run_id"] in note and first["parent_run_id"] in note
 
 
-def _parent(run_id, spec, status="FINISHED", start=0):
-    return SimpleNamespace(run_id=run_id, params={"shard": spec}, status=status, start_time=start)
+def _parent(run_id, spec, status="FINISHED", start=0, matrix="m1"):
+    return SimpleNamespace(run_id=run_id, params={"shard": spec}, status=status, start_time=start,
+                           tags={"parity.matrix_hash": matrix})  # fmt: skip
 
 
 def test_pick_shards_by_hand():
@@ -83,21 +71,31 @@ def test_pick_shards_by_hand():
     a1 = _parent("a1", "1/3", start=1)
     a1_retry_failed = _parent("a1b", "1/3", status="FAILED", start=5)
     a3 = _parent("a3", "3/3", start=2)
-    chosen, missing, notes = pick_shards([a1_retry_failed, a3, a1])
-    assert [p.run_id for p in chosen] == ["a1", "a3"]  # the completed one beats a newer failure
-    assert missing == ["2/3"]
-    assert len(notes) == 1 and "used run a1" in notes[0] and "ignored a1b" in notes[0]
-    # shards that disagree on N are checked against the largest N
-    chosen, missing, notes = pick_shards([_parent("b1", "1/2"), _parent("b2", "2/4")])
-    assert missing == ["3/4", "4/4"] and "disagree" in notes[0]
-    assert pick_shards([_parent("c", "1/1")])[1:] == ([], [])
+    pick = pick_shards([a1_retry_failed, a3, a1])
+    assert [p.run_id for p in pick.chosen] == ["a1", "a3"]  # completed beats a newer failure
+    assert pick.missing == ["2/3"] and pick.problems == []
+    assert (
+        len(pick.notes) == 1 and "used run a1" in pick.notes[0] and "ignored a1b" in pick.notes[0]
+    )
+    # shards that disagree on N: each split checked, both shards kept, the night has a problem
+    pick = pick_shards([_parent("b1", "1/2"), _parent("b2", "2/4")])
+    assert [p.run_id for p in pick.chosen] == ["b1", "b2"]
+    assert pick.missing == ["2/2", "1/4", "3/4", "4/4"]
+    (problem,) = pick.problems
+    assert "disagree on the shard count" in problem and "b1" in problem and "b2" in problem
+    one = pick_shards([_parent("c", "1/1")])
+    assert (one.missing, one.notes, one.problems) == ([], [], [])
+    (killed,) = pick_shards([_parent("k", "1/1", status="KILLED")]).problems
+    assert "1/1 (run k) is KILLED" in killed
+    (other,) = pick_shards([_parent("m1", "1/2"), _parent("m2", "2/2", matrix="m2")]).problems
+    assert "different matrices" in other and "m1: shard 1/2 (run m1)" in other
 
 
-def test_default_night_ids_without_a_commit_are_unique_per_night(env):
+def test_default_night_ids_without_a_commit_are_unique_per_night(night_env):
     from parity_tracker.pipeline.night import default_night_id
 
     day = dt.date(2026, 11, 30)
-    ids = {default_night_id(None, env["cfg"], day) for _ in range(20)}
+    ids = {default_night_id(None, night_env["cfg"], day) for _ in range(20)}
     assert len(ids) == 20 and all(i.startswith("20261130-nocommit-") for i in ids)
-    same = {default_night_id("f" * 40, env["cfg"], day) for _ in range(3)}
+    same = {default_night_id("f" * 40, night_env["cfg"], day) for _ in range(3)}
     assert len(same) == 1

@@ -39,8 +39,7 @@ def test_matrix_expands_axes_fills_defaults_and_dedupes(tmp_path):
         "m.toml",
         f'[[matrix]]\ntarget = "{TINY}"\nperturb = ["none", "fc2"]\n'
         'quantization = ["none", "bf16"]\n'
-        f'[[matrix]]\ntarget = "{TINY}"\nops = true\n'
-        f'[[matrix]]\ntarget = "{TINY}"\nquantization = "bf16"\n',  # a duplicate of cell 3
+        f'[[matrix]]\ntarget = "{TINY}"\nquantization = "bf16"\n',  # a duplicate of cell 2
     )
     cells = load_matrix(cfg)
     names = [c.name for c in cells]
@@ -49,9 +48,11 @@ def test_matrix_expands_axes_fills_defaults_and_dedupes(tmp_path):
         f"{TINY}[perturb=none,quantization=bf16]",
         f"{TINY}[perturb=fc2,quantization=none]",
         f"{TINY}[perturb=fc2,quantization=bf16]",
-        f"{TINY}[perturb=none,quantization=none]",  # same settings but ops=true: another cell
     ]
-    assert cells[-1].ops is True and cells[0].ops is False
+    # same settings but ops=true: one name for two cells, a merge could not tell them apart
+    cfg.write_text(cfg.read_text() + f'[[matrix]]\ntarget = "{TINY}"\nops = true\n')
+    with pytest.raises(InputError, match=r"#3: cell .*perturb=none,quantization=none.* of .*#1"):
+        load_matrix(cfg)
 
 
 def test_matrix_cell_options_tolerance_and_dump_mode(tmp_path):

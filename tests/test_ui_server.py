@@ -191,6 +191,12 @@ def test_ui_stops_its_server_and_frees_the_port(sig, sqlite_tracking_uri, tmp_pa
         assert _port_free(port), "the port is still held after ui exited"
         assert code == 128 + sig
         assert took < 10
+        # the server's INFO chatter is filtered (cli.quiet): only where the UI is stays
+        text = log.read_text()
+        assert f"Uvicorn running on http://127.0.0.1:{port}" in text
+        assert [
+            ln for ln in text.splitlines() if "INFO" in ln and "Uvicorn running" not in ln
+        ] == []
     finally:
         if proc.poll() is None:  # let ui stop its server, then make sure
             proc.send_signal(signal.SIGTERM)

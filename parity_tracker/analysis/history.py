@@ -77,13 +77,23 @@ def _modules_tables(run_ids: Sequence[str], tracking_uri: str | None) -> list[An
 
 
 def latest_per_commit(runs: Sequence[Any]) -> list[Any]:
-    """The newest run of each commit, ordered oldest commit first (by that run's start time)."""
+    """The newest run of each commit, ordered by when each commit was FIRST tested.
+
+    A commit's place in history is the start time of its earliest run (ties: its commit key),
+    so re-running an old commit (a bisection check, a retried cell) shows that commit's newest
+    run in its original place instead of moving it to the end and hiding the current failing
+    streak (issue 18). Runs without a commit are each their own point, placed by their own
+    start time. ``runs`` must hold every run of the commits (both ``RunStore.heads`` backends,
+    SQLite and server, return every matching run), in any order.
+    """
     newest: dict[str, Any] = {}
+    first: dict[str, int] = {}
     for run in runs:
         key = run.commit or f"(no commit) {run.run_id}"
         if key not in newest or run.start_time > newest[key].start_time:
             newest[key] = run
-    return sorted(newest.values(), key=lambda r: r.start_time)
+        first[key] = min(first.get(key, run.start_time), run.start_time)
+    return [newest[key] for key in sorted(newest, key=lambda k: (first[k], k))]
 
 
 def first_bad(failing: Sequence[bool | None]) -> int | None:

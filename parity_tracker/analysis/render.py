@@ -67,19 +67,20 @@ def to_markdown(diff: pa.Table, *, limit: int = 50, differences: Sequence[str] =
 
     Args:
         diff: the whole diff table (``RunDiff.table``, unchanged rows included: when no row
-            changed, :func:`no_changes_line` counts them under the header).
+            changed, the text is :func:`no_changes_line` alone, which counts them).
         limit: the most rows shown.
         differences: ``RunDiff.config_differences``; when any, a warning quote comes first.
     """
     rows = interesting(diff)
     shown = rows.slice(0, limit).to_pylist()
-    text = markdown_table(_SHOWN, ([row.get(c) for c in _SHOWN] for row in shown))
+    if rows.num_rows == 0:  # the line alone: an empty table says nothing
+        text = no_changes_line(diff)
+    else:
+        text = markdown_table(_SHOWN, ([row.get(c) for c in _SHOWN] for row in shown))
     if differences:
         text = f"> **warning**: {config_warning(differences)}\n\n{text}"
     if rows.num_rows > limit:
         text += f"\n\n… and {rows.num_rows - limit} more"
-    if rows.num_rows == 0:
-        text += f"\n\n{no_changes_line(diff)}"
     return text
 
 
@@ -115,6 +116,10 @@ def config_warning(differences: Sequence[str]) -> str:
 
 
 def to_json(diff: pa.Table, **extra: Any) -> str:
-    """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``."""
+    """JSON: ``{"counts": {...}, "rows": [non-unchanged rows], **extra}``.
+
+    ``diff`` is the whole diff table (unchanged rows included), so ``counts.unchanged`` is
+    their real number.
+    """
     payload = {"counts": count_changes(diff), "rows": interesting(diff).to_pylist(), **extra}
     return jsonio.dumps(payload, default=str)

@@ -95,12 +95,13 @@ def diff(
         store=RunStore(tracking_uri, experiment),
     )
     shown = result.rows(include_unchanged=show_all)
+    base, head = result.base_id or base, result.head_id or head  # full ids, not the prefixes
     differs = list(result.config_differences)
     if differs:  # exit codes unchanged: the warning is information, not a verdict
         click.echo(f"warning: {R.config_warning(differs)}", err=True)
     if as_json or fmt == "json":
-        click.echo(
-            R.to_json(shown, base=base, head=head, config_differences=differs)
+        click.echo(  # counts from the whole table: unchanged rows counted, not shown
+            R.to_json(result.table, base=base, head=head, config_differences=differs)
             if not show_all
             else jsonio.dumps(
                 {

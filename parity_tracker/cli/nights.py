@@ -34,6 +34,8 @@ def nightly_output(
             "or `parity-tracker sync` its spool, then merge again)",
             err=True,
         )
+    for problem in result.shard_problems:
+        click.echo(f"night incomplete: {problem}", err=True)
     if result.spooled:
         click.echo(
             "tracking store unreachable for some cells; spooled to "

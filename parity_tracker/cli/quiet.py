@@ -13,6 +13,14 @@ messages listed here, never our own warnings or errors, never a library's other 
 - diffusers warns on ``model.to(dtype)`` that modules "should be kept in float32: []" even
   when that list is empty (nothing to keep); with a non-empty list the warning still shows.
 
+- ``parity-tracker ui``'s server child (``mlflow server``: uvicorn and MLflow's job executor)
+  logs text lines in another process, so they pass :func:`server_line_shown` instead (the
+  ``cli.serve.serve`` pump): its INFO lines (uvicorn's start-up and shutdown steps, one per
+  HTTP request; MLflow's executor discovery) and MLflow's "Registry store URI not provided"
+  notice (printed on stdout, where it broke ``ui --json``) are dropped; uvicorn's "Uvicorn
+  running on http://..." line, which says where the UI is, and every warning and error are
+  kept.
+
 Filters, not levels, for loggers another library configures: ``logging.config.dictConfig``
 (MLflow's, on import) resets the level of an existing child logger but keeps its filters.
 """
@@ -31,6 +39,21 @@ HARMLESS = (
     ("diffusers.models.modeling_utils", r"There are modules in \w+ that should be kept in "
      r"float32: \[\]\."),
 )  # fmt: skip
+
+
+#: Lines of ``ui``'s server child that are dropped: INFO lines (uvicorn's ``INFO:     ...``,
+#: MLflow's ``2026/12/01 03:16:33 INFO mlflow.server...``, with or without MLflow's date
+#: prefix), and MLflow's registry notice.
+SERVER_QUIET = re.compile(
+    r"^(?:\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2} )?INFO\b|^Registry store URI not provided\."
+)
+#: The one INFO line of the server that is kept: uvicorn saying where the UI is served.
+SERVER_KEEP = re.compile(r"Uvicorn running on https?://")
+
+
+def server_line_shown(line: str) -> bool:
+    """Whether a line the ``ui`` server child printed is shown (module docstring)."""
+    return bool(SERVER_KEEP.search(line)) or not SERVER_QUIET.match(line)
 
 
 class _DropRecords(logging.Filter):

@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 #: Seconds the server group gets to exit after a forwarded signal before SIGKILL.
 STOP_GRACE_S = 5.0
@@ -122,6 +123,17 @@ def _stop(proc: subprocess.Popen, host: str, port: int) -> None:
         wait_port_free(host, port, PORT_FREE_WAIT_S / 2)
 
 
+def _pump(stream: IO[bytes], keep: Callable[[str], bool], out: IO[str]) -> None:
+    """Copy ``stream``'s lines that ``keep`` accepts to ``out``, until end of file."""
+    with contextlib.suppress(OSError, ValueError):  # ``out`` closed: the CLI is ending
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            if keep(line.rstrip("\r\n")):
+                out.write(line)
+                out.flush()
+    stream.close()
+
+
 def serve(
     command: list[str],
     *,
@@ -129,6 +141,7 @@ def serve(
     port: int,
     env: dict[str, str] | None = None,
     on_ready: Callable[[], None] | None = None,
+    keep_line: Callable[[str], bool] | None = None,
 ) -> int:
     """Run the server ``command`` until it exits or this process gets SIGTERM / SIGINT.
 
@@ -138,12 +151,21 @@ def serve(
         port: its port.
         env: its environment (default: this process's).
         on_ready: called once ``/health`` answers (e.g. to open a browser), in a thread.
+        keep_line: when given, the server's stdout and stderr lines pass through it (a thread)
+            and those it accepts go to this process's stderr (``quiet.server_line_shown``;
+            stdout stays ours, e.g. for ``--json``); None: the server writes to ours directly.
 
     Returns:
         The exit code: the server's own when it stopped by itself, else 128 + the signal
         number (130 for SIGINT, 143 for SIGTERM), after the port is free again.
     """
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    piped = {} if keep_line is None else {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    proc = subprocess.Popen(command, env=env, start_new_session=True, **piped)
+    pump = None
+    if keep_line is not None:
+        pump = threading.Thread(target=_pump, args=(proc.stdout, keep_line, sys.stderr),
+                                daemon=True)  # fmt: skip
+        pump.start()
     forward = _Forwarder(proc.pid)
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -160,4 +182,6 @@ def serve(
             _killpg(proc.pid, signal.SIGTERM)
         if proc.poll() is None or forward.received:
             _stop(proc, host, port)
+        if pump is not None:  # the server's last lines (its group is gone: end of file)
+            pump.join(timeout=2.0)
     return 128 + forward.received[0] if forward.received else int(code)

@@ -98,6 +98,7 @@ def ui(
 
     SIGTERM / SIGINT stop the server too; the command exits once the port is free.
     """
+    from parity_tracker.cli.quiet import server_line_shown
     from parity_tracker.cli.serve import MODE_HINT, serve
     from parity_tracker.track.store import get_client, resolve_tracking_uri
 
@@ -131,4 +132,5 @@ def ui(
             webbrowser.open(urls["open"])
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    ctx.exit(serve(command, host=host, port=port, env=env, on_ready=on_ready))
+    ctx.exit(serve(command, host=host, port=port, env=env, on_ready=on_ready,
+                   keep_line=server_line_shown))  # fmt: skip

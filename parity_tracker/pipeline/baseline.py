@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from parity_tracker.errors import InputError
 from parity_tracker.run.mode import baseline_params
 
 
@@ -67,17 +68,81 @@ def baseline_modules(
     return baseline, store.modules_tables([baseline])[0]
 
 
-def resolve_baseline_runs(baseline: str, store: Any) -> dict[str, str] | None:
+def resolve_baseline_runs(
+    baseline: str, store: Any, cells: Sequence[Any] = ()
+) -> dict[str, str] | None:
     """The runs an explicit ``--baseline RUN_ID`` means, as ``{baseline key: run id}``.
 
     Keys are ``run.mode.baseline_key`` (fingerprint and mode): a cell is paired with the run of
     its own key only.
 
-    A nightly parent run gives its children; a parity run gives itself
-    (``track.RunStore.baseline_runs``). ``auto`` gives None.
+    A parity run gives itself, a shard's parent run its cells, a night's merged parent run
+    the cells of every shard it lists (``track.RunStore.baseline_infos``). ``auto`` gives
+    None. Checked before any cell runs (:func:`check_baseline_covers`), so a bad baseline
+    costs nothing.
+
+    Args:
+        baseline: ``auto`` or a run id (any unique prefix).
+        store: a ``track.RunStore``.
+        cells: the shard's cells (``pipeline.matrix.Cell``); none: not checked.
 
     Raises:
-        InputError: no run ``RUN_ID`` in the store (names it).
+        InputError: no run ``RUN_ID`` in the store (names it), or it covers none of ``cells``.
         InfrastructureError: the store could not be reached.
     """
-    return None if baseline == "auto" else store.baseline_runs(baseline)
+    from parity_tracker.track.query import baseline_map
+
+    if baseline == "auto":
+        return None
+    infos = store.baseline_infos(baseline)
+    check_baseline_covers(baseline, infos, cells)
+    return baseline_map(infos)
+
+
+def _covers(run: Any, cell: Any) -> bool:
+    """Whether stored ``run`` is of ``cell``'s configuration, judged before the cell runs.
+
+    The nightly names each cell's run after the cell (``Cell.name``); a run logged otherwise
+    matches when its params hold the cell's target and every setting of the cell. (The exact
+    pairing, by config fingerprint and mode, is made once the cell ran.)
+    """
+    from parity_tracker.track.store import param_key
+
+    if run.tags.get("mlflow.runName") == cell.name:
+        return True
+    params = run.params
+    return params.get("target") == cell.target and all(
+        params.get(param_key(k)) == str(v) for k, v in cell.settings
+    )
+
+
+def check_baseline_covers(baseline: str, runs: Sequence[Any], cells: Sequence[Any]) -> None:
+    """Refuse an explicit baseline that covers none of ``cells``, before any of them runs.
+
+    Args:
+        baseline: the ``--baseline`` value, for the message.
+        runs: the stored runs it stands for (``track.RunInfo``).
+        cells: the shard's cells; none: nothing to check.
+
+    Raises:
+        InputError: ``runs`` is empty (a run that is neither a parity run nor a parent of
+            any), or none of them is of any cell's configuration (:func:`_covers`); names a
+            few of its runs and the fix.
+    """
+    if not cells:
+        return
+    fix = ("--baseline auto, a cell run of the same configuration, or the parent run of a "
+           "night or shard that ran these cells")  # fmt: skip
+    if not runs:
+        raise InputError(
+            f"--baseline {baseline} stands for no stored parity run (not a parity run, nor a "
+            f"nightly or night parent with stored cells); use {fix}"
+        )
+    if any(_covers(run, cell) for cell in cells for run in runs):
+        return
+    names = [r.tags.get("mlflow.runName") or r.run_id for r in runs]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise InputError(
+        f"--baseline {baseline} covers none of this shard's {len(cells)} cells (e.g. "
+        f"{cells[0].name}): its {len(runs)} run(s) are {shown}; nothing was run. Use {fix}"
+    )

@@ -9,7 +9,9 @@ Format (also documented at the top of ``pipelines/nightly.toml``)::
     # rtol = 1e-3, atol = 1e-5 (both or neither), dump_mode = "NOT_EQUAL"
 
 Each ``[[matrix]]`` entry expands to the cartesian product of its axes (``pipeline.matrix``);
-settings it does not name take the target's default. Duplicate cells are run once.
+settings it does not name take the target's default. Duplicate cells are run once; two cells
+with one identity (target and settings, ``Cell.identity``) but other options (``mode``,
+``rtol``, ...) or another settings order are refused: a merge could not tell their runs apart.
 
 The file is validated against a declared pydantic schema (:class:`MatrixFile`,
 https://docs.pydantic.dev): every wrong type or unknown top-level key is refused with the key,
@@ -159,7 +161,7 @@ def load_matrix(path: str | Path, *, max_cells: int = MAX_CELLS) -> list[Cell]:
         InputError: the file is invalid (``read_matrix_file``), expands to more than
             ``max_cells`` cells, or an entry names an unknown target or a setting value the
             target does not allow (names the file, the entry's 1-based index, and the allowed
-            values).
+            values); two different cells share one identity (names both).
     """
     data = read_matrix_file(path)
     counts = [entry.cell_count() for entry in data.matrix]
@@ -170,9 +172,17 @@ def load_matrix(path: str | Path, *, max_cells: int = MAX_CELLS) -> list[Cell]:
             "--max-cells"
         )
     cells: dict[Cell, None] = {}
+    seen: dict[str, tuple[Cell, str]] = {}
     for i, entry in enumerate(data.matrix, start=1):
         where = f"{path} [[matrix]] #{i}"
         options = entry.model_dump(include=set(OPTION_KEYS) - {"target"})
         for cell in expand(entry.target, entry.axes(), where=where, **options):
+            first, at = seen.setdefault(cell.identity, (cell, where))
+            if first != cell:
+                raise InputError(
+                    f"{where}: cell {cell.name} is the same target and settings as cell "
+                    f"{first.name} of {at} (other options or settings order); a merge cannot "
+                    "tell their runs apart: keep one of them"
+                )
             cells.setdefault(cell, None)
     return list(cells)

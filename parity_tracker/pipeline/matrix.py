@@ -1,15 +1,25 @@
-"""The nightly matrix: cells (a target with complete settings) and shards of them.
+r"""The nightly matrix: cells (a target with complete settings) and shards of them.
 
 A ``[[matrix]]`` entry of the matrix file (``pipeline.config``) expands to the cartesian product
 of its setting axes (:func:`expand`); settings it does not name take the target's default.
 Shards split the cells deterministically (:func:`shard_cells`).
+
+A cell's identity is its target and its settings as a set (:attr:`Cell.identity`); its name
+(:attr:`Cell.name`, the MLflow run name a merge finds it by) quotes any part holding
+``, = [ ] " \``, so two distinct cells never share a name. :func:`matrix_hash` fingerprints the
+resolved cell list, so a merge can tell shards of different matrices apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import xxhash
 
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.targets import resolve_target
@@ -18,6 +28,13 @@ from parity_tracker.pipeline.targets import resolve_target
 #: cell is enough to start from, and keeps a nightly's artifacts small (``NOT_EQUAL`` on a
 #: bf16 VAE writes ~200 MB per run).
 DEFAULT_DUMP_MODE = "FIRST_NOT_EQUAL"
+#: Characters that make a part of a cell name be written as a JSON string (``"1,b=2"``).
+_SPECIAL = re.compile(r'[,=\[\]"\\]')
+
+
+def _part(text: str) -> str:
+    """``text`` as is, or JSON-quoted when it holds a separator of a cell name."""
+    return json.dumps(text, ensure_ascii=False) if _SPECIAL.search(text) else text
 
 
 @dataclass(frozen=True)
@@ -45,8 +62,23 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """``digits-cnn[quantization=int8,memory_format=contiguous]``."""
-        return f"{self.target}[{','.join(f'{k}={v}' for k, v in self.settings)}]"
+        r"""``digits-cnn[quantization=int8,memory_format=contiguous]``, one name per cell.
+
+        A target, key or value holding ``, = [ ] " \`` is written as a JSON string
+        (``t[a="1,b=2"]`` vs ``t[a=1,b=2]``): unquoted parts hold none of them and quoted ones
+        end where the JSON string ends, so a name reads back one way only.
+        """
+        items = ",".join(f"{_part(str(k))}={_part(str(v))}" for k, v in self.settings)
+        return f"{_part(self.target)}[{items}]"
+
+    @property
+    def identity(self) -> str:
+        """The cell's identity: canonical JSON of ``[target, [[key, value], ...] sorted]``.
+
+        Two cells with one identity are the same configuration whatever their settings' order
+        or options; the nightly merge keys cells by it.
+        """
+        return json.dumps([self.target, sorted(self.settings)], ensure_ascii=False)
 
 
 def expand(
@@ -75,6 +107,18 @@ def expand(
         ]
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from exc
+
+
+def matrix_hash(cells: Sequence[Cell]) -> str:
+    """16 hex digits of ``xxhash.xxh3_64`` over the resolved cell list, in matrix order.
+
+    Canonical JSON (sorted keys, ``ensure_ascii``) of every field of every cell (target,
+    settings as ``[key, value]`` pairs, mode, ops, rtol, atol, dump_mode): the same on every
+    machine for the same matrix, whatever the file's formatting. Tagged on each shard's parent
+    (``track.parents.TAG_MATRIX``); a merge refuses shards whose hashes differ.
+    """
+    doc = [dataclasses.asdict(c) for c in cells]
+    return xxhash.xxh3_64_hexdigest(json.dumps(doc, sort_keys=True).encode("utf-8"))
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:

@@ -16,6 +16,10 @@ hold (spooled, or the shard died) are listed as errors, so the night cannot pass
 A shard that never reported at all (no parent run for index ``I`` of ``1..N``) has no
 ``cells.json`` to name its cells: the merge names the shard (``NightlyResult.missing_shards``)
 and the night is incomplete, never PASS. A shard reported twice counts once (``pick_shards``).
+Shards are grouped by ``(I, N)``: shards disagreeing on ``N``, shards of different matrices
+(tag ``parity.matrix_hash``, ``matrix.matrix_hash``) and a shard parent not FINISHED are
+``NightlyResult.shard_problems``: the night is incomplete, named in the digest and JSON. Cells
+are matched by ``Cell.name``, one name per cell (``Cell.identity``: target and settings).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import hashlib
 import json
 import re
 import uuid
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +42,7 @@ from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
 from parity_tracker.run.mode import baseline_params
-from parity_tracker.track.nights import KIND_NIGHT
-from parity_tracker.track.parents import TAG_NIGHT
+from parity_tracker.track.parents import KIND_NIGHT, TAG_KIND, TAG_MATRIX, TAG_NIGHT, TAG_SHARD_RUNS
 
 #: The artifact of a shard's parent run listing the cells it planned (``[{target, settings}]``).
 CELLS_FILE = "cells.json"
@@ -80,45 +85,95 @@ def cells_json(cells: Sequence[Cell]) -> str:
     return json.dumps([{"target": c.target, "settings": dict(c.settings)} for c in cells])
 
 
-def pick_shards(parents: Sequence[Any]) -> tuple[list[Any], list[str], list[str]]:
-    """``(one parent per shard index, missing shards, notes)`` of a night's shard parents.
+@dataclass
+class ShardPick:
+    """What :func:`pick_shards` made of a night's shard parents.
+
+    Attributes:
+        chosen: one parent per shard ``(I, N)``.
+        missing: ``"I/N"`` of every shard of a reported split ``N`` that never reported.
+        notes: retried shards (which run was used), shards without a matrix hash.
+        problems: why the night cannot be trusted whole (shards disagreeing on ``N`` or on the
+            matrix, a shard parent not FINISHED); any problem makes the night incomplete.
+    """
+
+    chosen: list[Any]
+    missing: list[str]
+    notes: list[str]
+    problems: list[str]
+
+
+def _label(parent: Any) -> str:
+    return f"{parent.params.get('shard') or '1/1'} (run {parent.run_id})"
+
+
+def _matrix_check(chosen: Sequence[Any], pick: ShardPick) -> None:
+    """Shards whose matrix hashes (``TAG_MATRIX``) differ are a problem; none is a note."""
+    hashes: dict[str, list[str]] = {}
+    unknown = []
+    for parent in chosen:
+        value = (parent.tags or {}).get(TAG_MATRIX)
+        (hashes.setdefault(value, []) if value else unknown).append(_label(parent))
+    if unknown:
+        note = (f"shard {', '.join(unknown)} carries no {TAG_MATRIX} tag (recorded before it "
+                "existed): its matrix is unknown, not checked against the others")  # fmt: skip
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+        pick.notes.append(note)
+    if len(hashes) > 1:
+        each = "; ".join(f"{h}: shard {', '.join(labels)}" for h, labels in sorted(hashes.items()))
+        pick.problems.append(
+            f"shards ran different matrices ({TAG_MATRIX} {each}): rerun them from one matrix file"
+        )
+
+
+def pick_shards(parents: Sequence[Any]) -> ShardPick:
+    """Group a night's shard parents by shard ``(I, N)`` (their ``shard`` param) and check them.
 
     A shard reported more than once (a retried CI job) counts once: its newest FINISHED parent,
-    else its newest (a note names the run kept and the ones ignored). The shard count ``N`` is
-    read from every parent's ``shard`` param (``I/N``); every index ``1..N`` must be present,
-    else ``"I/N"`` is listed as missing. Parents that disagree on ``N`` are checked against the
-    largest ``N`` (and a note says so): a shard of a larger split never silently drops.
+    else its newest (a note names the run kept and the ones ignored). Every index ``1..N`` of
+    every split ``N`` reported must be present, else ``"I/N"`` is missing. Parents that
+    disagree on ``N`` (``1/3`` and ``1/2`` cover different cells) are a problem naming each
+    shard, never resolved by picking one; so are a chosen parent that is not FINISHED (still
+    RUNNING, or FAILED/KILLED: its cells may be partial) and shards whose matrix hashes differ.
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
-    by_index: dict[int, list[Any]] = {}
-    counts: set[int] = set()
+    by_shard: dict[tuple[int, int], list[Any]] = {}
     for parent in parents:
-        index, count = parse_shard(parent.params.get("shard") or "1/1")
-        counts.add(count)
-        by_index.setdefault(index, []).append(parent)
-    total = max(counts, default=1)
-    notes = [f"shards disagree on the shard count ({sorted(counts)}): checked against {total}"]
-    notes = notes if len(counts) > 1 else []
-    chosen = []
-    for index in sorted(by_index):
-        runs = sorted(by_index[index], key=lambda r: (r.status == "FINISHED", r.start_time))
-        chosen.append(runs[-1])
+        by_shard.setdefault(parse_shard(parent.params.get("shard") or "1/1"), []).append(parent)
+    pick = ShardPick([], [], [], [])
+    for (index, count), group in sorted(by_shard.items()):
+        runs = sorted(group, key=lambda r: (r.status == "FINISHED", r.start_time))
+        pick.chosen.append(runs[-1])
         if len(runs) > 1:
             which = "completed" if runs[-1].status == "FINISHED" else "one; none completed"
-            notes.append(
-                f"shard {index}/{total} reported {len(runs)} times: used run {runs[-1].run_id} "
+            pick.notes.append(
+                f"shard {index}/{count} reported {len(runs)} times: used run {runs[-1].run_id} "
                 f"(the latest {which}), ignored {', '.join(r.run_id for r in runs[:-1])}"
             )
-    missing = [f"{i}/{total}" for i in range(1, total + 1) if i not in by_index]
-    return chosen, missing, notes
+    counts = sorted({count for _, count in by_shard})
+    pick.missing = [f"{i}/{n}" for n in counts for i in range(1, n + 1) if (i, n) not in by_shard]
+    if len(counts) > 1:
+        pick.problems.append(
+            f"shards disagree on the shard count N ({', '.join(map(str, counts))}): shard "
+            f"{', '.join(_label(p) for p in pick.chosen)}; run every shard of a night with "
+            "one --shard I/N split"
+        )
+    pick.problems += [
+        f"shard {_label(p)} is {p.status}, not FINISHED: its cells may be missing or partial"
+        for p in pick.chosen
+        if p.status != "FINISHED"
+    ]
+    _matrix_check(pick.chosen, pick)
+    return pick
 
 
 def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
     """Every cell the night's shards planned (their ``cells.json``), in matrix order.
 
     Shard ``I/N`` ran cells ``k`` with ``k % N == I - 1`` (``matrix.shard_cells``), so its
-    ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell planned twice counts once.
+    ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell (``Cell.identity``: target
+    and settings) planned twice counts once.
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
@@ -128,7 +183,7 @@ def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
         index, count = parse_shard(parent.params.get("shard") or "1/1")
         for j, item in enumerate(json.loads(Path(path).read_text())):
             cell = Cell(item["target"], tuple(item["settings"].items()))
-            order.setdefault(cell.name, ((j * count + index - 1, parent.start_time), cell))
+            order.setdefault(cell.identity, ((j * count + index - 1, parent.start_time), cell))
     return [cell for _, cell in sorted(order.values(), key=lambda kv: kv[0])]
 
 
@@ -200,10 +255,10 @@ def gather_night(
             f"of {store.uri}; run `parity-tracker nightly --night {night}` first"
         )
     night_ids = {r.run_id for r in children}  # every run of the night: never a baseline
-    parents = pick_shards(parents)[0]
+    parents = pick_shards(parents).chosen
     kept = {p.run_id for p in parents}
     children = [r for r in children if r.tags.get("mlflow.parentRunId") in kept]
-    by_name: dict[str, Any] = {}
+    by_name: dict[str, Any] = {}  # Cell.name is one name per cell: the run name finds it
     for run in sorted(children, key=lambda r: r.start_time):
         by_name[run.tags.get("mlflow.runName") or run.run_id] = run
     stored = [r for r in by_name.values() if r.tags.get("parity.complete") == "true"]
@@ -260,7 +315,7 @@ def merge_night(
     check_night_id(night)
     found = store.night(night)
     parents = found[0]
-    chosen, missing, notes = pick_shards(parents)
+    pick = pick_shards(parents)
     if expected is None and parents:
         guess = Path(parents[0].params.get("config", "")).with_name("expected.toml")
         expected = guess if guess.is_file() else None
@@ -268,17 +323,20 @@ def merge_night(
     today = today or dt.datetime.now(dt.timezone.utc).date()
     parents, cells = gather_night(night, store, expected=entries, today=today, found=found)
     commits = sorted({p.commit for p in parents if p.commit})
-    total = len(chosen) + len(missing)
+    total = len(pick.chosen) + len(pick.missing)
+    matrices = {p.tags.get(TAG_MATRIX) for p in parents}
     parent = start_parent_run(
         tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
         params={"night": night, "shards": total, "cells": len(cells), "fail_on": fail_on},
-        tags={"parity.kind": KIND_NIGHT, TAG_NIGHT: night,
-              "parity.shard_runs": ",".join(p.run_id for p in parents)[:5000]},
+        tags={TAG_KIND: KIND_NIGHT, TAG_NIGHT: night,
+              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:5000],
+              **({TAG_MATRIX: matrices.pop()} if len(matrices) == 1 else {})},
         commit=commits[0] if len(commits) == 1 else None,
     )  # fmt: skip
     out = NightlyResult(parent, ",".join(commits) or None, (0, total), cells,
                         expired_entries(entries, today), fail_on, night=night,
-                        missing_shards=missing, shard_notes=notes)  # fmt: skip
+                        missing_shards=pick.missing, shard_notes=pick.notes,
+                        shard_problems=pick.problems)  # fmt: skip
     _publish(out, render, store)
     end_run(parent, "FINISHED", tracking_uri=store.uri)
     return out

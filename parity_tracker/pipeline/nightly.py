@@ -30,7 +30,7 @@ from parity_tracker.pipeline.baseline import (
     resolve_baseline_runs,
 )
 from parity_tracker.pipeline.config import MAX_CELLS, load_matrix
-from parity_tracker.pipeline.matrix import Cell, parse_shard, shard_cells
+from parity_tracker.pipeline.matrix import Cell, matrix_hash, parse_shard, shard_cells
 from parity_tracker.pipeline.pages import NightlyPages, nightly_pages
 from parity_tracker.pipeline.results import (
     CELLS_CSV,
@@ -85,6 +85,7 @@ class _Plan:
     commit: str | None
     branch: str | None
     night: str
+    matrix_hash: str
 
 
 class Reporter:
@@ -234,7 +235,8 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     if fail_on not in FAIL_ON:
         raise InputError(f"--fail-on {fail_on!r}; allowed: {', '.join(FAIL_ON)}")
     index, count = parse_shard(shard)
-    cells = shard_cells(load_matrix(config, max_cells=max_cells), index, count)
+    every = load_matrix(config, max_cells=max_cells)
+    cells = shard_cells(every, index, count)
     expected = Path(config).with_name("expected.toml") if expected is None else expected
     entries = load_expected(expected)
     git = git_info()
@@ -248,17 +250,21 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
     night = check_night_id(night) if night else default_night_id(commit, config, today)
     return _Plan(
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
-        explicit=resolve_baseline_runs(baseline, store), fail_on=fail_on,
+        explicit=resolve_baseline_runs(baseline, store, cells), fail_on=fail_on,
         entries=entries, today=today, commit=commit, branch=branch or git["git_branch"],
-        night=night,
+        night=night, matrix_hash=matrix_hash(every),
     )  # fmt: skip
 
 
 def _start(plan: _Plan, store: RunStore) -> str:
-    """Open the nightly's parent run."""
+    """Open the nightly's parent run.
+
+    Tags ``parity.night`` and ``parity.matrix_hash`` (of the whole matrix,
+    ``matrix.matrix_hash``); artifact ``cells.json`` (this shard's cells).
+    """
     from parity_tracker.pipeline.night import CELLS_FILE, cells_json
     from parity_tracker.track import log_artifact_files, start_parent_run
-    from parity_tracker.track.parents import TAG_NIGHT
+    from parity_tracker.track.parents import KIND_SHARD, TAG_KIND, TAG_MATRIX, TAG_NIGHT
 
     index, count = plan.shard
     parent = start_parent_run(
@@ -272,7 +278,7 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "fail_on": plan.fail_on,
             "cells": len(plan.cells),
         },
-        tags={"parity.kind": "nightly", TAG_NIGHT: plan.night},
+        tags={TAG_KIND: KIND_SHARD, TAG_NIGHT: plan.night, TAG_MATRIX: plan.matrix_hash},
         source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,
@@ -334,8 +340,11 @@ def run_nightly(
 
     Raises:
         InputError: malformed config or expected file, bad shard or fail_on, unknown baseline,
-            no commit (see ``allow_no_commit``); an explicit ``baseline`` that covers none of
-            the shard's cells (raised after the shard is stored and published).
+            no commit (see ``allow_no_commit``), all before any cell runs; an explicit
+            ``baseline`` that covers none of the shard's cells: before any cell runs when
+            no stored run of it has a cell's name or settings (``check_baseline_covers``),
+            else after the shard is stored and published when no cell's config fingerprint
+            and mode match.
         InfrastructureError: the store could not be reached to open the parent run. (Cells
             the store refused later are spooled; ``NightlyResult.spooled`` lists them and
             ``exit_code`` is then 3.)

@@ -71,12 +71,14 @@ def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str,
         fp = c.fingerprint  # the cell's history: runs of its baseline key (fingerprint + mode)
         key = baseline_params(fp, c.mode) if c.mode else {"config_fingerprint": fp}
         runs = latest_per_commit(store.find(**key))[-HISTORY_COMMITS:]
-        for r in runs:
+        for position, r in enumerate(runs):  # commits in order of first test (history)
             mine = this.get(r.run_id)
             out.append({
                 "fingerprint": fp, "target": c.cell.target, "settings": dict(c.cell.settings),
                 "commit": r.commit, "run_id": r.run_id, "start_time": r.start_time,
+                "position": position,
                 "tensors_failing": r.metrics.get("tensors_failing"),
+                "passed": r.passed,  # the stored verdict (track.store.stored_passed)
                 "output_max_abs_diff": r.metrics.get("output_max_abs_diff"),
                 "regression": bool(r.metrics.get("regressions", 0)) or bool(
                     mine is not None and mine.changes.get("regression")),

@@ -62,7 +62,9 @@ class NightlyResult:
     ``shard`` is ``(I, N)`` for one shard, ``(0, N)`` for a night merged from N shards
     (``pipeline.night.merge_night``); ``night`` is the night id. ``missing_shards`` (``"I/N"``)
     are shards of a merged night that never reported: their cells are unknown, so the night is
-    incomplete and fails; ``shard_notes`` say which run of a shard reported twice was used.
+    incomplete and fails; ``shard_problems`` (``pipeline.night.pick_shards``: shards disagreeing
+    on ``N`` or the matrix, a shard parent not FINISHED) likewise; ``shard_notes`` say which run
+    of a shard reported twice was used.
     """
 
     parent_run_id: str | None
@@ -75,11 +77,12 @@ class NightlyResult:
     night: str | None = None
     missing_shards: list[str] = field(default_factory=list)
     shard_notes: list[str] = field(default_factory=list)
+    shard_problems: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
-        """False when a shard of a merged night never reported (``missing_shards``)."""
-        return not self.missing_shards
+        """False when a shard of a merged night never reported or its shards have problems."""
+        return not self.missing_shards and not self.shard_problems
 
     @property
     def regressions(self) -> int:
@@ -112,9 +115,13 @@ class NightlyResult:
         if not n and not self.exit_code and self.complete:
             return "PASS"
         counted = f"{n} cell{'s' if n != 1 else ''} failing, not expected"
+        if self.shard_problems:
+            k = len(self.shard_problems)
+            counted = f"{k} shard problem{'s' if k != 1 else ''}; {counted}"
+        if self.missing_shards:
+            counted = f"shard {', '.join(self.missing_shards)} never reported; {counted}"
         if not self.complete:
-            gone = ", ".join(self.missing_shards)
-            counted = f"incomplete: shard {gone} never reported; {counted}"
+            counted = f"incomplete: {counted}"
         if self.exit_code:
             return f"FAIL ({counted}; exit {self.exit_code})"
         return f"FAIL ({counted}; exit 0 under --fail-on {self.fail_on})"
@@ -129,7 +136,8 @@ class NightlyResult:
         """The exit code: 0 or 1 by ``fail_on``; 3 when cells were spooled.
 
         ``regression``: 1 on a regression row, a cell that did not complete, a shard that never
-        reported (``missing_shards``), or an expired expected entry; ``mismatch``: also on any
+        reported (``missing_shards``), a shard problem (``shard_problems``), or an expired
+        expected entry; ``mismatch``: also on any
         failing tensor not marked expected; ``never``: 0 (the headline still says FAIL).
         Whatever ``fail_on`` says, 3 (infrastructure) when cells were spooled.
         """
@@ -156,6 +164,7 @@ class NightlyResult:
             "complete": self.complete,
             "missing_shards": list(self.missing_shards),
             "shard_notes": list(self.shard_notes),
+            "shard_problems": list(self.shard_problems),
             "unexpected_cells": [c.cell.name for c in self.unexpected_cells],
             "regressions": self.regressions,
             "spooled": self.spooled,

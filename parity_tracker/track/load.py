@@ -69,7 +69,8 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     ``dump_dir`` is None (the tensors stay in the store under ``tensors/``).
 
     Raises:
-        InputError: a malformed run id, no such run, or not a parity run (not logged by
+        InputError: a malformed run id, no such run, a night or shard parent run (names some
+            of its cells, ``nights.parent_error``), or not a parity run (not logged by
             ``log_run``).
         IncompleteRunError: the run's writer stopped before storing it whole (exit 3).
         StoreDamagedError: a table or ``summary.json`` is missing, truncated or unreadable
@@ -87,6 +88,11 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
         if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
             raise InputError(f"no run {run_id!r} in {uri}") from exc
         raise InfrastructureError(f"cannot read run {run_id!r} from {uri}: {exc}") from exc
+    from parity_tracker.track.nights import parent_error
+
+    error = parent_error(uri, run)  # a night/shard parent: name it and some of its cells
+    if error is not None:
+        raise error
     if TAG_RUN_ID not in run.data.tags:
         raise InputError(f"run {run_id!r} in {uri} is not a parity run (no {TAG_RUN_ID} tag)")
     if is_incomplete(run.info.status, run.data.tags.get(TAG_COMPLETE)):

@@ -7,15 +7,25 @@ any. ``night_runs`` finds them all again, whichever machine ran which shard.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from parity_tracker.track.parents import TAG_NIGHT
+from parity_tracker.errors import InputError
+from parity_tracker.track.parents import KIND_NIGHT as KIND_NIGHT
+from parity_tracker.track.parents import (
+    KIND_PARENT,
+    KIND_SHARD,
+    TAG_KIND,
+    TAG_NIGHT,
+    TAG_SHARD_RUNS,
+)
 from parity_tracker.track.records import RunInfo
 from parity_tracker.track.search import _quote
 from parity_tracker.track.store import get_client, retry
 
-#: ``parity.kind`` of a shard's parent run and of the night's merged parent run.
-KIND_SHARD, KIND_NIGHT = "nightly", "night"
+#: How each kind of parent run is named in messages.
+_KIND_WORDS = {KIND_NIGHT: "night parent run", KIND_SHARD: "nightly shard parent run",
+               KIND_PARENT: "parent run"}  # fmt: skip
 
 
 def _search_all(client: Any, exp_id: str, filt: str) -> list[RunInfo]:
@@ -45,10 +55,107 @@ def night_runs(uri: str, experiment: str, night: str) -> tuple[list[RunInfo], li
     parents = _search_all(
         client,
         exp.experiment_id,
-        f"tags.`{TAG_NIGHT}` = {_quote(night)} and tags.`parity.kind` = '{KIND_SHARD}'",
+        f"tags.`{TAG_NIGHT}` = {_quote(night)} and tags.`{TAG_KIND}` = '{KIND_SHARD}'",
     )
     children: list[RunInfo] = []
     for parent in parents:  # MLflow's tag filters have no IN: one search per shard
         filt = f"tags.`mlflow.parentRunId` = {_quote(parent.run_id)}"
         children += _search_all(client, exp.experiment_id, filt)
     return parents, children
+
+
+def parent_kind(tags: Mapping[str, str]) -> str | None:
+    """``KIND_NIGHT``, ``KIND_SHARD`` or ``KIND_PARENT`` for a run parity runs nest under.
+
+    From the run's tag ``parity.kind`` (``parents.TAG_KIND``); None for any other run (a cell,
+    a single parity run).
+    """
+    kind = tags.get(TAG_KIND)
+    return kind if kind in _KIND_WORDS else None
+
+
+def shard_run_ids(tags: Mapping[str, str]) -> list[str]:
+    """The shard parent run ids a night parent's ``parity.shard_runs`` tag lists.
+
+    The tag is cut at 5,000 characters (``pipeline.night.merge_night``): an id shorter than
+    the first one (MLflow run ids have one length) is a cut one and left out.
+    """
+    ids = [i for i in (tags.get(TAG_SHARD_RUNS) or "").split(",") if i]
+    return [i for i in ids if len(i) == len(ids[0])]
+
+
+def _night_shards(client: Any, exp_id: str, tags: Mapping[str, str]) -> list[str]:
+    """A night parent's shard parent run ids: every shard parent tagged with its night.
+
+    Searched by the night's tag (``TAG_NIGHT`` and ``TAG_KIND`` = ``KIND_SHARD``), so a night
+    of many shards is never cut short by the 5,000-character ``parity.shard_runs`` tag; that
+    tag (:func:`shard_run_ids`) is the fallback for a night parent without a night tag.
+    """
+    night = tags.get(TAG_NIGHT)
+    if night:
+        filt = f"tags.`{TAG_NIGHT}` = {_quote(night)} and tags.`{TAG_KIND}` = {_quote(KIND_SHARD)}"
+        found = _search_all(client, exp_id, filt)
+        if found:
+            return [r.run_id for r in sorted(found, key=lambda r: (r.start_time, r.run_id))]
+    return shard_run_ids(tags)
+
+
+def cell_runs(uri: str, run: Any, limit: int | None = None) -> list[RunInfo]:
+    """The cell runs a parent run (an ``mlflow.entities.Run``) stands for, oldest first.
+
+    A night parent: the child runs of every shard of its night (:func:`_night_shards`); any other
+    run: its own child runs (tag ``mlflow.parentRunId``). Incomplete runs are left out
+    (``store.is_incomplete``: they have no tables to diff). With ``limit``, the shards are
+    searched only until that many cells are found (for a message).
+
+    Raises:
+        Exception: whatever MLflow raises when the store cannot be reached.
+    """
+    tags = dict(run.data.tags)
+    client, exp_id = get_client(uri), run.info.experiment_id
+    if parent_kind(tags) == KIND_NIGHT:
+        parents = _night_shards(client, exp_id, tags)
+    else:
+        parents = [run.info.run_id]
+    out: list[RunInfo] = []
+    for parent in parents:  # MLflow's tag filters have no IN: one search per parent
+        found = _search_all(client, exp_id, f"tags.`mlflow.parentRunId` = {_quote(parent)}")
+        out += [r for r in found if not r.incomplete]
+        if limit is not None and len(out) >= limit:
+            break
+    return sorted(out, key=lambda r: (r.start_time, r.run_id))
+
+
+def describe_parent(run: Any) -> str:
+    """``night parent run (night N1)`` for messages; '' when ``run`` is no parent."""
+    tags = dict(run.data.tags)
+    kind = parent_kind(tags)
+    if kind is None:
+        return ""
+    night = f" (night {tags[TAG_NIGHT]})" if tags.get(TAG_NIGHT) else ""
+    return f"{_KIND_WORDS[kind]}{night}"
+
+
+def parent_error(uri: str, run: Any, what: str = "tables") -> InputError | None:
+    """The error for a parent run given where a cell run is needed; None for other runs.
+
+    Names the run as a night/shard parent and lists up to 4 of its cells' run ids (one
+    search per shard; a store fault while listing them only leaves them out).
+    """
+    name = describe_parent(run)
+    if not name:
+        return None
+    try:
+        cells = cell_runs(uri, run, limit=4)  # a few: one search per shard until found
+    except Exception:  # the listing is a courtesy: the error stays an input error
+        cells = None
+    if cells:
+        shown = ", ".join(
+            f"{c.run_id} ({c.tags.get('mlflow.runName') or c.settings})" for c in cells[:4]
+        )
+        hint = f"; pass a cell's run id, e.g. {shown}"
+    else:
+        hint = "; pass a cell's run id (it has no stored cell run)" if cells == [] else (
+            "; pass one of its cells' run ids")  # fmt: skip
+    return InputError(f"run {run.info.run_id} is a {name}: it holds no parity {what}, only its "
+                      f"cells do{hint}")  # fmt: skip

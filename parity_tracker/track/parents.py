@@ -27,6 +27,20 @@ from parity_tracker.track.store import (
     retry,
 )
 
+#: Tag of a nightly's parent run: the night it belongs to (all shards of a night share it).
+TAG_NIGHT = "parity.night"
+#: Tag of a nightly's parent run: ``pipeline.matrix.matrix_hash`` of the whole matrix it was cut
+#: from (every shard of one night must carry the same).
+TAG_MATRIX = "parity.matrix_hash"
+#: Tag of a run that parity runs nest under: which kind of parent it is (``KIND_*``).
+TAG_KIND = "parity.kind"
+#: ``parity.kind`` of a plain parent run, of a shard's parent run (its cells are its child
+#: runs) and of a night's merged parent run (its cells are the children of its shards).
+KIND_PARENT, KIND_SHARD, KIND_NIGHT = "parent", "nightly", "night"
+#: Tag of a night's merged parent run: its shards' parent run ids, comma-separated (cut to
+#: 5,000 characters, MLflow's tag limit is 8,000; ``nights.shard_run_ids`` drops a cut id).
+TAG_SHARD_RUNS = "parity.shard_runs"
+
 
 def start_parent_run(
     *,
@@ -57,7 +71,7 @@ def start_parent_run(
     all_tags = {
         "mlflow.source.git.commit": commit or git["git_commit"],
         "mlflow.source.git.branch": branch or git["git_branch"],
-        "parity.kind": "parent",
+        TAG_KIND: KIND_PARENT,
         **({TAG_SOURCE_NAME: source[0], TAG_SOURCE_TYPE: source[1]} if source else {}),
         **current_owner().tags(),  # sync marks it KILLED if this process dies (track.owner)
         **{k: str(v) for k, v in (tags or {}).items()},
@@ -133,8 +147,6 @@ def log_artifact_files(
 
 #: Tag naming the baseline a stored run was diffed against (``none`` when it had none).
 TAG_BASELINE = "parity.baseline_run_id"
-#: Tag of a nightly's parent run: the night it belongs to (all shards of a night share it).
-TAG_NIGHT = "parity.night"
 
 
 def record_diff(

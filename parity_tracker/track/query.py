@@ -132,21 +132,34 @@ class RunStore:
         What ``diff`` needs; cheap to import (no torch). ``run_id`` may be a unique prefix.
 
         Raises:
-            InputError: no such run (or ambiguous prefix). InfrastructureError: unreachable.
+            InputError: no such run (or ambiguous prefix), or a night/shard parent run (names
+                some of its cells' run ids). InfrastructureError: unreachable.
         """
+        from parity_tracker.track.nights import parent_error
+
         full = self.resolve_run_id(run_id)
-        info = self._one(full)
+        run = self._get(full)
+        error = parent_error(self.uri, run)  # a night/shard parent holds no tables: say so
+        if error is not None:
+            raise error
+        info = RunInfo.from_mlflow(run)
         return StoredTables(self.modules_tables([full], [info.artifact_uri])[0],
                             dict(info.settings), full)  # fmt: skip
 
     def _one(self, run_id: str) -> RunInfo:
+        return RunInfo.from_mlflow(self._get(run_id))
+
+    def _get(self, run_id: str, missing: str = "no run {id!r} in {uri}") -> Any:
+        """The ``mlflow.entities.Run`` of a full run id (``missing``: the no-such-run error)."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return RunInfo.from_mlflow(retry(get_client(self.uri).get_run, run_id))
+            return retry(get_client(self.uri).get_run, run_id)
         except MlflowException as exc:
             if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
-                raise InputError(f"no run {run_id!r} in {self.uri}") from exc
+                raise InputError(missing.format(id=run_id, uri=self.uri)) from exc
+            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+        except Exception as exc:
             raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
 
     def fetch(self, runs: list[tuple[str, str | None]], path: str) -> list[Path]:
@@ -195,41 +208,36 @@ class RunStore:
     def baseline_runs(self, run_id: str) -> dict[str, str]:
         """The runs a baseline run id stands for, as ``{baseline key: run id}``.
 
-        Keys are ``run.mode.baseline_key`` (config fingerprint and judged mode), so a cell is
-        only ever paired with a run of its own mode. A parity run stands for itself; a nightly
-        parent run for its children (every child with ``config_fingerprint`` and ``mode``
-        params).
+        ``baseline_map(baseline_infos(run_id))``.
 
         Raises:
             InputError: no run ``run_id`` in the store (names it).
             InfrastructureError: the store could not be reached.
         """
-        from mlflow.exceptions import MlflowException
+        return baseline_map(self.baseline_infos(run_id))
 
-        run_id = self.resolve_run_id(run_id)
+    def baseline_infos(self, run_id: str) -> list[RunInfo]:
+        """The stored runs a baseline run id stands for, oldest first.
+
+        A parity run stands for itself; a parent run for its cells (``nights.cell_runs``): a
+        shard's parent for its child runs, a night's merged parent for the child runs of every
+        shard it lists (tag ``parity.shard_runs``), so one night covers every cell whatever
+        the sharding. Runs whose writer stopped (``store.is_incomplete``) are left out.
+
+        Raises:
+            InputError: no run ``run_id`` in the store (names it).
+            InfrastructureError: the store could not be reached.
+        """
+        from parity_tracker.track.nights import cell_runs, parent_kind
+
+        run = self._get(self.resolve_run_id(run_id), "baseline {id}: no such run in {uri}")
+        if run.data.params.get("config_fingerprint") and parent_kind(run.data.tags) is None:
+            info = RunInfo.from_mlflow(run)
+            return [] if info.incomplete else [info]
         try:
-            client = get_client(self.uri)
-            run = retry(client.get_run, run_id)
-        except MlflowException as exc:
-            if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
-                raise InputError(f"baseline {run_id}: no such run in {self.uri}") from exc
-            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
+            return cell_runs(self.uri, run)
         except Exception as exc:
-            raise InfrastructureError(f"cannot read run {run_id} from {self.uri}: {exc}") from exc
-        key = baseline_key(run.data.params.get("config_fingerprint"), run.data.params.get("mode"))
-        if run.data.params.get("config_fingerprint"):
-            return {key: run_id} if key else {}
-        children = retry(
-            client.search_runs,
-            [run.info.experiment_id],
-            f"tags.`mlflow.parentRunId` = '{run_id}'",
-            max_results=5000,
-        )
-        keys = [
-            (baseline_key(c.data.params.get("config_fingerprint"), c.data.params.get("mode")), c)
-            for c in children
-        ]
-        return {key: c.info.run_id for key, c in keys if key}
+            raise InfrastructureError(f"cannot read the cells of run {run_id}: {exc}") from exc
 
     # -- the MLflow UI (``track.browse``)
     def experiment_id(self) -> str | None:
@@ -310,3 +318,17 @@ class RunStore:
                 f"cannot prepare {self.experiment!r} in {self.uri}: {exc}"
             ) from exc
         return exp.experiment_id
+
+
+def baseline_map(infos: list[RunInfo]) -> dict[str, str]:
+    """``{baseline key: run id}`` of stored runs (``run.mode.baseline_key``: fingerprint and mode).
+
+    A cell is only ever paired with a run of its own key. When several runs share a key (a
+    cell re-run under one parent) the newest wins; runs without a key are left out.
+    """
+    out: dict[str, str] = {}
+    for info in sorted(infos, key=lambda r: (r.start_time, r.run_id)):
+        key = baseline_key(info.fingerprint, info.params.get("mode"))
+        if key:
+            out[key] = info.run_id
+    return out
