@@ -44,15 +44,30 @@ class Spilled:
         dtype: the tensor's dtype.
         device: the device the tensor lived on when it was spilled.
         nbytes: bytes written.
+        base: the record whose file this one reads (:meth:`alias`), kept alive by it; None
+            for the record that wrote the file.
     """
 
-    __slots__ = ("__weakref__", "device", "dtype", "nbytes", "path", "size", "stride")
+    __slots__ = ("__weakref__", "base", "device", "dtype", "nbytes", "path", "size", "stride")
 
     def __init__(self, path: Path, tensor: torch.Tensor, nbytes: int):
         self.path = path
         self.size, self.stride = tuple(tensor.shape), tuple(tensor.stride())
         self.dtype, self.device = tensor.dtype, tensor.device
         self.nbytes = nbytes
+        self.base: Spilled | None = None
+
+    def alias(self, tensor: torch.Tensor) -> Spilled:
+        """A record reading this file as ``tensor``'s view (a borrowed spill, issue 19).
+
+        The caller has proved that ``tensor`` holds the same bytes as the span written here
+        and that its own view (offset 0) covers no more than it. The new record keeps this one
+        alive, so a file deleted when its record is collected (``weakref.finalize``) lives as
+        long as either record.
+        """
+        out = Spilled(self.path, tensor, self.nbytes)
+        out.base = self
+        return out
 
     def load(self, *, to_device: bool = False) -> torch.Tensor:
         """The tensor, memory-mapped from its file (on CPU unless ``to_device``).
@@ -202,6 +217,19 @@ class BoundedStore:
                 self.spilled_bytes += n
                 self.spilled_count += 1
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+
+    def spill(self, key: Hashable) -> bool:
+        """Spill the resident entry ``key`` now (before the budget asks); whether it was written."""
+        entry = self._resident.pop(key, None)
+        if entry is None:
+            return False
+        n, payload = entry
+        self.resident_bytes -= n
+        if not self._on_spill(key, payload):
+            return False
+        self.spilled_bytes += n
+        self.spilled_count += 1
+        return True
 
     def get(self, key: Hashable) -> Any:
         """The payload of a resident entry, or None."""
