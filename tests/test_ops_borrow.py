@@ -205,3 +205,26 @@ def test_raw_write_after_the_hook_is_an_error_not_equal(
     assert row["status"] in ("mismatch", "error"), row
     if row["status"] == "error":
         assert "snapshot changed after it was captured" in row["message"]
+
+
+def test_content_hash_in_place_same_digest_and_leaves_copy_on_write_shared():
+    import xxhash
+
+    from parity_tracker.compare.hashing import content_hash, content_hash_in_place
+
+    values = (np.arange(N, dtype=np.float32) * 0.25 - 3.0).reshape(64, -1)
+    t = torch.tensor(values)
+    snap = torch._lazy_clone(t)
+    address = torch._C._data_address(snap)
+    # the documented byte stream: header "{dtype}|{shape}|", then the C-order bytes
+    expected = xxhash.xxh3_64(b"float32|(64, 512)|" + values.tobytes()).hexdigest()
+    assert content_hash_in_place(snap) == expected
+    assert torch._C._is_cow_tensor(snap) and torch._C._data_address(snap) == address
+    ints = torch.arange(7, dtype=torch.int64)
+    assert (
+        content_hash_in_place(ints)
+        == xxhash.xxh3_64(b"int64|(7,)|" + np.arange(7, dtype=np.int64).tobytes()).hexdigest()
+    )
+    # what it cannot read in place goes through content_hash (same digest by definition)
+    for other in (t.T, t.to(torch.bfloat16), torch.empty(0, 3), t.requires_grad_()):
+        assert content_hash_in_place(other) == content_hash(other)

@@ -13,7 +13,13 @@ import torch
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, content_hash, digestible, storage_digest
+from parity_tracker.compare.hashing import (
+    _NUMPY_DTYPES,
+    content_hash,
+    content_hash_in_place,
+    digestible,
+    storage_digest,
+)
 
 #: Smallest snapshot (bytes) taken copy-on-write (``torch._lazy_clone``) instead of cloned:
 #: below it a clone costs less than the content hash a copy-on-write snapshot needs.
@@ -150,7 +156,7 @@ class Snapshotter:
         # cloned as it is (the same copy, without the detached alias: issue 19)
         src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
         if _cow_eligible(src):
-            digest = content_hash(src)  # read before the lazy clone: a read then copies
+            digest = content_hash_in_place(src)  # not numpy(): it would un-share a COW src
             copy = _LAZY_CLONE(src)
             self._hashes[id(copy)] = digest
         elif _C_ORDER and _permuted(src):
@@ -212,9 +218,14 @@ class Snapshotter:
         return h if h is not None and self.owns(value) else None
 
     def intact(self, value: object) -> bool:
-        """False for a copy-on-write snapshot whose bytes changed since it was taken."""
+        """False for a copy-on-write snapshot whose bytes changed since it was taken.
+
+        Read in place (``content_hash_in_place``): ``content_hash`` would give the snapshot a
+        private copy of its bytes first, and keep the copy's data address off the buffer it
+        shares (issue 19).
+        """
         h = self.recorded_hash(value)
-        return h is None or content_hash(value) == h
+        return h is None or content_hash_in_place(value) == h
 
     def verified(self, tag: str, ref: Any, cand: Any, comp: Comparison) -> Comparison:
         """``comp``, or an ``error`` when a copy-on-write side no longer holds its captured values.
