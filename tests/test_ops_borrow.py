@@ -228,3 +228,35 @@ def test_content_hash_in_place_same_digest_and_leaves_copy_on_write_shared():
     # what it cannot read in place goes through content_hash (same digest by definition)
     for other in (t.T, t.to(torch.bfloat16), torch.empty(0, 3), t.requires_grad_()):
         assert content_hash_in_place(other) == content_hash(other)
+
+
+def test_spills_share_one_file_freed_span_by_span(tmp_path):
+    import gc
+
+    from parity_tracker.capture.store import SpillDir
+
+    values = np.arange(N, dtype=np.float32) * 0.5 - 7.0
+    spill = SpillDir(tmp_path)
+    x = torch.tensor(values)
+    view = x.view(64, -1)[2:5, ::2]  # a strided view: written as its storage span
+    ints = torch.arange(1000, dtype=torch.int64)
+    recs = [spill.append(x), spill.append(view), spill.append(ints), spill.append(x[:0])]
+    (pack,) = list(spill.path.iterdir())  # one file, however many records
+    assert {r.path for r in recs} == {pack}
+    x.mul_(0)  # the records hold the bytes of the time of writing
+    assert np.array_equal(recs[0].load().numpy(), values)
+    assert np.array_equal(recs[1].load().numpy(), values.reshape(64, -1)[2:5, ::2])
+    assert np.array_equal(recs[2].load().numpy(), np.arange(1000))
+    assert tuple(recs[3].load().shape) == (0,)
+    loaded = recs[0].load()
+    del recs[0]
+    gc.collect()
+    assert np.array_equal(loaded.numpy(), values)  # a loaded view outlives its record
+    assert np.array_equal(recs[1].load().numpy(), np.arange(1000))
+    del recs[:]
+    gc.collect()
+    assert not pack.exists()  # the file goes with its last record
+    assert np.array_equal(loaded.numpy(), values)  # ... and with its file
+    again = spill.append(ints)  # a new file for the next spill
+    assert again.path != pack and np.array_equal(again.load().numpy(), np.arange(1000))
+    spill.close()

@@ -19,7 +19,6 @@ import contextlib
 import itertools
 import os
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,9 +353,8 @@ class OpStore(BoundedStore):
         if t is None:
             return False
         self._unindex(h)
-        h.spilled, h.tensor = self.write(t, f"{h.id}.bin"), None
-        # the file goes with the last record reading it (``Spilled.alias``: a borrower's)
-        weakref.finalize(h.spilled, h.spilled.path.unlink, True)
+        # freed with the last record reading it (``Spilled.alias``: a borrower's)
+        h.spilled, h.tensor = self.write(t), None
         watchers = self._lent.pop(h.id, None)
         if watchers:
             address, version = _DATA_ADDRESS(t), t._version  # t is alive: the written buffer
@@ -370,7 +368,7 @@ class OpStore(BoundedStore):
         self.discard(h.id)
         self._lent.pop(h.id, None)
         h.tensor = None
-        h.spilled = None  # its finalizer deletes the file once no borrowed record reads it
+        h.spilled = None  # its bytes are freed once no borrowed record reads them
 
     def close(self) -> None:  # type: ignore[override]
         """Drop everything and delete the spill directory."""

@@ -402,8 +402,7 @@ class SnapshotStore(BoundedStore):
         copy = entry.ref()
         if copy is None or not self.intact(copy):
             return False
-        spilled = self.write(copy, f"{next(self._ids)}.bin")
-        weakref.finalize(spilled, spilled.path.unlink, True)
+        spilled = self.write(copy)  # freed when no capture holds the record
         for c in entry.caps:
             if c.value is copy:
                 c.value = spilled
