@@ -233,3 +233,37 @@ def test_kept_heads_equal_a_full_search_and_drop_deleted_runs(mlflow_server, tmp
     full, kept = both()
     assert kept == full and len(kept) == 6 and ids[1] not in {h.run_id for h in kept}
     assert [h.start_time for h in kept] == sorted((h.start_time for h in kept), reverse=True)
+
+
+def test_merge_from_another_directory_applies_the_expected_file_the_shards_used(
+    night_env, monkeypatch
+):
+    """Main: the merge looked for ``expected.toml`` beside the shards' relative ``config``,
+    found nothing from another directory and turned expected cells into failures (exit 1)."""
+    cwd = night_env["cwd"]
+    exp = cwd / "expected.toml"
+    exp.write_text(f'[[expected]]\ntarget = "{TINY}"\ntag = "*"\nreason = "known"\n'
+                   "until = 2099-12-31\n")  # fmt: skip
+    for i in (1, 2):  # relative --config, as a user in their project directory
+        res = invoke("nightly", "--config", "nightly.toml", "--shard", f"{i}/2", "--commit",
+                     "a" * 40, "--night", "e1", "--fail-on", "mismatch", perturb=True)  # fmt: skip
+        assert res.exit_code == 0, res.output  # every failing tag is expected
+    (cwd / "elsewhere").mkdir()
+    monkeypatch.chdir(cwd / "elsewhere")
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch", "--json")
+    assert res.exit_code == 0, res.output
+    cells = json.loads(res.stdout)["cells"]
+    failing = [c for c in cells if c["tensors_failing"]]
+    assert failing and all(c["unexpected_failing"] == 0 and c["expected_used"] for c in failing)
+    # the file edited since the shards read it: refuse, naming the path and the fix
+    exp.write_text(exp.read_text().replace("known", "edited"))
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch")
+    assert res.exit_code == 2 and str(exp.resolve()) in res.output and "--expected" in res.output
+    exp.unlink()
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch")
+    assert res.exit_code == 2 and str(exp.resolve()) in res.output and "--expected" in res.output
+    # a night whose shards used no expected file merges as before: its failures count
+    for i in (1, 2):
+        invoke("nightly", "--config", "../nightly.toml", "--shard", f"{i}/2", "--commit",
+               "a" * 40, "--night", "e2", "--fail-on", "never", perturb=True)  # fmt: skip
+    assert invoke("nightly-merge", "--night", "e2", "--fail-on", "mismatch").exit_code == 1
