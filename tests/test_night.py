@@ -267,3 +267,48 @@ def test_merge_from_another_directory_applies_the_expected_file_the_shards_used(
         invoke("nightly", "--config", "../nightly.toml", "--shard", f"{i}/2", "--commit",
                "a" * 40, "--night", "e2", "--fail-on", "never", perturb=True)  # fmt: skip
     assert invoke("nightly-merge", "--night", "e2", "--fail-on", "mismatch").exit_code == 1
+
+
+def test_history_heatmap_covers_every_commit_of_a_configuration_failing_since_before(
+    night_env, monkeypatch
+):
+    """Main drew the heatmap from this night's diff only (one commit; none at all when the
+    failing tags are ``unchanged``) and bannered "NO REGRESSION" over failing parity."""
+    from test_dashboards import _Doc
+
+    from dashboards.nightly import render_history
+    from parity_tracker.pipeline.nightly import run_nightly
+    from parity_tracker.statuses import is_failing
+    from parity_tracker.track import load_run
+
+    monkeypatch.setenv("PARITY_TEST_PERTURB", "fc2")
+    seen = []
+
+    def capture(result, pages):
+        seen.append((result, pages))
+        return {}
+
+    for commit in ("a" * 40, "b" * 40):  # failing the same way at both commits
+        run_nightly(night_env["cfg"], commit=commit, fail_on="never", render=capture)
+    result, pages = seen[-1]
+    failing_cells = [c for c in result.cells if c.tensors_failing]
+    assert failing_cells
+    for cell in failing_cells:
+        assert not cell.changes.get("regression")  # unchanged since commit a
+        runs = [r for r in pages.runs if r["fingerprint"] == cell.fingerprint]
+        assert {r["commit"] for r in runs} == {"a" * 40, "b" * 40}
+        # expected, from each stored run's modules table: tag -> failing at some step
+        want = {}
+        for r in runs:
+            rows = load_run(r["run_id"]).modules.to_pylist()
+            for tag in {x["tag"] for x in rows if is_failing(x["status"])}:
+                want.setdefault(tag, set()).add(r["commit"])
+        got = {}
+        for row in pages.tag_status:
+            if row["fingerprint"] == cell.fingerprint and is_failing(row["status"]):
+                got.setdefault(row["tag"], set()).add(row["commit"])
+        assert got == want and all(c == {"a" * 40, "b" * 40} for c in want.values())
+    doc = _Doc(render_history(pages.runs, pages.tag_status))
+    heat = [f for name, f in doc.figures.items() if name.startswith("heatmap")]
+    assert heat and all(len(f["data"][0]["x"]) == 2 for f in heat)  # both commits
+    assert "NO NEW REGRESSION — PARITY FAILS" in doc.text("verdict")

@@ -115,6 +115,16 @@ class RunStore:
 
         return tag_statuses(heads, tag, self.uri)
 
+    def run_tag_statuses(self, heads: list[Any]) -> list[dict[str, str]]:
+        """Every tag's status in each run (``tag_status.run_tag_statuses``).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a run has no modules table.
+        """
+        from parity_tracker.track.tag_status import run_tag_statuses
+
+        return run_tag_statuses(heads, self.uri)
+
     def resolve_run_id(self, run_id: str) -> str:
         """The full run id of ``run_id`` or of any unique prefix of it (``track.ids``).
 
