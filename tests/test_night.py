@@ -312,3 +312,34 @@ def test_history_heatmap_covers_every_commit_of_a_configuration_failing_since_be
     heat = [f for name, f in doc.figures.items() if name.startswith("heatmap")]
     assert heat and all(len(f["data"][0]["x"]) == 2 for f in heat)  # both commits
     assert "NO NEW REGRESSION — PARITY FAILS" in doc.text("verdict")
+
+
+def test_history_and_diff_accept_the_module_function_spelling_the_run_was_given(night_env):
+    """Main: `run mypairs:build` stored target "my-net" (the case's own setting), and
+    `history mypairs:build` / `diff --target mypairs:build` exited 2 "no stored run"."""
+    (night_env["cwd"] / "mypairs.py").write_text(
+        "from cli_targets import tiny\n\n\n"
+        "def build(settings):\n"
+        "    case = tiny(settings)\n"
+        '    case.settings = {"target": "my-net", **case.settings}\n'
+        "    return case\n"
+    )
+    spec = "mypairs:build"
+    ids = {}
+    for commit, perturb in (("a" * 40, False), ("b" * 40, True)):
+        res = invoke("run", spec, "--commit", commit, "--json", perturb=perturb)
+        ids[commit] = json.loads(res.stdout)["run_id"]
+    res = invoke("history", spec, "--json")
+    assert res.exit_code == 0, res.output
+    hist = json.loads(res.stdout)
+    assert hist["target"] == "my-net"
+    assert [p["run_id"] for p in hist["points"]] == [ids["a" * 40], ids["b" * 40]]
+    res = invoke("diff", "--base-commit", "a" * 7, "--head-commit", "b" * 7, "--target", spec,
+                 "--format", "json")  # fmt: skip
+    assert res.exit_code == 1 and json.loads(res.stdout)["counts"]["regression"] > 0
+    # nothing matches: the stored target names are listed
+    res = invoke("history", "nosuch_target_xyz")
+    assert res.exit_code == 2 and "stored targets: my-net" in res.output
+    res = invoke("diff", "--base-commit", "a" * 7, "--head-commit", "b" * 7, "--target",
+                 "nosuch_target_xyz")  # fmt: skip
+    assert res.exit_code == 2 and "stored targets: my-net" in res.output

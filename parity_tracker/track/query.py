@@ -90,6 +90,18 @@ class RunStore:
         """
         return self._search(find_run_heads, max_results, settings)
 
+    def target_names(self, spec: str | None = None) -> list[str]:
+        """Distinct stored ``target`` names, newest first; ``spec``: of runs given as that spec.
+
+        See ``search.stored_target_names`` (for messages: reads at most 5,000 runs).
+
+        Raises:
+            InfrastructureError: the store could not be reached (names the URI).
+        """
+        from parity_tracker.track.search import stored_target_names
+
+        return self._search(stored_target_names, None, {"spec": spec})
+
     def modules_tables(
         self, run_ids: list[str], artifact_uris: list[str | None] | None = None
     ) -> list[Any]:
