@@ -343,3 +343,24 @@ def test_history_and_diff_accept_the_module_function_spelling_the_run_was_given(
     res = invoke("diff", "--base-commit", "a" * 7, "--head-commit", "b" * 7, "--target",
                  "nosuch_target_xyz")  # fmt: skip
     assert res.exit_code == 2 and "stored targets: my-net" in res.output
+
+
+def test_python_loaders_take_a_unique_run_id_prefix(night_env):
+    """Main: ``load_run('c1c58812')`` raised MlflowException (the CLI alone resolved prefixes)."""
+    from parity_tracker.repro import reproduce_run
+    from parity_tracker.track import load_run
+    from parity_tracker.track.store import get_client
+
+    run_id = json.loads(invoke("run", TINY, "--json").stdout)["run_id"]
+    loaded = load_run(run_id[:8])
+    assert loaded.tracking_run_id == run_id  # the full id the prefix names
+    assert loaded.modules.equals(load_run(run_id).modules)
+    client = get_client(night_env["uri"])
+    exp = client.get_experiment_by_name("parity").experiment_id
+    ids = [run_id] + [client.create_run(exp).info.run_id for _ in range(16)]
+    first = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    matches = [i for i in ids if i.startswith(first)]
+    for loader in (load_run, reproduce_run):
+        with pytest.raises(InputError, match="ambiguous") as info:
+            loader(first)
+        assert sum(i in str(info.value) for i in matches) >= 2
