@@ -37,7 +37,9 @@ def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly p
             "error"``), ``tensors_failing`` (int or None), ``output_max_abs_diff`` (float or
             None), ``url`` (link to the run, e.g. its MLflow page or report; may be None).
             Optional: ``first_divergence`` (tag str), ``output_sqnr_db`` (float), ``message``
-            (str, e.g. the error or the expected-divergence reason), ``commit`` (str).
+            (str, e.g. the error or the expected-divergence reason), ``commit`` (str),
+            ``recorded`` (dict: the settings the run recorded; its ``quantization``/``cache``
+            pick the column over ``settings``, as the case's own values are what ran).
         title: the page heading.
 
     Returns:
@@ -115,7 +117,10 @@ def _settings_label(settings: Mapping[str, Any], skip: Sequence[str] = ()) -> st
 
 
 def _axis_value(cell: Mapping[str, Any], axis: str) -> str:
-    value = (cell.get("settings") or {}).get(axis)
+    """The cell's column value on ``axis``: recorded by its run, else its matrix setting."""
+    value = (cell.get("recorded") or {}).get(axis)
+    if value in (None, ""):
+        value = (cell.get("settings") or {}).get(axis)
     return _AXIS_DEFAULTS[axis] if value in (None, "") else str(value)
 
 

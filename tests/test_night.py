@@ -364,3 +364,40 @@ def test_python_loaders_take_a_unique_run_id_prefix(night_env):
         with pytest.raises(InputError, match="ambiguous") as info:
             loader(first)
         assert sum(i in str(info.value) for i in matches) >= 2
+
+
+def test_matrix_columns_follow_the_quantization_the_run_recorded(night_env):
+    """Main: a cell whose matrix entry says only ``candidate=bf16`` while its case records
+    ``quantization=bf16`` was drawn under the default column "quantization=none"."""
+    from dashboards.nightly import _matrix_grid
+    from parity_tracker.pipeline.night import merge_night
+    from parity_tracker.pipeline.nightly import run_nightly
+    from parity_tracker.track.query import RunStore
+
+    (night_env["cwd"] / "mycand.py").write_text(
+        "from cli_targets import tiny\n\n"
+        'SETTINGS = {"candidate": ["engine", "bf16"]}\n\n\n'
+        "def build(settings):\n"
+        '    q = "bf16" if settings.get("candidate") == "bf16" else "none"\n'
+        '    case = tiny({"quantization": q})\n'
+        '    case.settings = {"quantization": q, "candidate": settings.get("candidate")}\n'
+        "    return case\n"
+    )
+    cfg = night_env["cwd"] / "cand.toml"
+    cfg.write_text('[[matrix]]\ntarget = "mycand:build"\ncandidate = ["engine", "bf16"]\n')
+    seen = []
+
+    def capture(result, pages):
+        seen.append(pages)
+        return {}
+
+    run_nightly(cfg, commit="a" * 40, fail_on="never", night="q1", render=capture)
+    merge_night("q1", RunStore(night_env["uri"]), fail_on="never", render=capture)
+    for pages in seen:  # the shard's pages, then the merged night's
+        grid = _matrix_grid(pages.cells)
+        assert grid["quants"] == ["none", "bf16"]
+        rows = {label: tds for label, tds in grid["rows"]}
+        # the recorded quantization picks the column (the cell's own: none for engine)
+        assert rows["mycand:build candidate=bf16"][0] is None
+        assert rows["mycand:build candidate=bf16"][1] is not None
+        assert rows["mycand:build candidate=engine"][1] is None

@@ -203,6 +203,7 @@ def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellRe
     """A cell's outcome read back from its stored run (the diff is added later)."""
     out = CellResult(cell, run_id=run.run_id, fingerprint=run.fingerprint)
     out.passed = run.passed  # the stored verdict (track.store.stored_passed)
+    out.recorded = dict(run.settings)
     out.mode = run.tags.get("parity.mode")
     out.tensors_failing = int(run.metrics.get("tensors_failing", 0))
     out.output_max_abs_diff = run.metrics.get("output_max_abs_diff")

@@ -181,6 +181,7 @@ def run_cell(
         return out, None
     result = done.result
     out.run_id, out.passed, out.mode = done.run_id, bool(result.passed), result.mode
+    out.recorded = {str(k): str(v) for k, v in (result.settings or {}).items()}
     out.tensors_failing = int(result.summary.get("tensors_failing") or 0)
     out.output_max_abs_diff = result.summary.get("output_max_abs_diff")
     fd = result.first_divergence

@@ -25,7 +25,8 @@ class NightlyPages:
         title: the matrix page's title.
         cells: one dict per cell (``target``, ``settings``, ``run_id``, ``status``,
             ``tensors_failing``, ``output_max_abs_diff``, ``first_divergence``, ``message``,
-            ``commit``, ``url``), as ``dashboards.nightly.render_matrix`` takes them.
+            ``commit``, ``url``, ``recorded``), as ``dashboards.nightly.render_matrix`` takes
+            them.
         runs: stored runs of each cell's configuration (newest 30 commits), as
             ``dashboards.nightly.render_history`` takes them.
         tag_status: ``{tag, commit, status, fingerprint}`` of every tag failing in some run
@@ -56,7 +57,7 @@ def _cells(result: NightlyResult, url: Any) -> list[dict[str, Any]]:
          "status": cell_status(c), "tensors_failing": c.tensors_failing,
          "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
          "message": c.error or "; ".join(c.expected_used) or None, "commit": result.commit,
-         "url": url(c.run_id)}
+         "url": url(c.run_id), "recorded": dict(c.recorded)}
         for c in result.cells
     ]  # fmt: skip
 
