@@ -97,8 +97,10 @@ def history_selection(
         InfrastructureError: the store could not be reached.
     """
     given = {str(k): str(v) for k, v in settings.items()}
-    name = stored_name(target, store)  # a spec given to `run` (module:function) maps to it
-    heads = store.heads(target=name, **given)
+    name, heads = target, store.heads(target=target, **given)
+    if not heads:  # a spec given to `run` (module:function) maps to the name it stored
+        name = stored_name(target, store)
+        heads = store.heads(target=name, **given) if name != target else heads
     if len({h.fingerprint for h in heads}) == 1:
         return name, given, heads
     try:
