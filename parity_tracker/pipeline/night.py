@@ -17,8 +17,9 @@ A shard that never reported at all (no parent run for index ``I`` of ``1..N``) h
 ``cells.json`` to name its cells: the merge names the shard (``NightlyResult.missing_shards``)
 and the night is incomplete, never PASS. A shard reported twice counts once (``pick_shards``).
 Shards are grouped by ``(I, N)``: shards disagreeing on ``N``, shards of different matrices
-(tag ``parity.matrix_hash``, ``matrix.matrix_hash``) and a shard parent not FINISHED are
-``NightlyResult.shard_problems``: the night is incomplete, named in the digest and JSON. Cells
+(tag ``parity.matrix_hash``, ``matrix.matrix_hash``), a shard parent not FINISHED and shard
+parents on different commits (a reused night id) are ``NightlyResult.shard_problems``: the
+night is incomplete, named in the digest and JSON. Cells
 are matched by ``Cell.name``, one name per cell (``Cell.identity``: target and settings).
 """
 
@@ -42,7 +43,14 @@ from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
 from parity_tracker.run.mode import baseline_params
-from parity_tracker.track.parents import KIND_NIGHT, TAG_KIND, TAG_MATRIX, TAG_NIGHT, TAG_SHARD_RUNS
+from parity_tracker.track.parents import (
+    KIND_NIGHT,
+    SHARD_RUNS_CUT,
+    TAG_KIND,
+    TAG_MATRIX,
+    TAG_NIGHT,
+    TAG_SHARD_RUNS,
+)
 
 #: The artifact of a shard's parent run listing the cells it planned (``[{target, settings}]``).
 CELLS_FILE = "cells.json"
@@ -126,6 +134,25 @@ def _matrix_check(chosen: Sequence[Any], pick: ShardPick) -> None:
         )
 
 
+def _commit_check(parents: Sequence[Any], pick: ShardPick) -> None:
+    """Shard parents of one night (retries included) on different commits are a problem.
+
+    A night is one commit: shards on several commits are a reused ``--night`` (e.g. a
+    constant id every day) or a retry on another checkout. Every run of the night is kept out
+    of its cells' baselines, so a reused id would hide the earlier nights' runs and no cell
+    could regress. A shard without a commit (``--allow-no-commit``) counts as commit none.
+    """
+    commits: dict[str, list[str]] = {}
+    for parent in sorted(parents, key=lambda p: p.start_time):
+        commits.setdefault(getattr(parent, "commit", None) or "none", []).append(_label(parent))
+    if len(commits) > 1:
+        each = "; ".join(f"{c}: shard {', '.join(labels)}" for c, labels in commits.items())
+        pick.problems.append(
+            f"the night's shards ran on different commits ({each}): a night is one commit; "
+            "give each night its own --night (the default is derived from the commit)"
+        )
+
+
 def pick_shards(parents: Sequence[Any]) -> ShardPick:
     """Group a night's shard parents by shard ``(I, N)`` (their ``shard`` param) and check them.
 
@@ -134,7 +161,8 @@ def pick_shards(parents: Sequence[Any]) -> ShardPick:
     every split ``N`` reported must be present, else ``"I/N"`` is missing. Parents that
     disagree on ``N`` (``1/3`` and ``1/2`` cover different cells) are a problem naming each
     shard, never resolved by picking one; so are a chosen parent that is not FINISHED (still
-    RUNNING, or FAILED/KILLED: its cells may be partial) and shards whose matrix hashes differ.
+    RUNNING, or FAILED/KILLED: its cells may be partial), shards whose matrix hashes differ,
+    and parents (retries included) on different commits (:func:`_commit_check`).
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
@@ -165,6 +193,7 @@ def pick_shards(parents: Sequence[Any]) -> ShardPick:
         if p.status != "FINISHED"
     ]
     _matrix_check(pick.chosen, pick)
+    _commit_check(parents, pick)
     return pick
 
 
@@ -329,7 +358,7 @@ def merge_night(
         tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
         params={"night": night, "shards": total, "cells": len(cells), "fail_on": fail_on},
         tags={TAG_KIND: KIND_NIGHT, TAG_NIGHT: night,
-              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:5000],
+              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:SHARD_RUNS_CUT],
               **({TAG_MATRIX: matrices.pop()} if len(matrices) == 1 else {})},
         commit=commits[0] if len(commits) == 1 else None,
     )  # fmt: skip

@@ -1,0 +1,89 @@
+"""Third adversarial round on nights, baselines and commit selection (issue 18, wave 5).
+
+Each test reproduces a wrong PASS found by the round: a reused night id, a night parent
+standing for shards its merge never used, an abbreviated commit of two commits. Expected
+values come from how the test set the store up (which runs it made, on which commit, with
+which perturbation), never from the code's own output.
+"""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from night_helpers import TINY
+
+from parity_tracker.cli import cli
+
+
+def invoke(*args, perturb=False):
+    extra = {"PARITY_TEST_PERTURB": "fc2" if perturb else "none"}
+    return CliRunner().invoke(cli, list(args), env=extra, catch_exceptions=False)
+
+
+def nightly(env, commit, *extra, perturb=False):
+    res = invoke("nightly", "--config", env["cfg"], "--commit", commit, "--json", *extra,
+                 perturb=perturb)  # fmt: skip
+    return res.exit_code, json.loads(res.stdout)
+
+
+def merge(night, *extra):
+    res = invoke("nightly-merge", "--night", night, "--json", *extra)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_a_night_id_reused_on_another_commit_is_a_problem_not_a_pass(night_env):
+    """A constant ``--night`` every day: day 2's merge must not hide day 1 from its baselines.
+
+    Day 1 (commit a) passes; day 2 (commit b) perturbs ``2.weight``: against day 1 every cell
+    regresses. Before the fix, the merge kept every run of the "night" (day 1 included) out of
+    the baselines, found none, and exited 0.
+    """
+    a, b = "a" * 40, "b" * 40
+    assert nightly(night_env, a, "--night", "nightly")[0] == 0
+    assert merge("nightly")[0] == 0  # one commit so far: a sound night
+    code, _ = nightly(night_env, b, "--night", "nightly", perturb=True)
+    assert code == 1  # the shard itself diffs against day 1 and sees the regression
+    code, out = merge("nightly")
+    assert code == 1 and out["complete"] is False
+    (problem,) = out["shard_problems"]
+    assert "different commits" in problem and a in problem and b in problem
+    assert out["headline"].startswith("FAIL (incomplete")
+
+
+def test_a_night_parent_baseline_is_the_shards_its_merge_used(night_env):
+    """``--baseline <night parent>`` means the cells its digest showed.
+
+    Night n1 passes and is merged; then shard n1 is reported again (a retried CI job after the
+    merge) with ``2.weight`` perturbed. Night n2, perturbed too, against the merged parent:
+    its baselines must be the merged (unperturbed) cells, so it regresses. Before the fix the
+    later perturbed runs (newest) were taken and n2 passed with exit 0.
+    """
+    a = "a" * 40
+    _, used = nightly(night_env, a, "--night", "n1")
+    _, merged = merge("n1")
+    assert merged["headline"] == "PASS"
+    _, later = nightly(night_env, a, "--night", "n1", perturb=True)  # after the merge
+    assert {c["run_id"] for c in later["cells"]}.isdisjoint(c["run_id"] for c in used["cells"])
+    code, out = nightly(night_env, "b" * 40, "--night", "n2", "--baseline",
+                        merged["parent_run_id"][:10], perturb=True)  # fmt: skip
+    want = {c["cell"]: c["run_id"] for c in used["cells"]}
+    assert {c["cell"]: c["baseline_run_id"] for c in out["cells"]} == want
+    assert code == 1 and out["regressions"] > 0
+
+
+def test_an_abbreviated_commit_of_two_commits_is_refused(night_env):
+    """``diff --base-commit abc`` when runs exist on abc1… and abc2…: git refuses an ambiguous
+    short SHA; picking the newest silently diffed the wrong commit (here: exit 0, no
+    regression, although abc1 → head regresses)."""
+    c1, c2, head = "abc1" + "0" * 36, "abc2" + "0" * 36, "d" * 40
+    nightly(night_env, c1, "--night", "x1")  # unperturbed
+    nightly(night_env, c2, "--night", "x2", perturb=True)
+    nightly(night_env, head, "--night", "x3", perturb=True)
+    sel = ["--target", TINY, "--set", "quantization=none", "--json"]
+    res = invoke("diff", "--base-commit", "abc", "--head-commit", head, *sel)
+    assert res.exit_code == 2, res.output
+    assert "ambiguous" in res.output and c1 in res.output and c2 in res.output
+    # one more digit names one commit: abc1 is unperturbed, head perturbed -> regression
+    res = invoke("diff", "--base-commit", "abc1", "--head-commit", head[:7], *sel)
+    assert res.exit_code == 1 and json.loads(res.stdout)["counts"]["regression"] > 0
