@@ -87,3 +87,47 @@ def test_an_abbreviated_commit_of_two_commits_is_refused(night_env):
     # one more digit names one commit: abc1 is unperturbed, head perturbed -> regression
     res = invoke("diff", "--base-commit", "abc1", "--head-commit", head[:7], *sel)
     assert res.exit_code == 1 and json.loads(res.stdout)["counts"]["regression"] > 0
+
+
+def test_a_cell_whose_target_failed_to_build_keeps_its_error_in_the_merge(night_env):
+    """No run is logged for a cell whose target raises while building; its shard's
+    ``cells.csv`` has the error. The merge named it "not in the store (spooled, or its shard
+    died): sync, then merge again", a wrong cause and a fix that cannot work."""
+    cfg = night_env["cwd"] / "broken.toml"
+    cfg.write_text(f'[[matrix]]\ntarget = "{TINY}"\n\n[[matrix]]\ntarget = "cli_targets:broken"\n')
+    res = invoke("nightly", "--config", str(cfg), "--commit", "a" * 40, "--night", "b1", "--json")
+    assert res.exit_code == 1
+    code, out = merge("b1")
+    errors = {c["target"]: c["error"] for c in out["cells"]}
+    assert code == 1 and errors[TINY] is None
+    # cli_targets.broken raises RuntimeError("weights file missing") by construction
+    assert "weights file missing" in errors["cli_targets:broken"]
+    assert "spooled" not in errors["cli_targets:broken"]
+
+
+def test_a_shard_that_died_before_listing_its_cells_makes_the_night_incomplete(night_env):
+    """A shard parent opened but killed before attaching ``cells.json``: the store is fine, so
+    the merge must not exit 3 (infrastructure); the night is incomplete (exit 1)."""
+    from parity_tracker.track.parents import KIND_SHARD, TAG_KIND, TAG_NIGHT
+    from parity_tracker.track.store import get_client
+
+    nightly(night_env, "a" * 40, "--night", "d1", "--shard", "1/2")
+    client = get_client(night_env["uri"])
+    exp = client.get_experiment_by_name("parity").experiment_id
+    dead = client.create_run(exp, tags={TAG_KIND: KIND_SHARD, TAG_NIGHT: "d1"}).info.run_id
+    client.log_param(dead, "shard", "2/2")
+    client.log_param(dead, "config", night_env["cfg"])
+    client.set_terminated(dead, "KILLED")
+    code, out = merge("d1")
+    assert code == 1 and out["complete"] is False
+    assert any(dead in p and "cells.json" in p for p in out["shard_problems"])
+
+
+def test_an_expected_file_that_does_not_exist_is_an_input_error(night_env):
+    """``--expected`` with a typo used to be read as an empty list: entries silently unused."""
+    nightly(night_env, "a" * 40, "--night", "e1")
+    missing = str(night_env["cwd"] / "expectd.toml")
+    for args in (["nightly", "--config", night_env["cfg"], "--commit", "b" * 40],
+                 ["nightly-merge", "--night", "e1"], ["diff", "x", "y"]):  # fmt: skip
+        res = invoke(*args, "--expected", missing)
+        assert res.exit_code == 2 and "expectd.toml" in res.output, (args, res.output)

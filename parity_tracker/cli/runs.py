@@ -182,7 +182,7 @@ def run(
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML (default: expected.toml beside --config).",
 )
 @tracking_uri_option

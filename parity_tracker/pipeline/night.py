@@ -197,18 +197,41 @@ def pick_shards(parents: Sequence[Any]) -> ShardPick:
     return pick
 
 
-def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
+def _shard_file(parent: Any, name: str, store: Any, unknown: list[str]) -> Path | None:
+    """A shard parent's file ``name``; None when a shard that did not finish lacks it.
+
+    A shard that died before attaching it (its parent is not FINISHED, already a shard
+    problem) is named in ``unknown``; a FINISHED shard's missing file stays an error.
+
+    Raises:
+        InfrastructureError: the store could not be reached, or a FINISHED shard lacks it.
+    """
+    from parity_tracker.errors import InfrastructureError
+
+    try:
+        return store.fetch([(parent.run_id, parent.artifact_uri)], name)[0]
+    except InfrastructureError:
+        if parent.status == "FINISHED":
+            raise
+        unknown.append(f"shard {_label(parent)} has no {name}: its cells are unknown")
+        return None
+
+
+def _planned(parents: Sequence[Any], store: Any, unknown: list[str]) -> list[Cell]:
     """Every cell the night's shards planned (their ``cells.json``), in matrix order.
 
     Shard ``I/N`` ran cells ``k`` with ``k % N == I - 1`` (``matrix.shard_cells``), so its
     ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell (``Cell.identity``: target
-    and settings) planned twice counts once.
+    and settings) planned twice counts once. A shard not FINISHED without ``cells.json`` is
+    named in ``unknown`` (:func:`_shard_file`).
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
-    paths = store.fetch([(p.run_id, p.artifact_uri) for p in parents], CELLS_FILE)
+    paths = [_shard_file(p, CELLS_FILE, store, unknown) for p in parents]
     order: dict[str, tuple[tuple[int, int], Cell]] = {}
     for parent, path in zip(parents, paths, strict=True):
+        if path is None:
+            continue
         index, count = parse_shard(parent.params.get("shard") or "1/1")
         for j, item in enumerate(json.loads(Path(path).read_text())):
             cell = Cell(item["target"], tuple(item["settings"].items()))
@@ -259,6 +282,31 @@ def _diff(out: CellResult, run: Any, night_ids: set[str], store: Any, plan: dict
     out.unexpected_failing = diff.unexpected_failing
 
 
+def _reported_errors(parents: Sequence[Any], store: Any, stored: set[str]) -> dict[str, str]:
+    """``{cell name: error}`` of cells a FINISHED shard reported failing with no run logged.
+
+    A cell whose target failed to build, or whose run could not be logged, has no run in the
+    store; its shard's ``cells.csv`` (``results.cells_table``) holds the error, which the
+    merge shows instead of :data:`MISSING`. A shard's file that cannot be read only warns.
+    """
+    from parity_tracker.pipeline.results import CELLS_CSV, read_cells_csv
+
+    out: dict[str, str] = {}
+    for parent in parents:
+        if parent.status != "FINISHED":
+            continue
+        try:
+            rows = read_cells_csv(store.fetch([(parent.run_id, parent.artifact_uri)], CELLS_CSV)[0])
+        except Exception as exc:  # an old shard without it: the cells stay MISSING
+            warnings.warn(f"{CELLS_CSV} of shard {_label(parent)} not read: {exc!r}", stacklevel=3)
+            continue
+        for name, row in rows.items():
+            if name not in stored and row["status"] == "error" and not row["run_id"]:
+                out[name] = (f"{row['message'] or 'error'} (shard {_label(parent)} logged no run "
+                             "of this cell)")[:500]  # fmt: skip
+    return out
+
+
 def gather_night(
     night: str,
     store: Any,
@@ -266,12 +314,14 @@ def gather_night(
     expected: Sequence[Any] = (),
     today: dt.date | None = None,
     found: tuple[list[Any], list[Any]] | None = None,
+    problems: list[str] | None = None,
 ) -> tuple[list[Any], list[CellResult]]:
     """``(shard parent runs, one CellResult per planned cell)`` of night ``night``, diffed.
 
     A shard reported twice counts once (``pick_shards``: its newest completed parent, only
     that parent's cells); a cell run twice under it counts once: its newest run. ``found`` is
-    ``store.night(night)`` when already read.
+    ``store.night(night)`` when already read. A shard whose planned cells are unknown (not
+    FINISHED, no ``cells.json``) is appended to ``problems``.
 
     Raises:
         InputError: no shard of that night in the store (names the night and experiment).
@@ -295,10 +345,15 @@ def gather_night(
     summaries = dict(zip([r.run_id for r in stored], fetched, strict=True))
     plan = {"entries": list(expected), "today": today or dt.datetime.now(dt.timezone.utc).date()}
     cells: list[CellResult] = []
-    for cell in _planned(parents, store):
+    unknown: list[str] = []
+    planned = _planned(parents, store, unknown)
+    if problems is not None:
+        problems += unknown
+    reported = _reported_errors(parents, store, set(by_name))
+    for cell in planned:
         run = by_name.get(cell.name)
         if run is None:
-            cells.append(CellResult(cell, error=MISSING))
+            cells.append(CellResult(cell, error=reported.get(cell.name, MISSING)))
             continue
         path = summaries.get(run.run_id)
         out = _cell_result(cell, run, json.loads(Path(path).read_text()) if path else None)
@@ -345,12 +400,14 @@ def merge_night(
     found = store.night(night)
     parents = found[0]
     pick = pick_shards(parents)
-    if expected is None and parents:
-        guess = Path(parents[0].params.get("config", "")).with_name("expected.toml")
+    config = parents[0].params.get("config") if parents else None
+    if expected is None and config:
+        guess = Path(config).with_name("expected.toml")
         expected = guess if guess.is_file() else None
     entries = load_expected(expected) if expected else []
     today = today or dt.datetime.now(dt.timezone.utc).date()
-    parents, cells = gather_night(night, store, expected=entries, today=today, found=found)
+    parents, cells = gather_night(night, store, expected=entries, today=today, found=found,
+                                  problems=pick.problems)  # fmt: skip
     commits = sorted({p.commit for p in parents if p.commit})
     total = len(pick.chosen) + len(pick.missing)
     matrices = {p.tags.get(TAG_MATRIX) for p in parents}
