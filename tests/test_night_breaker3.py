@@ -9,7 +9,12 @@ which perturbation), never from the code's own output.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from night_helpers import TINY
 
@@ -131,3 +136,49 @@ def test_an_expected_file_that_does_not_exist_is_an_input_error(night_env):
                  ["nightly-merge", "--night", "e1"], ["diff", "x", "y"]):  # fmt: skip
         res = invoke(*args, "--expected", missing)
         assert res.exit_code == 2 and "expectd.toml" in res.output, (args, res.output)
+
+
+CHATTY = '''"""A target that prints while building and in forward, as model code often does."""
+import os
+
+import torch
+from torch import nn
+
+from parity_tracker.pipeline.case import ParityCase
+
+
+class Chatty(nn.Linear):
+    def forward(self, x):
+        print("forward!")
+        return super().forward(x)
+
+
+def build(settings):
+    print("loading weights...")
+    os.write(1, b"fd-level chatter\\n")  # C code and child processes write to fd 1
+    torch.manual_seed(0)
+    reference, candidate = Chatty(4, 4), Chatty(4, 4)
+    candidate.load_state_dict(reference.state_dict())
+    return ParityCase(reference, candidate, inputs=(torch.ones(2, 4),))
+'''
+
+
+@pytest.mark.slow
+def test_json_stdout_is_one_document_when_the_target_prints(tmp_path):
+    """``--json`` prints exactly one JSON document on stdout: a target's own prints (Python's
+    ``print`` and raw writes to fd 1) go to stderr. They used to come first on stdout."""
+    (tmp_path / "chatty_target.py").write_text(CHATTY)
+    (tmp_path / "m.toml").write_text('[[matrix]]\ntarget = "chatty_target:build"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}  # fmt: skip
+    exe = str(Path(sys.executable).with_name("parity-tracker"))
+    commit = ["--commit", "a" * 40]
+    for args in (["run", "chatty_target:build", *commit],
+                 ["nightly", "--config", "m.toml", *commit, "--night", "c1"]):  # fmt: skip
+        res = subprocess.run([exe, *args, "--json"], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)  # the whole of stdout: one document, nothing else
+        assert isinstance(doc, dict) and "fd-level chatter" not in res.stdout
+        assert "loading weights..." in res.stderr and "fd-level chatter" in res.stderr
+        assert "forward!" in res.stderr
