@@ -484,7 +484,8 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
     out = []
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked
     for g in self._log.groups.values():
-        if all(c.value is None for c in g.captures):
+        caps = g.captures  # the first capture asked alone: no generator for most groups
+        if (not caps or caps[0].value is None) and all(c.value is None for c in caps):
             continue  # None on every side: no value, nothing to compare or to report
         pairs = (
             VerifiedPairs(self.budget.for_step(g.step), self._snap) if mode == BUDGET else verified
@@ -576,7 +577,7 @@ def module_register_tensor_checker(
     except BaseException:
         handle.remove()
         raise
-    log.hooked.setdefault(handle.side, set()).update(handle.module_names)
+    log.hooked.setdefault(handle.side, {}).update(dict.fromkeys(handle.module_names))
     log.unhooked.setdefault(handle.side, {}).update(handle.unhooked)
     log.handles.append(handle)
     return handle

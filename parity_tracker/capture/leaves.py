@@ -122,6 +122,12 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
         ``(path, leaf)`` with the path's keys joined by ``.`` (``""`` for ``obj`` itself).
     """
     key = ".".join(path)
+    kind = type(obj)
+    # exactly a tuple or list is never a dataclass or a Mapping: no ABC check (issue 19)
+    if (kind is tuple or kind is list) and depth < _MAX_DEPTH:
+        for i, v in enumerate(obj):
+            yield from flatten(v, (*path, str(i)), depth + 1)
+        return
     if obj is None or is_tensor_like(obj):
         yield key, obj
     elif is_scalar(obj):
@@ -154,6 +160,10 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
     return [(output_tag(base, p), f"output.{p}", leaf) for p, leaf in flatten(output)]
 
 
+#: Python numbers: no ``__dlpack__``, so :func:`flatten` makes each one :func:`scalar_leaf`
+_PY_NUMBERS = frozenset({bool, int, float, complex})
+
+
 def input_leaves(
     base: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
 ) -> list[tuple[str, str, Any]]:
@@ -168,6 +178,9 @@ def input_leaves(
     for name, value in items:
         if value is None or isinstance(value, torch.Tensor):  # flatten's one leaf, directly
             leaves.append((input_tag(base, name), f"input.{name}", value))
+            continue
+        if type(value) in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
+            leaves.append((input_tag(base, name), f"input.{name}", scalar_leaf(value)))
             continue
         for p, leaf in flatten(value):
             suffix = f"{name}.{p}" if p else name
@@ -193,16 +206,23 @@ def own_tensors(
     seen: set[str] = set()
     for mname, mod in model.named_modules(remove_duplicate=False):
         entries = table.setdefault(id(mod), [])
-        stores = [("param", [k for k, _ in mod._parameters.items()])]
-        stores.append(("buffer", [k for k, _ in mod._buffers.items()]))
-        stores.append((PACKED, packed_names(mod)))
-        for kind, names in stores:
-            for local in names:
-                qname = f"{mname}.{local}" if mname else local
-                if qname in seen or (kind != PACKED and read_own(mod, local, kind) is None):
+        owner = module_display_name(mname, root)  # once per module (issue 19)
+        prefix = f"{mname}." if mname else ""
+        for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
+            for local in [k for k, _ in store.items()]:
+                qname = prefix + local
+                # read_own's test, inline (TorchScript's store has no .get): a slot holding
+                # None has no tensor
+                value = store[local] if local in store else None  # noqa: SIM401
+                if qname in seen or value is None:
                     continue
                 seen.add(qname)
-                entries.append((qname, module_display_name(mname, root), local, kind))
+                entries.append((qname, owner, local, kind))
+        for local in packed_names(mod):
+            qname = prefix + local
+            if qname not in seen:
+                seen.add(qname)
+                entries.append((qname, owner, local, PACKED))
     return table
 
 

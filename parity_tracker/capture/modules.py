@@ -101,7 +101,9 @@ class CaptureLog:
     def __init__(self, on_tensor: Callable[[Group, Capture, torch.Tensor, bool], None]):
         self.on_tensor = on_tensor
         self.handles: list[HookHandle] = []
-        self.hooked: dict[int, set[str]] = {}
+        #: side -> hooked module display names, in hook order (a dict as an ordered set: rows
+        #: derived from it, e.g. "never called", come out in the same order every run)
+        self.hooked: dict[int, dict[str, None]] = {}
         #: side -> {module display name: why it takes no hooks} (TorchScript, hooks refused)
         self.unhooked: dict[int, dict[str, str]] = {}
         self.reset()
@@ -157,16 +159,26 @@ class CaptureLog:
         step: int | None = None,
     ) -> Group:
         """Record one leaf under ``tag`` (at ``step``, default the current one) for ``side``."""
-        key = (tag, self.step if step is None else step)
+        step = self.step if step is None else step
+        return self._record(tag, value, side, kind, module, slot, call_index, step)
+
+    def _record(self, tag, value, side, kind, module, slot, call_index, step) -> Group:
+        """:meth:`capture` with every argument given by position (the hooks' path, issue 19)."""
+        key = (tag, step)
         group = self.groups.get(key)
         if group is None:
-            group = Group(tag, key[1], kind, module, slot, call_index, self.created)
+            group = Group(tag, step, kind, module, slot, call_index, self.created)
             self.created += 1
             self.groups[key] = group
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
-        if not (value is None or isinstance(value, torch.Tensor | NonTensor)):
+        if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
+            cap = Capture(side, None, order, True, meta(value))
+            group.captures.append(cap)
+            self.on_tensor(group, cap, value, kind == "param")
+            return group
+        if not (value is None or isinstance(value, NonTensor)):
             value = as_tensor(value, tag)
         self._add(group, side, value, order, alias=kind == "param")
         return group
@@ -218,9 +230,9 @@ class CaptureLog:
         k = self.calls.get(key, 0)
         self.calls[key] = k + 1
         self.called.setdefault(side, set()).add(name)
-        base = call_base(name, k)
+        base, record, step = call_base(name, k), self._record, self.step
         groups = [
-            self.capture(tag, leaf, side=side, kind="input", module=name, slot=slot, call_index=k)
+            record(tag, leaf, side, "input", name, slot, k, step)
             for tag, slot, leaf in input_leaves(base, args, kwargs)
         ]
         groups += self._capture_own(side, mod, own)
@@ -235,18 +247,8 @@ class CaptureLog:
             if value is None:
                 continue
             self.weights_done.add((side, qname))
-            groups.append(
-                self.capture(
-                    param_tag(qname),
-                    value,
-                    side=side,
-                    kind="param" if kind == PACKED else kind,
-                    module=owner,
-                    slot=local,
-                    call_index=0,
-                    step=0,
-                )
-            )
+            kind = "param" if kind == PACKED else kind
+            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
         return groups
 
     def post_call(self, side, name, mod, output, all_own) -> None:
@@ -257,9 +259,9 @@ class CaptureLog:
         k, groups = frames.pop()
         if all_own is None and self.stack and self.stack[-1] == (side, name):
             self.stack.pop()
-        base = call_base(name, k)
+        base, record, step = call_base(name, k), self._record, self.step
         outs = [
-            self.capture(tag, leaf, side=side, kind="output", module=name, slot=slot, call_index=k)
+            record(tag, leaf, side, "output", name, slot, k, step)
             for tag, slot, leaf in output_leaves(base, output)
         ]
         self.commit(outs + groups)
