@@ -54,7 +54,7 @@ def _command_lines(text: str) -> list[str]:
         if stripped.startswith("#") or "parity-tracker " not in stripped:
             continue
         start = stripped.find("parity-tracker ")
-        if start > 0 and not re.search(r"(^|[;&|(]|\bthen|\bdo)\s*$", stripped[:start]):
+        if start > 0 and not re.search(r"(^|[;&|(]|\bthen|\bdo|^- run:)\s*$", stripped[:start]):
             continue  # inside an echo or a comment, not a command
         lex = shlex.shlex(stripped[start:], posix=True, punctuation_chars=";&|<>()")
         lex.whitespace_split = True
