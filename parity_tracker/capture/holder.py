@@ -46,9 +46,9 @@ class Holder:
         self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
 
     def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
+        """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted."""
         if alias:
-            cap.value = value.detach()
+            cap.value = self.c._snap.pin(value)
             return
         cap.value = copy = self.c._snap.take(value)
         self.c._store.admit(copy, cap)
