@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass,
 )
 
+from parity_tracker.capture.cow import storage_address
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
@@ -156,15 +157,13 @@ def _capturable(t: Any) -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor).
+    """The data address of ``t``'s storage (0 for an empty storage or a non-strided tensor).
 
-    A wrapper tensor subclass (``DTensor``, ...) has no storage of its own (touching it raises
-    "invalid python storage"): 0, and its captures are private copies (:func:`_own`).
+    Read without materializing a copy-on-write storage (``capture.cow.storage_address``). A
+    wrapper subclass (``DTensor``) has no storage of its own: 0 (its captures are copies).
     """
-    if not _capturable(t) or is_traceable_wrapper_subclass(t):
-        return 0
-    storage = t.untyped_storage()
-    return storage.data_ptr() if storage.nbytes() else 0
+    ok = _capturable(t) and not is_traceable_wrapper_subclass(t)
+    return storage_address(t) if ok else 0
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:
