@@ -177,3 +177,52 @@ def test_op_output_written_in_place_after_a_cow_module_snapshot_keeps_its_value(
 def test_op_output_written_through_numpy_after_capture_never_equal():
     row, _ = _op_row("numpy")
     assert row["status"] != "equal", row
+
+
+class _Step(nn.Module):
+    def forward(self, x):
+        return x + 1.0
+
+
+class _RemoveSpills(nn.Module):
+    """Deletes (or cuts) every spilled snapshot file under ``root`` mid-forward."""
+
+    def __init__(self, root, how: str) -> None:
+        super().__init__()
+        self.root, self.how = root, how
+
+    def forward(self, x):
+        for f in self.root.rglob("*.bin"):
+            if self.how == "delete":
+                f.unlink()
+            else:
+                with open(f, "r+b") as fh:
+                    fh.truncate(16)
+        return x * 1.0
+
+
+class _Spilling(nn.Module):
+    def __init__(self, root, how: str | None) -> None:
+        super().__init__()
+        self.a, self.b = _Step(), _Step()
+        self.cut = _RemoveSpills(root, how) if how else nn.Identity()
+
+    def forward(self, x):
+        return self.cut(self.b(self.a(x)))
+
+
+@pytest.mark.parametrize("how", ["delete", "truncate"])
+def test_spill_files_lost_mid_run_are_errors_not_a_crash(tmp_path, monkeypatch, how):
+    """Op-level runs hold module snapshots within 8 MiB; 12 MiB activations spill at once."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the run's spill root goes here
+    x = torch.zeros(3 << 20)  # 12 MiB of float32
+    result = run_parity(
+        _Spilling(tmp_path, how), _Spilling(tmp_path, None), inputs=(x,), mode="equal",
+        dump_mode=DumpMode.NOT, capture_ops=True,
+    )  # fmt: skip
+    rows = {r["tag"]: r for r in result.modules.to_pylist()}
+    assert rows["checker_a"]["status"] == "error", rows["checker_a"]
+    assert "could not be read back" in rows["checker_a"]["message"]
+    assert result.record.passed is False

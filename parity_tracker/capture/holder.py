@@ -15,7 +15,7 @@ import torch
 from parity_tracker.capture.modules import Capture, Group
 from parity_tracker.capture.store import Spilled
 from parity_tracker.compare.core import Comparison
-from parity_tracker.compare.pairing import RELEASED, load
+from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
 from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
 
@@ -70,12 +70,16 @@ class Holder:
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
+        try:
+            held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
+        except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
+            held_value, comp = None, unreadable(g.tag, self.c.eager_mode, exc)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        budget = self.c.eager_mode == BUDGET
-        pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
-        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
-        comp = self.c._snap.verified(g.tag, ref, cand, comp)  # copy-on-write snapshots
+        if held_value is not None:
+            budget = self.c.eager_mode == BUDGET
+            pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
+            comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
+            comp = self.c._snap.verified(g.tag, ref, cand, comp)  # copy-on-write snapshots
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
