@@ -74,6 +74,8 @@ class Holder:
             held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
         except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
             held_value, comp = None, unreadable(g.tag, self.c.eager_mode, exc)
+        if g.kind == "param" and held_value is not None:  # the weight, not its copy (unpin)
+            held_value = held.value = self.c._snap.unpin(held_value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
         if held_value is not None:
             budget = self.c.eager_mode == BUDGET
@@ -84,6 +86,8 @@ class Holder:
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
             self._keep(new, value, alias)
+            if g.kind == "param":  # kept for a dump: its values of now, pinned again
+                held.value = self.c._snap.pin(held.value)
         else:
             new.value = held.value = RELEASED
 
