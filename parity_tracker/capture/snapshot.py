@@ -51,6 +51,14 @@ class _Entry:
         self.storage: int | None = None
 
 
+def _data_ptr(t: torch.Tensor) -> int:
+    """The storage's data address, never materializing a copy-on-write storage.
+
+    ``Tensor.data_ptr()`` would copy a pinned parameter given as a module input (``pin``).
+    """
+    return t.data_ptr() if _DATA_ADDRESS is None else _DATA_ADDRESS(t)
+
+
 def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them).
 
@@ -58,7 +66,7 @@ def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     its storage (the pointer is then checked through the copy-on-write state instead).
     """
     return (
-        t.data_ptr() if ptr else None,
+        _data_ptr(t) if ptr else None,
         t.storage_offset(),
         tuple(t.shape),
         t.stride(),
