@@ -241,11 +241,15 @@ class OpSession(SpillCounters):
 
     def rows(self) -> list[dict[str, Any]]:
         """The ops table rows, in execution order (keys = ``tables.OPS_SCHEMA`` columns)."""
+        return [_public(r) for r in self._final_rows()]
+
+    def _final_rows(self) -> list[dict[str, Any]]:
+        """The comparer's rows (private keys included), finalized once the candidate ran."""
         if 1 in self._recorded and self._side is None:
             self._comparer.finalize()
             if self.capture_error and not self._marked:
                 self._mark_capture_error()
-        return [{k: v for k, v in r.items() if not k.startswith("_")} for r in self._comparer.rows]
+        return self._comparer.rows
 
     def _mark_capture_error(self) -> None:
         """Rows op capture could not record become ``error`` naming the failure (never a pass)."""
@@ -269,7 +273,7 @@ class OpSession(SpillCounters):
         A root cause is a failing op whose tensor inputs all pass, or an op (not a pure copy)
         that runs on one side only with no failing input.
         """
-        return [r for r in self.rows() if r["root_cause"]]
+        return [_public(r) for r in self._final_rows() if r["root_cause"]]  # the rows() rows
 
     def kept(self) -> tuple[list[Any], list[str]]:
         """Reproducer material of the first root causes, and the tags not kept.
@@ -298,3 +302,8 @@ class OpSession(SpillCounters):
         # (reading spilled captures, comparisons) must not be recorded as ops.
         with suspended():
             self._comparer.close_frame(side.index, frame)
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without the comparer's private keys (those starting with ``_``)."""
+    return {k: v for k, v in row.items() if not k.startswith("_")}

@@ -580,7 +580,7 @@ def module_register_tensor_checker(
     except BaseException:
         handle.remove()
         raise
-    log.hooked.setdefault(handle.side, set()).update(handle.module_names)
+    log.hooked.setdefault(handle.side, {}).update(dict.fromkeys(handle.module_names))
     log.unhooked.setdefault(handle.side, {}).update(handle.unhooked)
     log.handles.append(handle)
     return handle

@@ -15,6 +15,9 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
   it: use a unique experiment name per test (e.g. from ``request.node.name``).
 - ``in_tmp_cwd`` (function): ``chdir`` into ``tmp_path`` so the embedded default store,
   ``./.parity/spool`` and ``./.parity/cache`` land there.
+- ``compiled`` (function): the comparison's compiled loop (``compare.fused.kernel()``); the
+  test is skipped without numba or with ``PARITY_NO_KERNEL`` (tests/test_budget_scan.py has
+  its own ``compiled``: the budget's scan).
 - ``night_env`` (function): ``in_tmp_cwd`` plus a fresh ``sqlite_tracking_uri`` as
   ``$MLFLOW_TRACKING_URI`` and the night tests' matrix (``tests/night_helpers.py``) as
   ``nightly.toml``; returns ``{"uri", "cwd", "cfg"}``.
@@ -126,6 +129,18 @@ def sqlite_tracking_uri(sqlite_template: Path, tmp_path: Path) -> str:
     db = tmp_path / "mlflow.db"
     shutil.copyfile(sqlite_template, db)
     return f"sqlite:///{db}"
+
+
+@pytest.fixture
+def compiled():
+    """The compiled comparison loop, or skip (no numba, or ``PARITY_NO_KERNEL`` set)."""
+    pytest.importorskip("numba")
+    from parity_tracker.compare import fused
+
+    fn = fused.kernel()
+    if fn is None:
+        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
+    return fn
 
 
 @pytest.fixture

@@ -63,15 +63,6 @@ def _tensors(name, n, dtype, cand_dtype=None):
 
 
 @pytest.fixture
-def compiled():
-    pytest.importorskip("numba")
-    fn = fused.kernel()
-    if fn is None:
-        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
-    return fn
-
-
-@pytest.fixture
 def eager_only(monkeypatch):
     monkeypatch.setitem(fused._KERNEL, "fn", None)
     monkeypatch.setitem(fused._KERNEL, "built", True)

@@ -37,15 +37,6 @@ PAIRS = [
 HALVES = [-1.0, 2.0**-9, 1e-3, math.inf]
 
 
-@pytest.fixture
-def compiled():
-    pytest.importorskip("numba")
-    fn = fused.kernel()
-    if fn is None:
-        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
-    return fn
-
-
 def _ties(n: int, g: np.random.Generator) -> np.ndarray:
     """float32 values exactly halfway between two bfloat16 neighbours (low 16 bits 0x8000)."""
     bits = g.integers(0x3F000000, 0x41000000, n, dtype=np.uint32) & np.uint32(0xFFFF0000)

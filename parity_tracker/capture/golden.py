@@ -103,7 +103,24 @@ def golden_copy(module: torch.nn.Module) -> torch.nn.Module:
     return golden
 
 
-def _promote_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+_ATOMS = frozenset({type(None), bool, int, float, str})
+
+
+def _already_wide(values) -> bool:
+    """True when every value is a plain tensor not to promote, or a ``None``/number/string."""
+    for v in values:
+        kind = type(v)
+        if kind is torch.Tensor:
+            if (v.is_floating_point() or v.is_complex()) and v.dtype not in _WIDE:
+                return False
+        elif kind not in _ATOMS:  # a container, a tensor subclass...: the full tree_map
+            return False
+    return True
+
+
+def _promote_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+    if _already_wide(args) and _already_wide(kwargs.values()):
+        return None  # the call keeps its arguments: promote would rebuild them unchanged
     return promote(args), promote(kwargs)
 
 

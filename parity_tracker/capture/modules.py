@@ -101,7 +101,9 @@ class CaptureLog:
     def __init__(self, on_tensor: Callable[[Group, Capture, torch.Tensor, bool], None]):
         self.on_tensor = on_tensor
         self.handles: list[HookHandle] = []
-        self.hooked: dict[int, set[str]] = {}
+        #: side -> hooked module display names, in hook order (a dict as an ordered set: rows
+        #: derived from it, e.g. "never called", come out in the same order every run)
+        self.hooked: dict[int, dict[str, None]] = {}
         #: side -> {module display name: why it takes no hooks} (TorchScript, hooks refused)
         self.unhooked: dict[int, dict[str, str]] = {}
         self.reset()

@@ -31,7 +31,6 @@ from torch.utils._python_dispatch import (
     is_traceable_wrapper_subclass,
 )
 
-from parity_tracker.capture.cow import storage_address
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
@@ -87,6 +86,8 @@ class _OpInfo:
     overload: str  # the schema's overload name ("default" when it has none)
     view_returns: tuple[bool, ...]  # return i aliases an input without writing (a view)
     written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
+    #: one ``Tensor`` return, a view, nothing written: ``on_op`` never captures anything of it
+    view_only: bool = False
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -106,7 +107,9 @@ def _op_info(func: Any) -> _OpInfo:
             if a.alias_info is not None and a.alias_info.is_write
         )
         overload = schema.overload_name or "default"
-        info = _OpInfo(name if ns == "aten" else f"{ns}.{name}", overload, views, written)
+        view_only = views == (True,) and not written and str(schema.returns[0].type) == "Tensor"
+        name = name if ns == "aten" else f"{ns}.{name}"
+        info = _OpInfo(name, overload, views, written, view_only)
         _OP_INFO[func] = info
     return info
 
@@ -139,12 +142,20 @@ def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, A
 
     def sub(value: Any, depth: int) -> Any:
         if isinstance(value, torch.Tensor):
-            return TensorArg(next(counter))
+            return _tensor_arg(next(counter))
         if depth == 0 and isinstance(value, (list, tuple)):
             return type(value)(sub(v, 1) for v in value)
         return value
 
     return tuple(sub(a, 0) for a in args), {k: sub(v, 0) for k, v in kwargs.items()}
+
+
+_TENSOR_ARGS = tuple(TensorArg(i) for i in range(16))
+
+
+def _tensor_arg(i: int) -> TensorArg:
+    """``TensorArg(i)``; the first 16 shared (frozen, equal by value; issue 19: built once)."""
+    return _TENSOR_ARGS[i] if i < len(_TENSOR_ARGS) else TensorArg(i)
 
 
 def _capturable(t: Any) -> bool:
@@ -157,13 +168,30 @@ def _capturable(t: Any) -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    """The data address of ``t``'s storage (0 for an empty storage or a non-strided tensor).
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor).
 
-    Read without materializing a copy-on-write storage (``capture.cow.storage_address``). A
-    wrapper subclass (``DTensor``) has no storage of its own: 0 (its captures are copies).
+    A wrapper tensor subclass (``DTensor``, ...) has no storage of its own (touching it raises
+    "invalid python storage"): 0, and its captures are private copies (:func:`_own`).
     """
-    ok = _capturable(t) and not is_traceable_wrapper_subclass(t)
-    return storage_address(t) if ok else 0
+    # issue 19: an exact ``torch.Tensor`` is no subclass, so no wrapper subclass (the same
+    # conditions as below, without ``is_traceable_wrapper_subclass``'s Python call)
+    if type(t) is _TENSOR:
+        if t.layout != _STRIDED or t.is_meta or t.is_quantized:
+            return 0
+    elif not _capturable(t) or is_traceable_wrapper_subclass(t):
+        return 0
+    storage = t.untyped_storage()
+    if not storage.nbytes():
+        return 0
+    # issue 19: ``torch._C._data_address`` reads the same address without materializing a
+    # copy-on-write storage (``TensorChecker`` snapshots are ``torch._lazy_clone``s): the
+    # storage's ``data_ptr()`` copied the storage, which moved it to a new address, so the
+    # producer of every snapshotted tensor was lost and the store's index went stale.
+    return _DATA_ADDRESS(t) if _DATA_ADDRESS is not None else storage.data_ptr()
+
+
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
+_DATA_ADDRESS = getattr(torch._C, "_data_address", None)
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:
@@ -196,7 +224,8 @@ class Held:
     """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
 
     __slots__ = (
-        "counted", "device", "dtype", "id", "nbytes", "size", "spilled", "stride", "tensor",
+        "counted", "device", "dtype", "id", "nbytes", "ptr", "size", "spilled", "stride",
+        "tensor",
     )  # fmt: skip
 
     def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
@@ -204,6 +233,7 @@ class Held:
         self.tensor: torch.Tensor | None = tensor
         self.counted = counted
         self.spilled: Spilled | None = None
+        self.ptr = 0  # ``_ptr(tensor)`` while resident and indexed (``OpStore._index``)
         self.size, self.stride = tuple(tensor.shape), tensor.stride()
         self.dtype, self.device = tensor.dtype, tensor.device
         self.nbytes = _nbytes(tensor) if counted else 0
@@ -229,14 +259,16 @@ class OpStore(BoundedStore):
         self._by_ptr: dict[int, list[Held]] = {}
         self._ids = itertools.count()
 
-    def hold(self, tensor: torch.Tensor, *, counted: bool = True) -> Held:
+    def hold(self, tensor: torch.Tensor, *, counted: bool = True, ptr: int | None = None) -> Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled).
 
         A wrapper subclass (``DTensor``) is never spilled: kept resident, outside the budget.
+        ``ptr``: ``_ptr(tensor)`` when the caller has it already (issue 19: read once).
         """
-        counted = counted and not is_traceable_wrapper_subclass(tensor)
+        plain = type(tensor) is _TENSOR  # no subclass, so no wrapper subclass
+        counted = counted and (plain or not is_traceable_wrapper_subclass(tensor))
         h = Held(next(self._ids), tensor, counted)
-        self._index(h)
+        self._index(h, ptr)
         if counted:
             self.admit(h.id, h.nbytes, h)
         return h
@@ -245,14 +277,16 @@ class OpStore(BoundedStore):
         """Whether a counted, resident capture holds the storage at ``ptr``."""
         return any(h.counted for h in self._by_ptr.get(ptr, ()))
 
-    def _index(self, h: Held) -> None:
+    def _index(self, h: Held, ptr: int | None = None) -> None:
         assert h.tensor is not None
-        ptr = _ptr(h.tensor)  # once (issue 19: a storage object per call)
+        if ptr is None:
+            ptr = _ptr(h.tensor)  # once (issue 19: a storage object per call)
+        h.ptr = ptr
         if ptr:
             self._by_ptr.setdefault(ptr, []).append(h)
 
     def _unindex(self, h: Held) -> None:
-        ptr = 0 if h.tensor is None else _ptr(h.tensor)
+        ptr = 0 if h.tensor is None else h.ptr  # h.tensor's storage, set by _index
         if not ptr:
             return
         lst = self._by_ptr.get(ptr)
@@ -422,7 +456,10 @@ class DispatchRecorder(TorchDispatchMode):
             self.failure.fail(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        self._on_op(info, args, kwargs, out, before)
+        # issue 19: a view op's one output is never captured (``SideRecorder.on_op`` would
+        # find nothing new and return); about 2 of 3 ops of a transformer
+        if not (info.view_only and isinstance(out, torch.Tensor)):
+            self._on_op(info, args, kwargs, out, before)
         return out
 
 
@@ -540,15 +577,16 @@ class SideRecorder:
     ) -> None:
         """Dispatch callback: capture the op's new-storage outputs as an event."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        views = info.view_returns
         new = [
-            (i, t)
+            (i, t, _ptr(t))  # issue 19: each storage pointer read once
             for i, t in enumerate(outs)
-            if _capturable(t) and not (i < len(info.view_returns) and info.view_returns[i])
+            if _capturable(t) and not (i < len(views) and views[i])
         ]
-        tensors = _tensors_in(args, kwargs)
+        tensors = _tensors_in(args, kwargs) if new else ()
         if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
             shared = {_ptr(t) for t in tensors}
-            new = [(i, t) for i, t in new if (p := _ptr(t)) not in shared or p == 0]
+            new = [(i, t, p) for i, t, p in new if p not in shared or p == 0]
         if not new:
             for d in before or ():
                 if d.held is not None:
@@ -558,11 +596,11 @@ class SideRecorder:
         inputs = before if before is not None else [self.describe(t) for t in tensors]
         seq = next(self.seq)
         held = []
-        for i, t in new:
-            t = _own(t)
-            held.append((i, self.store.hold(t), t.storage_offset()))
-            if _ptr(t):
-                self.producers[_ptr(t)] = (seq, i, t.storage_offset())
+        for i, t, p in new:
+            t = _own(t)  # same storage (a wrapper subclass's copy: 0 like its original)
+            held.append((i, self.store.hold(t, ptr=p), t.storage_offset()))
+            if p:
+                self.producers[p] = (seq, i, t.storage_offset())
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
         spec = arg_spec(args, kwargs)
@@ -571,8 +609,9 @@ class SideRecorder:
     def describe(self, t: torch.Tensor) -> OpInput:
         """Where an op input comes from (producer or external) and its layout; pins it."""
         src, rel = None, 0
-        if _ptr(t):
-            prod = self.producers.get(_ptr(t))
+        ptr = _ptr(t)  # issue 19: read once
+        if ptr:
+            prod = self.producers.get(ptr)
             if prod is not None:
                 src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
         d = OpInput(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
@@ -581,9 +620,8 @@ class SideRecorder:
         if _capturable(t) and (self.index == 1 or src is None):
             # Counted (and spillable) unless it only references memory held anyway: a
             # parameter/buffer of the model or a storage a counted capture already holds.
-            ptr = _ptr(t)
             counted = ptr not in self.params and not self.store.counts(ptr)
-            d.held = self.store.hold(_own(t), counted=counted)
+            d.held = self.store.hold(_own(t), counted=counted, ptr=ptr)
         return d
 
     def manual(self, tag: str, tensor: torch.Tensor) -> OpEvent:

@@ -15,6 +15,7 @@ read from disk only when touched and are never written back.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import tempfile
@@ -135,8 +136,10 @@ class SpillDir:
             n = span_elements(tuple(tensor.shape), tuple(tensor.stride()))
             flat = torch.as_strided(tensor, (n,), (1,), tensor.storage_offset())
         flat = flat.detach().cpu().contiguous()
-        flat.view(torch.uint8).numpy().tofile(path)
-        return Spilled(path, tensor, flat.numel() * flat.element_size())
+        nbytes = flat.numel() * flat.element_size()
+        with open(path, "wb") as f:
+            f.write(_readonly_bytes(flat, nbytes))
+        return Spilled(path, tensor, nbytes)
 
     def close(self) -> None:
         """Delete the folder and everything spilled into it."""
@@ -144,6 +147,19 @@ class SpillDir:
             self._finalizer()
             self._finalizer = None
         self.path = None
+
+
+def _readonly_bytes(flat: torch.Tensor, nbytes: int) -> memoryview:
+    """The ``nbytes`` bytes of a contiguous CPU tensor, read in place without a copy.
+
+    Read through ``const_data_ptr``: ``numpy()`` (and ``data_ptr()``) would first copy a
+    copy-on-write storage (a ``torch._lazy_clone``, e.g. a TensorChecker snapshot, and its
+    source) to give it a private one, ≈ 0.6 ms per MiB on top of the write (issue 19). The
+    view is valid while ``flat`` is alive and unwritten (the caller writes it out at once).
+    """
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(flat.const_data_ptr())).cast("B")
 
 
 class BoundedStore:

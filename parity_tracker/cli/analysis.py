@@ -44,7 +44,7 @@ from parity_tracker.files import jsonio
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML: matching failures show as expected.",
 )
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged tags.")

@@ -8,7 +8,10 @@ The commands are registered on :data:`cli` by ``cli/runs.py``, ``cli/analysis.py
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -52,6 +55,45 @@ class ParityGroup(click.Group):
                 err=True,
             )
             ctx.exit(EXIT_INFRA)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool = True) -> Iterator[None]:
+    """While active, whatever the work writes to stdout goes to stderr (``--json``).
+
+    Target code prints ("loading weights...", a model's debug prints, a child process of
+    ``--isolate`` or a launcher): under ``--json`` stdout must hold the one JSON document
+    only, printed after the block. Both Python's ``sys.stdout`` (``contextlib.redirect_stdout``)
+    and file descriptor 1 (``os.dup2``, for C code and child processes) are redirected; both
+    are restored on exit.
+    """
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = _dup_stdout()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _dup_stdout() -> int | None:
+    """A copy of file descriptor 1, which then points at stderr's; None without both fds."""
+    try:
+        saved = os.dup(1)
+    except OSError:
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        return None
+    return saved
 
 
 def _emit_json(payload: Any) -> None:

@@ -51,7 +51,7 @@ def nightly_output(
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML (default: expected.toml beside the shards' matrix).",
 )
 @tracking_uri_option

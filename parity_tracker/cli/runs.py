@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from parity_tracker.cli import terminal as T
-from parity_tracker.cli.group import EXIT_INTERRUPTED, _emit_json, _run_url, cli, report_files
+from parity_tracker.cli.group import (
+    EXIT_INTERRUPTED,
+    _emit_json,
+    _run_url,
+    cli,
+    report_files,
+    stdout_to_stderr,
+)
 from parity_tracker.cli.options import (
     allow_no_commit_option,
     experiment_option,
@@ -116,22 +123,13 @@ def run(
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
     if rtol is not None and mode in ("equal", BUDGET):
         click.echo(f"warning: --rtol/--atol have no effect with --mode {mode}", err=True)
-    outcome = run_target(
-        target,
-        settings,
-        mode=mode,
-        rtol=rtol,
-        atol=atol,
-        capture_ops=ops,
-        isolate=isolate,
-        dump_mode=dump_mode,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        commit=commit,
-        render=report_files,
-        source=SOURCE_RUN,
-        keep_repro=int(keep_repro * (1 << 20)),
-    )
+    with stdout_to_stderr(as_json):  # the target's own prints stay off the JSON
+        outcome = run_target(
+            target, settings, mode=mode, rtol=rtol, atol=atol, capture_ops=ops,
+            isolate=isolate, dump_mode=dump_mode, tracking_uri=tracking_uri,
+            experiment=experiment, commit=commit, render=report_files, source=SOURCE_RUN,
+            keep_repro=int(keep_repro * (1 << 20)),
+        )  # fmt: skip
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
     if as_json:
@@ -182,7 +180,7 @@ def run(
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML (default: expected.toml beside --config).",
 )
 @tracking_uri_option
@@ -223,23 +221,24 @@ def nightly(
     from parity_tracker.dashboards.digest import nightly_artifacts
     from parity_tracker.pipeline.nightly import run_nightly
 
-    result = run_nightly(
-        config,
-        shard=shard,
-        baseline=baseline,
-        fail_on=fail_on,
-        expected=expected,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        commit=commit,
-        branch=branch,
-        reporter=None if as_json else T.RichReporter(),
-        render=nightly_artifacts,
-        render_run=report_files,
-        night=night,
-        allow_no_commit=allow_no_commit,
-        max_cells=max_cells,
-    )
+    with stdout_to_stderr(as_json):  # the targets' own prints stay off the JSON
+        result = run_nightly(
+            config,
+            shard=shard,
+            baseline=baseline,
+            fail_on=fail_on,
+            expected=expected,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            commit=commit,
+            branch=branch,
+            reporter=None if as_json else T.RichReporter(),
+            render=nightly_artifacts,
+            render_run=report_files,
+            night=night,
+            allow_no_commit=allow_no_commit,
+            max_cells=max_cells,
+        )
     from parity_tracker.track.store import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 
 import numpy as np
 import torch
+
+from parity_tracker.compare.fused import give_up, kernel_loaded
 
 _STATE: dict = {"fn": None, "built": False}
 
@@ -40,13 +41,20 @@ def _load():
 
 
 def _give_up(exc: BaseException) -> None:
-    _STATE["fn"], _STATE["built"] = None, True
-    warnings.warn(
-        f"parity_tracker: compiled budget scan unavailable ({type(exc).__name__}: {exc}); "
-        "using torch ops (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    give_up(_STATE, "compiled budget scan", "torch ops", exc)
+
+
+def loaded() -> bool:
+    """Whether the scan can run without a new import: loaded, or loadable at once.
+
+    Loadable at once: the comparison's compiled loop (:func:`parity_tracker.compare.fused.
+    kernel_loaded`) has already imported numba, so loading the scan (cached next to the
+    package) costs ≈ 5 ms once per process. Small sides (``budget.SMALL``) use the scan only
+    then: a process that never loads numba never imports it for them.
+    """
+    if not _STATE["built"] and kernel_loaded():
+        _load()
+    return _STATE["fn"] is not None
 
 
 def _array(s: torch.Tensor) -> np.ndarray | None:

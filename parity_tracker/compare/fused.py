@@ -207,15 +207,31 @@ def _build_kernel():
     return fn
 
 
-def _disable(exc: BaseException) -> None:
-    """Stop using the compiled loop in this process, once, with a warning naming why."""
-    _KERNEL["fn"], _KERNEL["built"] = None, True
+def give_up(state: dict, what: str, fallback: str, exc: BaseException) -> None:
+    """Stop using a compiled loop in this process, once, with a warning naming why.
+
+    The one rule for every optional numba loop of the package (this module's comparison loop,
+    :mod:`parity_tracker.compare.budget_scan`'s error scan): ``state`` (``{"fn", "built"}``)
+    is set to "built, none", so the caller's fallback (``fallback``: same results) is used
+    from now on.
+
+    Args:
+        state: the loop's ``{"fn": ..., "built": ...}`` record.
+        what: the loop, e.g. ``"compiled comparison loop"``.
+        fallback: what computes instead, e.g. ``"the numpy fold"``.
+        exc: why the loop cannot be used.
+    """
+    state["fn"], state["built"] = None, True
     warnings.warn(
-        f"parity_tracker: compiled comparison loop unavailable ({type(exc).__name__}: {exc}); "
-        "using the numpy fold (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
+        f"parity_tracker: {what} unavailable ({type(exc).__name__}: {exc}); "
+        f"using {fallback} (same results, slower). Set PARITY_NO_KERNEL=1 to silence.",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
+
+
+def _disable(exc: BaseException) -> None:
+    give_up(_KERNEL, "compiled comparison loop", "the numpy fold", exc)
 
 
 _KERNEL = {"fn": None, "built": False}

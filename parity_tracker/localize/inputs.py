@@ -117,7 +117,11 @@ class InputJudge:
             ev = c if c is not None else r
             assert ev is not None
             return InputEvidence(self._one_sided_inputs(ev, side=1 if c is not None else 0))
-        layout = layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
+        layout = (
+            []  # issue 19: the same dtypes, strides and contiguity (no difference to name)
+            if _same_layouts(r.inputs, c.inputs)
+            else layout_differences([d.layout() for d in r.inputs], [d.layout() for d in c.inputs])
+        )
         statuses, failing, views, feeders = [], [], [], []
         for p in range(max(len(r.inputs), len(c.inputs))):
             if p >= len(r.inputs) or p >= len(c.inputs):
@@ -261,6 +265,18 @@ class InputJudge:
                 return None
             return torch.as_strided(base, rd.shape, rd.stride, offset)
         return None
+
+
+def _same_layouts(ref: list[OpInput], cand: list[OpInput]) -> bool:
+    """Whether :func:`layout_differences` has nothing to say (issue 19: no dicts built).
+
+    True when both sides have as many inputs, each with the same dtype, stride and contiguity
+    (the three facts of ``OpInput.layout``).
+    """
+    return len(ref) == len(cand) and all(
+        r.dtype == c.dtype and r.stride == c.stride and r.contiguous == c.contiguous
+        for r, c in zip(ref, cand, strict=True)
+    )
 
 
 def _bare(d: OpInput) -> OpInput:

@@ -40,6 +40,9 @@ KIND_PARENT, KIND_SHARD, KIND_NIGHT = "parent", "nightly", "night"
 #: Tag of a night's merged parent run: its shards' parent run ids, comma-separated (cut to
 #: 5,000 characters, MLflow's tag limit is 8,000; ``nights.shard_run_ids`` drops a cut id).
 TAG_SHARD_RUNS = "parity.shard_runs"
+#: Length ``TAG_SHARD_RUNS`` is cut at: a value this long may be cut (ids of 32 characters
+#: joined by commas are 33 k - 1 long, never exactly this).
+SHARD_RUNS_CUT = 5000
 
 
 def start_parent_run(
