@@ -1,9 +1,9 @@
 """What the TensorChecker does with each captured tensor: hold a snapshot, or compare at once.
 
-Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path (``TensorChecker(
-eager_mode=...)``): when the second side's tensor of a tag arrives it is compared with the held
-one and both are released, unless the planned dump needs them (``DumpMode``), so peak memory is
-one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
+Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path
+(``TensorChecker(eager_mode=...)``): when the second side's tensor of a tag arrives it is compared
+with the held one and both are released, unless the planned dump needs them (``DumpMode``), so peak
+memory is one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
 class Holder:
     """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
 
-    Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path: when the second
-    side's tensor of a tag arrives it is compared with the held one and both are released,
+    Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path: when the
+    second side's tensor of a tag arrives it is compared with the held one and both are released,
     unless the planned dump needs them. Also writes the dumps of a check.
     """
 
