@@ -96,7 +96,7 @@ class CaptureLog:
 
     Args:
         on_tensor: ``on_tensor(group, capture, tensor, alias)`` for every tensor captured;
-            ``alias`` is True for parameters (held by reference, never copied).
+            ``alias`` is True for parameters (pinned, never copied: ``Snapshotter.pin``).
     """
 
     def __init__(self, on_tensor: Callable[[Group, Capture, torch.Tensor, bool], None]):

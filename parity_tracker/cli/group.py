@@ -17,8 +17,8 @@ from typing import Any
 import click
 
 from parity_tracker.cli.options import store_retry_option
-from parity_tracker.cli.quiet import quiet_libraries
-from parity_tracker.errors import EXIT_INFRA, ParityTrackerError
+from parity_tracker.cli.quiet import plain_warnings, quiet_libraries
+from parity_tracker.errors import EXIT_INFRA, ParityTrackerError, brief
 from parity_tracker.files import jsonio
 
 EXIT_INTERRUPTED = 130
@@ -50,7 +50,7 @@ class ParityGroup(click.Group):
             if os.environ.get("PARITY_TRACKER_DEBUG"):
                 raise
             click.echo(
-                f"Error: internal error: {type(exc).__name__}: {str(exc)[:500]} "
+                f"Error: internal error: {type(exc).__name__}: {brief(exc, 500)} "
                 "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
                 err=True,
             )
@@ -113,6 +113,7 @@ def report_files(result: Any) -> dict[str, str]:
 def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
     quiet_libraries()  # MLflow/alembic INFO lines, known-harmless library warnings (cli.quiet)
+    plain_warnings()  # our own warnings as one "warning: ..." line (cli.quiet)
     if store_retry_s is not None:  # read by track.store.retry_window_s
         os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 

@@ -25,9 +25,9 @@ def nightly_output(
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
-    else:
+    else:  # stdout is the digest alone (`> digest.md`); where to browse it goes to stderr
         click.echo(result.digest)
-        click.echo(T.browse_hint(uri, result.parent_run_id))
+        click.echo(T.browse_hint(uri, result.parent_run_id), err=True)
     if result.missing_shards:
         click.echo(
             f"night incomplete: shard {', '.join(result.missing_shards)} never reported (run it, "

@@ -67,9 +67,10 @@ def targets(as_json: bool) -> None:
     type=click.Choice(["auto", *RUN_MODES]),
     default="auto",
     show_default=True,
-    help="Comparison mode; auto follows the seed's section 2, with budget (error against a "
-    "float64 golden, at most k=2x PyTorch's own at the candidate's precision) for casts and "
-    "other implementations.",
+    help="Comparison mode; auto: equal when both sides run the same kernels on the same values; "
+    "budget (error against a float64 golden, at most k=2x PyTorch's own at the candidate's "
+    "precision) for casts and other implementations; allclose for caches, random ops, sharding "
+    "and integer quantization without a twin.",
 )
 @click.option("--rtol", type=float, default=None, help="allclose rtol for every tag.")
 @click.option("--atol", type=float, default=None, help="allclose atol for every tag.")
@@ -85,14 +86,15 @@ def targets(as_json: bool) -> None:
 )
 @click.option(
     "--dump-mode",
-    type=click.Choice(["NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL"], case_sensitive=False),
-    default="NOT_EQUAL",
+    type=click.Choice(["not", "all", "not_equal", "first_not_equal"], case_sensitive=False),
+    default="not_equal",
     show_default=True,
     help="Which tensors to dump as .npy artifacts.",
 )
 @tracking_uri_option
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
+@click.option("--branch", default=None, help="Branch to record (default: read with git).")
 @json_option
 @click.pass_context
 def run(
@@ -111,6 +113,7 @@ def run(
     tracking_uri: str | None,
     experiment: str,
     commit: str | None,
+    branch: str | None,
     as_json: bool,
 ) -> None:
     """One parity run of TARGET, logged to MLflow; exit 0 when parity holds, 1 when not."""
@@ -127,8 +130,8 @@ def run(
         outcome = run_target(
             target, settings, mode=mode, rtol=rtol, atol=atol, capture_ops=ops,
             isolate=isolate, dump_mode=dump_mode, tracking_uri=tracking_uri,
-            experiment=experiment, commit=commit, render=report_files, source=SOURCE_RUN,
-            keep_repro=int(keep_repro * (1 << 20)),
+            experiment=experiment, commit=commit, branch=branch, render=report_files,
+            source=SOURCE_RUN, keep_repro=int(keep_repro * (1 << 20)),
         )  # fmt: skip
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
@@ -245,10 +248,11 @@ def nightly(
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
     else:
-        click.echo(result.digest)
+        click.echo(result.digest)  # stdout is the digest alone; where to browse it: stderr
         url = _run_url(uri, experiment, result.parent_run_id)
         click.echo(
-            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id)
+            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id),
+            err=True,
         )
     if result.spooled:
         click.echo(

@@ -75,6 +75,45 @@ def _commit_run(store: Any, commit: str, name: str, settings: Mapping[str, str])
                          f"{stored}") from exc  # fmt: skip
 
 
+def run_for_branch(
+    branch: str,
+    target: str | None,
+    settings: Mapping[str, str],
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+) -> str:
+    """The newest complete run recorded on ``branch`` with ``target`` and ``settings``.
+
+    The branch is the run's ``mlflow.source.git.branch`` tag (``--branch``, else read with
+    git); e.g. ``main`` selects the newest nightly cell or run of that configuration on main,
+    whatever its commit: a pull request's baseline.
+
+    Raises:
+        InputError: no ``target`` given, a bad setting, or no such run (names the branch,
+            settings and experiment).
+        InfrastructureError: the store could not be reached.
+    """
+    from parity_tracker.track.query import RunStore
+
+    if target is None:
+        raise InputError("--base-branch needs --target (and optionally --set)")
+    store = RunStore(tracking_uri, experiment)
+    try:
+        resolved = resolve_target(target)
+        name, chosen = resolved.name, resolved.validate(settings)
+    except InputError:  # not installed here: stored runs carry the name and settings given
+        name, chosen = target, dict(settings)
+    runs = [r for r in store.find(target=name, **chosen) if r.branch == branch]
+    runs = [r for r in runs if not r.incomplete]
+    if not runs:
+        raise InputError(
+            f"no run of {name} matching {dict(chosen)} on branch {branch!r} in experiment "
+            f"{experiment!r} of {store.uri} (no baseline yet: run the nightly on {branch} first)"
+        )
+    return runs[0].run_id
+
+
 def history_selection(
     target: str, settings: Mapping[str, str], store: Any, note: Any = None
 ) -> tuple[str, dict[str, str], list[Any] | None]:

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.errors import InfrastructureError
+from parity_tracker.errors import InfrastructureError, brief
 from parity_tracker.files.atomic import atomic_write_json
 from parity_tracker.files.safe_paths import check_tree_inside
 from parity_tracker.run.result import RunResult
@@ -99,7 +99,7 @@ class SpooledError(InfrastructureError):
         self.spool_path = Path(spool_path)
         self.cause = cause
         super().__init__(
-            f"tracking store unreachable ({type(cause).__name__}: {str(cause)[:300]}); "
+            f"tracking store unreachable ({type(cause).__name__}: {brief(cause)}); "
             f"run spooled to {self.spool_path}; upload it later with `parity-tracker sync` "
             "(parity_tracker.track.sync_spool())"
         )
