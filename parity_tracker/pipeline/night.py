@@ -37,7 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from parity_tracker.analysis.diff import diff_runs
-from parity_tracker.analysis.expected import expired_entries, load_expected
+from parity_tracker.analysis.expected import (
+    check_recorded_expected,
+    expired_entries,
+    load_expected,
+)
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
@@ -46,6 +50,8 @@ from parity_tracker.run.mode import baseline_params
 from parity_tracker.track.parents import (
     KIND_NIGHT,
     SHARD_RUNS_CUT,
+    TAG_EXPECTED_HASH,
+    TAG_EXPECTED_PATH,
     TAG_KIND,
     TAG_MATRIX,
     TAG_NIGHT,
@@ -243,6 +249,7 @@ def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellRe
     """A cell's outcome read back from its stored run (the diff is added later)."""
     out = CellResult(cell, run_id=run.run_id, fingerprint=run.fingerprint)
     out.passed = run.passed  # the stored verdict (track.store.stored_passed)
+    out.recorded = dict(run.settings)
     out.mode = run.tags.get("parity.mode")
     out.tensors_failing = int(run.metrics.get("tensors_failing", 0))
     out.output_max_abs_diff = run.metrics.get("output_max_abs_diff")
@@ -363,6 +370,37 @@ def gather_night(
     return parents, cells
 
 
+def recorded_expected(night: str, parents: Sequence[Any]) -> Path | None:
+    """The expected-divergence file night ``night``'s shards applied, checked; None if none.
+
+    Shards record it as ``TAG_EXPECTED_PATH``/``TAG_EXPECTED_HASH`` (absolute path, xxh3);
+    shards from before those tags fall back to ``expected.toml`` beside their ``config``.
+
+    Raises:
+        InputError: the shards applied different files, or the recorded file is missing or
+            was edited since (``analysis.expected.check_recorded_expected``): the message
+            names the path and the fix, ``--expected PATH``.
+    """
+    recorded = {(p.tags[TAG_EXPECTED_PATH], p.tags.get(TAG_EXPECTED_HASH, ""))
+                for p in parents if TAG_EXPECTED_PATH in p.tags}  # fmt: skip
+    if not recorded:  # shards older than the tags: the guess merges always made
+        config = parents[0].params.get("config")
+        guess = Path(config).with_name("expected.toml") if config else None
+        return guess if guess is not None and guess.is_file() else None
+    if len(recorded) > 1:
+        names = ", ".join(
+            sorted(f"{path or '(none)'} [{digest or '-'}]" for path, digest in recorded)
+        )
+        raise InputError(
+            f"night {night}'s shards applied different expected-divergence files: {names}; "
+            "pass --expected PATH to choose the one the merge applies"
+        )
+    ((path, digest),) = recorded
+    if not path:
+        return None  # the shards applied no expected file
+    return check_recorded_expected(path, digest, who=f"night {night}'s shards")
+
+
 def merge_night(
     night: str,
     store: Any,
@@ -378,8 +416,8 @@ def merge_night(
         night: the night id the shards were run with.
         store: a ``track.RunStore``.
         fail_on: ``regression`` | ``mismatch`` | ``never``, as ``run_nightly``.
-        expected: the expected-divergence file (default: ``expected.toml`` beside the matrix
-            the shards recorded, when it exists).
+        expected: the expected-divergence file (default: the one the shards recorded,
+            :func:`recorded_expected`; it must still exist with the same content).
         today: the date expected entries expire against (default: today, UTC).
         render: ``render(result, pages) -> {file: text}`` (the CLI passes
             ``dashboards.digest.nightly_artifacts``).
@@ -400,10 +438,8 @@ def merge_night(
     found = store.night(night)
     parents = found[0]
     pick = pick_shards(parents)
-    config = parents[0].params.get("config") if parents else None
-    if expected is None and config:
-        guess = Path(config).with_name("expected.toml")
-        expected = guess if guess.is_file() else None
+    if expected is None and parents:
+        expected = recorded_expected(night, parents)
     entries = load_expected(expected) if expected else []
     today = today or dt.datetime.now(dt.timezone.utc).date()
     parents, cells = gather_night(night, store, expected=entries, today=today, found=found,

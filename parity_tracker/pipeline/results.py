@@ -44,10 +44,13 @@ class CellResult:
     spool_path: str | None = None
     fingerprint: str | None = None
     diff: pa.Table | None = None
+    #: the settings the run recorded (the case's own win: a builder may set
+    #: ``quantization=bf16`` for a cell whose matrix entry only says ``candidate=bf16``)
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (the diff table left out)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("diff", "cell")}
+        """JSON-ready (the diff table and the recorded settings left out)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("diff", "cell", "recorded")}
         return {
             "cell": self.cell.name,
             "target": self.cell.target,

@@ -90,6 +90,18 @@ class RunStore:
         """
         return self._search(find_run_heads, max_results, settings)
 
+    def target_names(self, spec: str | None = None) -> list[str]:
+        """Distinct stored ``target`` names, newest first; ``spec``: of runs given as that spec.
+
+        See ``search.stored_target_names`` (for messages: reads at most 5,000 runs).
+
+        Raises:
+            InfrastructureError: the store could not be reached (names the URI).
+        """
+        from parity_tracker.track.search import stored_target_names
+
+        return self._search(stored_target_names, None, {"spec": spec})
+
     def modules_tables(
         self, run_ids: list[str], artifact_uris: list[str | None] | None = None
     ) -> list[Any]:
@@ -114,6 +126,16 @@ class RunStore:
         from parity_tracker.track.tag_status import tag_statuses
 
         return tag_statuses(heads, tag, self.uri)
+
+    def run_tag_statuses(self, heads: list[Any]) -> list[dict[str, str]]:
+        """Every tag's status in each run (``tag_status.run_tag_statuses``).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a run has no modules table.
+        """
+        from parity_tracker.track.tag_status import run_tag_statuses
+
+        return run_tag_statuses(heads, self.uri)
 
     def resolve_run_id(self, run_id: str) -> str:
         """The full run id of ``run_id`` or of any unique prefix of it (``track.ids``).

@@ -36,6 +36,10 @@ TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
 #: verdict: completed, at least one tensor compared, no failing row). Readers decide pass/fail
 #: from it with :func:`stored_passed`, never from counts.
 TAG_PASSED = "parity.passed"
+#: MLflow tag of a run made from a target spec (``parity-tracker run SPEC``): SPEC as given,
+#: e.g. ``mypkg.pairs:build``, when the stored ``target`` param is another name (the case's
+#: own ``settings["target"]``), so ``history``/``diff --target`` accept that spelling.
+TAG_TARGET_SPEC = "parity.target_spec"
 
 
 def stored_passed(value: str | None) -> bool:
