@@ -260,3 +260,22 @@ def test_spills_share_one_file_freed_span_by_span(tmp_path):
     again = spill.append(ints)  # a new file for the next spill
     assert again.path != pack and np.array_equal(again.load().numpy(), np.arange(1000))
     spill.close()
+
+
+def test_a_cut_or_removed_pack_file_is_an_error_never_other_bytes(tmp_path):
+    from parity_tracker.capture.store import SpillDir
+
+    spill = SpillDir(tmp_path)
+    ints = torch.arange(1 << 12, dtype=torch.int64)  # 32 KiB
+    first = spill.append(ints)
+    with open(first.path, "r+b") as fh:
+        fh.truncate(16)  # cut by someone else ...
+    second = spill.append(ints)  # ... then written past the cut: a hole would read zeros
+    with pytest.raises(OSError, match="removed or cut"):
+        first.load()
+    assert second.path != first.path  # a fresh file after the damaged one
+    assert np.array_equal(second.load().numpy(), np.arange(1 << 12))
+    second.path.unlink()  # removed: an error too, though the open file still has the bytes
+    with pytest.raises(OSError, match="removed or cut"):
+        second.load()
+    spill.close()

@@ -121,12 +121,24 @@ class _PackFile:
     file is started, and each file is deleted with its last record.
     """
 
-    __slots__ = ("end", "fd", "live", "path")
+    __slots__ = ("broken", "end", "fd", "live", "path", "size")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        self.end = self.live = 0
+        self.end = self.live = self.size = 0  # size: where the last write ended
+        self.broken = False
+
+    def intact(self) -> bool:
+        """Still linked and at least as long as written; once not, never again (sticky).
+
+        A file cut and then written past its cut would read zeros (a hole) where spilled bytes
+        were: so every append and load checks first (one ``fstat``, ≈ 1 µs).
+        """
+        if not self.broken:
+            st = os.fstat(self.fd)
+            self.broken = st.st_nlink == 0 or st.st_size < self.size
+        return not self.broken
 
     def append(self, data: memoryview) -> int:
         """Write ``data`` at the next page boundary; its offset."""
@@ -134,6 +146,8 @@ class _PackFile:
         while data:
             n = os.pwrite(self.fd, data, pos)
             data, pos = data[n:], pos + n
+        if pos > offset:
+            self.size = pos
         self.end = -(-max(pos, offset + 1) // _PAGE) * _PAGE
         self.live += 1
         return offset
@@ -141,6 +155,8 @@ class _PackFile:
     def view(self, offset: int, n: int, dtype: torch.dtype) -> torch.Tensor:
         """``n`` elements of ``dtype`` at ``offset``, mapped privately (never written back)."""
         length = n * dtype.itemsize
+        if not self.intact():  # removed or cut by someone else: an error, never other bytes
+            raise OSError(f"spill file {self.path} was removed or cut while the run lasted")
         prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write copies the page
         mm = mmap.mmap(self.fd, length, flags=mmap.MAP_PRIVATE, prot=prot, offset=offset)
         return torch.frombuffer(mm, dtype=dtype, count=n)  # the tensor keeps the map alive
@@ -209,7 +225,7 @@ class SpillDir:
         with its last record.
         """
         pack = self._pack
-        if pack is None or pack.fd < 0 or pack.end >= PACK_BYTES:
+        if pack is None or pack.fd < 0 or pack.end >= PACK_BYTES or not pack.intact():
             pack = self._pack = _PackFile(self._folder() / f"pack-{next(self._packs)}.bin")
         flat = _flat_cpu(tensor)
         nbytes = flat.numel() * flat.element_size()
