@@ -19,6 +19,23 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
+def _shards_text(result: NightlyResult) -> str:
+    """The header's shard words: ``shard I/N``; for a merged night, how many shards reported.
+
+    A merged night's ``shard`` is ``(0, planned)``, ``planned`` counting the shards that
+    reported and those named missing (``missing_shards``); "all N shards" only when the night is
+    complete, else "R of N planned shards reported", plus "shard splits disagree" when
+    ``shard_problems`` is not empty (e.g. ``1/2`` and ``1/3`` ran: each split's shards count).
+    """
+    index, count = result.shard
+    if index != 0:
+        return f"shard {index}/{count}"
+    if result.complete:
+        return f"all {count} shards"
+    text = f"{count - len(result.missing_shards)} of {count} planned shards reported"
+    return text + ("; shards disagree (see Shard problems)" if result.shard_problems else "")
+
+
 def render_digest(
     result: NightlyResult, *, limit: int = 30, urls: dict[str, str] | None = None
 ) -> str:
@@ -28,8 +45,7 @@ def render_digest(
     to its run page when the store has addresses (an MLflow server).
     """
     urls = urls or {}
-    index, count = result.shard
-    shard = f"all {count} shards" if index == 0 else f"shard {index}/{count}"
+    shard = _shards_text(result)
     lines = [
         f"# Parity nightly — {result.headline}",
         "",

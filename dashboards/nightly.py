@@ -37,7 +37,9 @@ def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly p
             "error"``), ``tensors_failing`` (int or None), ``output_max_abs_diff`` (float or
             None), ``url`` (link to the run, e.g. its MLflow page or report; may be None).
             Optional: ``first_divergence`` (tag str), ``output_sqnr_db`` (float), ``message``
-            (str, e.g. the error or the expected-divergence reason), ``commit`` (str).
+            (str, e.g. the error or the expected-divergence reason), ``commit`` (str),
+            ``recorded`` (dict: the settings the run recorded; its ``quantization``/``cache``
+            pick the column over ``settings``, as the case's own values are what ran).
         title: the page heading.
 
     Returns:
@@ -67,17 +69,21 @@ def render_matrix(cells: Sequence[Mapping[str, Any]], *, title: str = "Nightly p
     )
 
 
+#: The verdict words of the matrix and history pages (one wording for both).
+PARITY_HOLDS, PARITY_FAILS = "PARITY HOLDS", "PARITY FAILS"
+
+
 def _matrix_banner(counts: Mapping[str, int], total: int) -> dict[str, str]:
     if counts.get("regression"):
         cls, word = "v-regression", "REGRESSION"
     elif counts.get("error"):
         cls, word = "v-error", "ERRORS"
     elif counts.get("fail"):
-        cls, word = "v-fail", "PARITY FAILS"
+        cls, word = "v-fail", PARITY_FAILS
     elif total == 0:
         cls, word = "v-neutral", "NO RUNS"
     else:
-        cls, word = "v-pass", "PARITY HOLDS"
+        cls, word = "v-pass", PARITY_HOLDS
     line = " · ".join(f"{counts[s]} {s}" for s in CELL_STATUSES if counts.get(s))
     return {"cls": cls, "word": word, "line": line}
 
@@ -111,7 +117,10 @@ def _settings_label(settings: Mapping[str, Any], skip: Sequence[str] = ()) -> st
 
 
 def _axis_value(cell: Mapping[str, Any], axis: str) -> str:
-    value = (cell.get("settings") or {}).get(axis)
+    """The cell's column value on ``axis``: recorded by its run, else its matrix setting."""
+    value = (cell.get("recorded") or {}).get(axis)
+    if value in (None, ""):
+        value = (cell.get("settings") or {}).get(axis)
     return _AXIS_DEFAULTS[axis] if value in (None, "") else str(value)
 
 
@@ -327,13 +336,24 @@ def _time_label(run: Mapping[str, Any]) -> str:
 
 
 def _history_banner(regressions: Sequence[Mapping[str, Any]], groups: Mapping) -> dict[str, str]:
+    """The history banner: regressions and the verdict stated apart.
+
+    Regressions are against baselines; the verdict is each configuration's latest run
+    (``_fails``), so "no regression" never reads as "parity holds".
+    """
+    failing = sum(_fails(g[-1]) for g in groups.values())
+    verdict = (f"{PARITY_FAILS} ({failing} of {len(groups)} configurations at their latest "
+               "commit)") if failing else PARITY_HOLDS  # fmt: skip
     if regressions:
         cls, word = "v-regression", "REGRESSION"
         line = f"{len(regressions)} regressed run(s) across {len(groups)} configurations"
     elif not groups:
         cls, word, line = "v-neutral", "NO HISTORY", "no runs recorded"
+    elif failing:
+        cls, word = "v-fail", f"NO NEW REGRESSION — {PARITY_FAILS}"
+        line = f"{len(groups)} configurations tracked; {verdict}"
     else:
-        cls, word = "v-pass", "NO REGRESSION"
+        cls, word = "v-pass", f"NO REGRESSION — {PARITY_HOLDS}"
         line = f"{len(groups)} configurations tracked"
     return {"cls": cls, "word": word, "line": line}
 

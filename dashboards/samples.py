@@ -81,8 +81,7 @@ def synthetic_run(
         "output_max_abs_diff": last["max_abs_diff"],
         "output_sqnr_db": last["sqnr_db"],
         "mode": "allclose",
-        "mode_reason": "settings include cache=first_block (seed §2: a cache skips or reuses "
-        "computation)",
+        "mode_reason": "cache=first_block (some computation is skipped or reused)",
         "settings": settings,
         "environment": {"git_commit": "4f2a9c1d0e", "git_branch": "main", "git_dirty": False},
         "error": None,

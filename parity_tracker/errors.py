@@ -14,6 +14,32 @@ EXIT_USAGE = 2
 EXIT_INFRA = 3
 
 
+def brief(text: object, limit: int = 300) -> str:
+    """``text`` on one line, about ``limit`` characters at most, never cut inside a word.
+
+    Whitespace runs become one space. A longer text keeps whole words from its start (up to
+    two thirds of ``limit``) and from its end (where a wrapped library error says why, e.g.
+    "... Connection refused"), joined by `` … ``; a single word longer than that is kept whole.
+    """
+    words = str(text).split()
+    flat = " ".join(words)
+    if len(flat) <= limit:
+        return flat
+    head = _fit(words, limit * 2 // 3)
+    tail = _fit(words[len(head) :][::-1], limit - len(" ".join(head)) - 3, at_least=0)[::-1]
+    if len(head) + len(tail) == len(words):
+        return flat  # nothing left out (a single word longer than the limit)
+    return " ".join([*head, "…", *tail])
+
+
+def _fit(words: list[str], room: int, at_least: int = 1) -> list[str]:
+    """The longest start of ``words`` whose joined length is at most ``room`` (``at_least``)."""
+    size, n = -1, 0
+    while n < len(words) and (n < at_least or size + 1 + len(words[n]) <= room):
+        size, n = size + 1 + len(words[n]), n + 1
+    return words[:n]
+
+
 class ParityTrackerError(Exception):
     """Base class of every error this package raises on purpose.
 

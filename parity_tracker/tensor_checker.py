@@ -25,11 +25,11 @@ Two capture paths give identical results:
   the reference's snapshot is released unless a planned dump needs it.
 
 The memory bound: on the eager path the reference runs first, so its snapshots wait for the
-candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot
-storage resident (each snapshot counted once, however many captures share it; parameters and
-buffers are referenced, not copied, and not counted). Past the budget the oldest snapshots are
-written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read back
-memory-mapped when their pair is compared or dumped. After every capture::
+candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot storage
+resident (each snapshot counted once, however many captures share it; parameters are pinned, not
+copied (``Snapshotter.pin``: a lazy clone), and not counted). Past the budget the oldest snapshots
+are written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read
+back memory-mapped when their pair is compared or dumped. After every capture::
 
     resident_bytes <= max_resident_bytes        (whatever the model depth)
 
@@ -485,6 +485,9 @@ def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked
     for g in self._log.groups.values():
         caps = g.captures  # the first capture asked alone: no generator for most groups
+        if g.kind == "param":  # pinned weights compared as themselves (Snapshotter.unpin)
+            for c in caps:
+                c.value = self._snap.unpin(c.value)
         if (not caps or caps[0].value is None) and all(c.value is None for c in caps):
             continue  # None on every side: no value, nothing to compare or to report
         pairs = (

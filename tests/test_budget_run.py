@@ -226,9 +226,9 @@ def test_report_draws_both_errors_and_states_the_budget(net_and_input):
     )
     assert bad.summary["worst_error_ratio"] >= ratio > 2
     good = _run(reference, _cast_inputs(copy.deepcopy(reference).bfloat16(), torch.bfloat16), x)
-    assert "within 2× PyTorch&#39;s own error" in render_run_report(good) or (
-        "within 2× PyTorch's own error" in render_run_report(good)
-    )
+    page = render_run_report(good)  # the ratio's denominator is max(twin error, floor)
+    base = "within 2× max(PyTorch's own error, floor eps·max|golden|)"
+    assert base in page or base.replace("'", "&#39;") in page
 
 
 def test_summary_v1_migrates_with_null_ratio_fields():
@@ -256,3 +256,41 @@ def test_drive_with_float32_inputs_into_a_conv_runs_the_golden():
                         environment=ENV, dump_mode=DumpMode.NOT)  # fmt: skip
     assert result.summary["mode"] == "budget" and result.passed
     assert {r["status"] for r in result.modules.to_pylist()} == {"equal"}
+
+
+def _budget_rows(copy_first: bool) -> tuple[bool, dict[str, float], list[str]]:
+    """The README's facade budget check, copies made before or after registering (issue w5 #1)."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    calls: list[str] = []
+    model[1].register_forward_hook(lambda m, a, o: calls.append("user"))  # the user's own hook
+    eng = copy.deepcopy(make_twin(model, torch.bfloat16))
+    tc = TensorChecker(verbose=False)
+    golden_tc, twin_tc = TensorChecker(verbose=False), TensorChecker(verbose=False)
+    if copy_first:
+        golden, twin = golden_copy(model), make_twin(model, torch.bfloat16)
+    module_register_tensor_checker(model, tc)
+    module_register_tensor_checker(eng, tc)
+    if not copy_first:  # the README, read in order: the seed section registered first
+        golden, twin = golden_copy(model), make_twin(model, torch.bfloat16)
+    module_register_tensor_checker(golden, golden_tc)
+    module_register_tensor_checker(twin, twin_tc)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        model(x), eng(x.bfloat16()), twin(x.bfloat16())
+        with golden_mode():
+            golden(x.double())
+    result = tc.check_budget(golden_tc, twin_tc)
+    ratios = {r["tag"]: r["error_ratio"] for r in result.to_rows()}
+    return result.passed, ratios, calls
+
+
+def test_copies_made_after_registering_do_not_record_into_the_checker():
+    """Main: the copies kept the checker's hooks, so the golden/twin forwards recorded into
+    ``tc`` too (tags on one side only: passed False). The expected ratios are those of the
+    copies made before any checker hook existed; the user's hook runs in all four models."""
+    passed_before, ratios_before, calls_before = _budget_rows(copy_first=True)
+    passed_after, ratios_after, calls_after = _budget_rows(copy_first=False)
+    assert passed_before and passed_after
+    assert ratios_after == ratios_before and len(ratios_before) >= 4
+    assert calls_before == calls_after == ["user"] * 4

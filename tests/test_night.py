@@ -233,3 +233,171 @@ def test_kept_heads_equal_a_full_search_and_drop_deleted_runs(mlflow_server, tmp
     full, kept = both()
     assert kept == full and len(kept) == 6 and ids[1] not in {h.run_id for h in kept}
     assert [h.start_time for h in kept] == sorted((h.start_time for h in kept), reverse=True)
+
+
+def test_merge_from_another_directory_applies_the_expected_file_the_shards_used(
+    night_env, monkeypatch
+):
+    """Main: the merge looked for ``expected.toml`` beside the shards' relative ``config``,
+    found nothing from another directory and turned expected cells into failures (exit 1)."""
+    cwd = night_env["cwd"]
+    exp = cwd / "expected.toml"
+    exp.write_text(f'[[expected]]\ntarget = "{TINY}"\ntag = "*"\nreason = "known"\n'
+                   "until = 2099-12-31\n")  # fmt: skip
+    for i in (1, 2):  # relative --config, as a user in their project directory
+        res = invoke("nightly", "--config", "nightly.toml", "--shard", f"{i}/2", "--commit",
+                     "a" * 40, "--night", "e1", "--fail-on", "mismatch", perturb=True)  # fmt: skip
+        assert res.exit_code == 0, res.output  # every failing tag is expected
+    (cwd / "elsewhere").mkdir()
+    monkeypatch.chdir(cwd / "elsewhere")
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch", "--json")
+    assert res.exit_code == 0, res.output
+    cells = json.loads(res.stdout)["cells"]
+    failing = [c for c in cells if c["tensors_failing"]]
+    assert failing and all(c["unexpected_failing"] == 0 and c["expected_used"] for c in failing)
+    # the file edited since the shards read it: refuse, naming the path and the fix
+    exp.write_text(exp.read_text().replace("known", "edited"))
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch")
+    assert res.exit_code == 2 and str(exp.resolve()) in res.output and "--expected" in res.output
+    exp.unlink()
+    res = invoke("nightly-merge", "--night", "e1", "--fail-on", "mismatch")
+    assert res.exit_code == 2 and str(exp.resolve()) in res.output and "--expected" in res.output
+    # a night whose shards used no expected file merges as before: its failures count
+    for i in (1, 2):
+        invoke("nightly", "--config", "../nightly.toml", "--shard", f"{i}/2", "--commit",
+               "a" * 40, "--night", "e2", "--fail-on", "never", perturb=True)  # fmt: skip
+    assert invoke("nightly-merge", "--night", "e2", "--fail-on", "mismatch").exit_code == 1
+
+
+def test_history_heatmap_covers_every_commit_of_a_configuration_failing_since_before(
+    night_env, monkeypatch
+):
+    """Main drew the heatmap from this night's diff only (one commit; none at all when the
+    failing tags are ``unchanged``) and bannered "NO REGRESSION" over failing parity."""
+    from test_dashboards import _Doc
+
+    from dashboards.nightly import render_history
+    from parity_tracker.pipeline.nightly import run_nightly
+    from parity_tracker.statuses import is_failing
+    from parity_tracker.track import load_run
+
+    monkeypatch.setenv("PARITY_TEST_PERTURB", "fc2")
+    seen = []
+
+    def capture(result, pages):
+        seen.append((result, pages))
+        return {}
+
+    for commit in ("a" * 40, "b" * 40):  # failing the same way at both commits
+        run_nightly(night_env["cfg"], commit=commit, fail_on="never", render=capture)
+    result, pages = seen[-1]
+    failing_cells = [c for c in result.cells if c.tensors_failing]
+    assert failing_cells
+    for cell in failing_cells:
+        assert not cell.changes.get("regression")  # unchanged since commit a
+        runs = [r for r in pages.runs if r["fingerprint"] == cell.fingerprint]
+        assert {r["commit"] for r in runs} == {"a" * 40, "b" * 40}
+        # expected, from each stored run's modules table: tag -> failing at some step
+        want = {}
+        for r in runs:
+            rows = load_run(r["run_id"]).modules.to_pylist()
+            for tag in {x["tag"] for x in rows if is_failing(x["status"])}:
+                want.setdefault(tag, set()).add(r["commit"])
+        got = {}
+        for row in pages.tag_status:
+            if row["fingerprint"] == cell.fingerprint and is_failing(row["status"]):
+                got.setdefault(row["tag"], set()).add(row["commit"])
+        assert got == want and all(c == {"a" * 40, "b" * 40} for c in want.values())
+    doc = _Doc(render_history(pages.runs, pages.tag_status))
+    heat = [f for name, f in doc.figures.items() if name.startswith("heatmap")]
+    assert heat and all(len(f["data"][0]["x"]) == 2 for f in heat)  # both commits
+    assert "NO NEW REGRESSION — PARITY FAILS" in doc.text("verdict")
+
+
+def test_history_and_diff_accept_the_module_function_spelling_the_run_was_given(night_env):
+    """Main: `run mypairs:build` stored target "my-net" (the case's own setting), and
+    `history mypairs:build` / `diff --target mypairs:build` exited 2 "no stored run"."""
+    (night_env["cwd"] / "mypairs.py").write_text(
+        "from cli_targets import tiny\n\n\n"
+        "def build(settings):\n"
+        "    case = tiny(settings)\n"
+        '    case.settings = {"target": "my-net", **case.settings}\n'
+        "    return case\n"
+    )
+    spec = "mypairs:build"
+    ids = {}
+    for commit, perturb in (("a" * 40, False), ("b" * 40, True)):
+        res = invoke("run", spec, "--commit", commit, "--json", perturb=perturb)
+        ids[commit] = json.loads(res.stdout)["run_id"]
+    res = invoke("history", spec, "--json")
+    assert res.exit_code == 0, res.output
+    hist = json.loads(res.stdout)
+    assert hist["target"] == "my-net"
+    assert [p["run_id"] for p in hist["points"]] == [ids["a" * 40], ids["b" * 40]]
+    res = invoke("diff", "--base-commit", "a" * 7, "--head-commit", "b" * 7, "--target", spec,
+                 "--format", "json")  # fmt: skip
+    assert res.exit_code == 1 and json.loads(res.stdout)["counts"]["regression"] > 0
+    # nothing matches: the stored target names are listed
+    res = invoke("history", "nosuch_target_xyz")
+    assert res.exit_code == 2 and "stored targets: my-net" in res.output
+    res = invoke("diff", "--base-commit", "a" * 7, "--head-commit", "b" * 7, "--target",
+                 "nosuch_target_xyz")  # fmt: skip
+    assert res.exit_code == 2 and "stored targets: my-net" in res.output
+
+
+def test_python_loaders_take_a_unique_run_id_prefix(night_env):
+    """Main: ``load_run('c1c58812')`` raised MlflowException (the CLI alone resolved prefixes)."""
+    from parity_tracker.repro import reproduce_run
+    from parity_tracker.track import load_run
+    from parity_tracker.track.store import get_client
+
+    run_id = json.loads(invoke("run", TINY, "--json").stdout)["run_id"]
+    loaded = load_run(run_id[:8])
+    assert loaded.tracking_run_id == run_id  # the full id the prefix names
+    assert loaded.modules.equals(load_run(run_id).modules)
+    client = get_client(night_env["uri"])
+    exp = client.get_experiment_by_name("parity").experiment_id
+    ids = [run_id] + [client.create_run(exp).info.run_id for _ in range(16)]
+    first = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in ids) > 1)
+    matches = [i for i in ids if i.startswith(first)]
+    for loader in (load_run, reproduce_run):
+        with pytest.raises(InputError, match="ambiguous") as info:
+            loader(first)
+        assert sum(i in str(info.value) for i in matches) >= 2
+
+
+def test_matrix_columns_follow_the_quantization_the_run_recorded(night_env):
+    """Main: a cell whose matrix entry says only ``candidate=bf16`` while its case records
+    ``quantization=bf16`` was drawn under the default column "quantization=none"."""
+    from dashboards.nightly import _matrix_grid
+    from parity_tracker.pipeline.night import merge_night
+    from parity_tracker.pipeline.nightly import run_nightly
+    from parity_tracker.track.query import RunStore
+
+    (night_env["cwd"] / "mycand.py").write_text(
+        "from cli_targets import tiny\n\n"
+        'SETTINGS = {"candidate": ["engine", "bf16"]}\n\n\n'
+        "def build(settings):\n"
+        '    q = "bf16" if settings.get("candidate") == "bf16" else "none"\n'
+        '    case = tiny({"quantization": q})\n'
+        '    case.settings = {"quantization": q, "candidate": settings.get("candidate")}\n'
+        "    return case\n"
+    )
+    cfg = night_env["cwd"] / "cand.toml"
+    cfg.write_text('[[matrix]]\ntarget = "mycand:build"\ncandidate = ["engine", "bf16"]\n')
+    seen = []
+
+    def capture(result, pages):
+        seen.append(pages)
+        return {}
+
+    run_nightly(cfg, commit="a" * 40, fail_on="never", night="q1", render=capture)
+    merge_night("q1", RunStore(night_env["uri"]), fail_on="never", render=capture)
+    for pages in seen:  # the shard's pages, then the merged night's
+        grid = _matrix_grid(pages.cells)
+        assert grid["quants"] == ["none", "bf16"]
+        rows = {label: tds for label, tds in grid["rows"]}
+        # the recorded quantization picks the column (the cell's own: none for engine)
+        assert rows["mycand:build candidate=bf16"][0] is None
+        assert rows["mycand:build candidate=bf16"][1] is not None
+        assert rows["mycand:build candidate=engine"][1] is None

@@ -25,8 +25,10 @@ from typing import Annotated, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictStr
 
+from parity_tracker.errors import InputError
 from parity_tracker.files.toml import load_toml, validate_model
 from parity_tracker.statuses import failing_mask
 
@@ -131,6 +133,48 @@ def load_expected(path: str | Path | None) -> list[ExpectedEntry]:
         )
         for i, e in enumerate(data.expected, start=1)
     ]
+
+
+def expected_file_record(path: str | Path | None) -> tuple[str, str] | None:
+    """What a shard records of the expected file it used: ``(absolute path, content hash)``.
+
+    The hash is the 16-digit hex ``xxhash.xxh3_64`` of the file's bytes. ``None`` when no file
+    was used (``path`` is None or names no file: :func:`load_expected` reads that as ``[]``).
+    """
+    if path is None or not Path(path).is_file():
+        return None
+    resolved = Path(path).resolve()
+    return str(resolved), xxhash.xxh3_64_hexdigest(resolved.read_bytes())
+
+
+def check_recorded_expected(path: str, digest: str, *, who: str) -> Path:
+    """The recorded expected file, checked against the hash the shards recorded.
+
+    Args:
+        path: the absolute path a shard recorded (:func:`expected_file_record`).
+        digest: the content hash recorded with it.
+        who: what recorded it, for the message (e.g. ``"night n1's shards"``).
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        InputError: the file is gone or its content changed since the shards read it; the
+            message names the path and the fix (``--expected PATH``).
+    """
+    found = Path(path)
+    if not found.is_file():
+        raise InputError(
+            f"{who} used the expected-divergence file {path}, which does not exist here: pass "
+            "--expected PATH (the same file) so expected cells are not counted as failures"
+        )
+    now = xxhash.xxh3_64_hexdigest(found.read_bytes())
+    if now != digest:
+        raise InputError(
+            f"{who} used the expected-divergence file {path} with content hash {digest}; it "
+            f"now hashes {now} (edited since): pass --expected PATH to choose the file to apply"
+        )
+    return found
 
 
 def expired_entries(entries: list[ExpectedEntry], today: dt.date) -> list[ExpectedEntry]:

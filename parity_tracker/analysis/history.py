@@ -252,6 +252,8 @@ def build_history(
         if configs:
             note += (f"; stored configurations of {target}: {describe_configs(configs)}; "
                      "pick one with --set KEY=VALUE (each key of it)")  # fmt: skip
+        elif not skipped:
+            note += f"; stored targets: {', '.join(store.target_names()) or '(none)'}"
         raise InputError(
             f"no stored run of {target} matches {wanted} in experiment {experiment!r}{note}"
         )

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from parity_tracker.capture.hook_marks import mark_capture_hook
 from parity_tracker.capture.leaves import own_tensors
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import module_display_name, root_name
@@ -140,6 +141,7 @@ def install_compiled(model: Any, log: Any, handle: Any) -> None:
         def tap_out(m, args, kwargs, output, _i=i):
             sink.append((_i, 1, _clone(output)))
 
+        mark_capture_hook(tap_in), mark_capture_hook(tap_out)
         handle._handles.append(mod.register_forward_pre_hook(tap_in, with_kwargs=True))
         handle._handles.append(mod.register_forward_hook(tap_out, with_kwargs=True))
 
@@ -171,6 +173,8 @@ def install_compiled(model: Any, log: Any, handle: Any) -> None:
                 "after torch.compile and before its first call"
             )
 
+    for fn in (begin, end, replay):
+        mark_capture_hook(fn)
     handle._handles.append(model.register_forward_pre_hook(begin, with_kwargs=True))
     handle._handles.append(model.register_forward_hook(end, with_kwargs=True))
     handle._handles.append(model.register_forward_hook(replay, with_kwargs=True, always_call=True))

@@ -38,6 +38,8 @@ from itertools import chain
 
 import torch
 
+from parity_tracker.capture.hook_marks import drop_capture_hooks
+
 
 def _plain(t: torch.Tensor) -> bool:
     """True for a tensor whose converted copy is exactly what ``deepcopy`` + convert gives."""
@@ -151,7 +153,9 @@ def cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     Equal to ``copy.deepcopy(module).double()`` for ``torch.float64`` (the golden's
     conversion: complex tensors stay complex) and to ``copy.deepcopy(module).to(dtype)``
     otherwise (the twin's); the module docstring gives the rule and the fallback. ``module`` is
-    never modified.
+    never modified. The copy carries no parity_tracker capture hook (a TensorChecker's hooks
+    on ``module`` would make the copy's forwards record into that checker:
+    :mod:`parity_tracker.capture.hook_marks`); the user's own hooks are kept.
 
     Args:
         module: the module to copy.
@@ -163,6 +167,7 @@ def cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     memo = _memo(module, dtype)
     # ids in the memo stay valid: the originals are alive in ``module`` throughout
     out = copy.deepcopy(module) if memo is None else structural_copy(module, memo)
+    drop_capture_hooks(out)  # a copy must not record into the original's checker
     # .double() keeps complex tensors complex, as golden_copy always did; .to(dtype) is
     # make_twin's conversion (complex tensors never take the fast path)
     return out.double() if dtype == torch.float64 else out.to(dtype)

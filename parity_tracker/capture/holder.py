@@ -1,9 +1,9 @@
 """What the TensorChecker does with each captured tensor: hold a snapshot, or compare at once.
 
-Deferred path: a counted snapshot (parameters by reference). Eager path (``TensorChecker(
-eager_mode=...)``): when the second side's tensor of a tag arrives it is compared with the held
-one and both are released, unless the planned dump needs them (``DumpMode``), so peak memory is
-one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
+Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path
+(``TensorChecker(eager_mode=...)``): when the second side's tensor of a tag arrives it is compared
+with the held one and both are released, unless the planned dump needs them (``DumpMode``), so peak
+memory is one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from parity_tracker.capture.modules import Capture, Group
 from parity_tracker.capture.store import Spilled
 from parity_tracker.compare.core import Comparison
-from parity_tracker.compare.pairing import RELEASED, load
+from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
 from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
 
@@ -23,8 +23,8 @@ from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
 class Holder:
     """What the checker does with each captured tensor: hold a snapshot, or compare it at once.
 
-    Deferred path: a counted snapshot (parameters by reference). Eager path: when the second
-    side's tensor of a tag arrives it is compared with the held one and both are released,
+    Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path: when the
+    second side's tensor of a tag arrives it is compared with the held one and both are released,
     unless the planned dump needs them. Also writes the dumps of a check.
     """
 
@@ -46,9 +46,9 @@ class Holder:
         self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
 
     def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters by reference, the rest as a counted snapshot."""
+        """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted."""
         if alias:
-            cap.value = value.detach()
+            cap.value = self.c._snap.pin(value)
             return
         cap.value = copy = self.c._snap.take(value)
         self.c._store.admit(copy, cap)
@@ -70,16 +70,24 @@ class Holder:
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
-        held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
+        try:
+            held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
+        except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
+            held_value, comp = None, unreadable(g.tag, self.c.eager_mode, exc)
+        if g.kind == "param" and held_value is not None:  # the weight, not its copy (unpin)
+            held_value = held.value = self.c._snap.unpin(held_value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        budget = self.c.eager_mode == BUDGET
-        pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
-        comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
-        comp = self.c._snap.verified(g.tag, ref, cand, comp)  # copy-on-write snapshots
+        if held_value is not None:
+            budget = self.c.eager_mode == BUDGET
+            pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
+            comp = pairs.compare(g.tag, ref, cand, self.c.eager_mode, self.c._eager_tol, g.step)
+            comp = self.c._snap.verified(g.tag, ref, cand, comp)  # copy-on-write snapshots
         g.ref_index = ref_i
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
             self._keep(new, value, alias)
+            if g.kind == "param":  # kept for a dump: its values of now, pinned again
+                held.value = self.c._snap.pin(held.value)
         else:
             new.value = held.value = RELEASED
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from parity_tracker.capture.hook_marks import mark_capture_hook
 from parity_tracker.capture.leaves import (
     PACKED,
     NonTensor,
@@ -95,7 +96,7 @@ class CaptureLog:
 
     Args:
         on_tensor: ``on_tensor(group, capture, tensor, alias)`` for every tensor captured;
-            ``alias`` is True for parameters (held by reference, never copied).
+            ``alias`` is True for parameters (pinned, never copied: ``Snapshotter.pin``).
     """
 
     def __init__(self, on_tensor: Callable[[Group, Capture, torch.Tensor, bool], None]):
@@ -423,6 +424,8 @@ def _hook_one(mod, name, is_root, log, handle, entries, all_own) -> None:
     def done(m, args, kwargs, output, _n=name):
         log.root_done(s, _n)
 
+    for fn in (pre, post, done):  # a golden/twin copy drops them (capture.hook_marks)
+        mark_capture_hook(fn)
     added = []
     try:
         added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))

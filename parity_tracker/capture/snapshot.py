@@ -22,7 +22,9 @@ COW_MIN_BYTES = 64 << 10
 _LAZY_CLONE = getattr(torch, "_lazy_clone", None)
 _IS_COW = getattr(torch._C, "_is_cow_tensor", None)
 _STORAGE_ADDRESS = getattr(torch._C, "_storage_address", None)
-_COW = None not in (_LAZY_CLONE, _IS_COW, _STORAGE_ADDRESS)
+#: the address of a tensor's data, read without materializing a copy-on-write storage
+_DATA_ADDRESS = getattr(torch._C, "_data_address", None)
+_COW = None not in (_LAZY_CLONE, _IS_COW, _STORAGE_ADDRESS, _DATA_ADDRESS)
 _C_ORDER = True  # permuted (channels-last) sources copied in C order
 
 
@@ -49,6 +51,14 @@ class _Entry:
         self.storage: int | None = None
 
 
+def _data_ptr(t: torch.Tensor) -> int:
+    """The storage's data address, never materializing a copy-on-write storage.
+
+    ``Tensor.data_ptr()`` would copy a pinned parameter given as a module input (``pin``).
+    """
+    return t.data_ptr() if _DATA_ADDRESS is None else _DATA_ADDRESS(t)
+
+
 def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them).
 
@@ -56,7 +66,7 @@ def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     its storage (the pointer is then checked through the copy-on-write state instead).
     """
     return (
-        t.data_ptr() if ptr else None,
+        _data_ptr(t) if ptr else None,
         t.storage_offset(),
         tuple(t.shape),
         t.stride(),
@@ -84,9 +94,14 @@ def _cow_eligible(t: torch.Tensor) -> bool:
     """
     if not _COW or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.requires_grad:
         return False
-    nbytes = t.numel() * t.element_size()
-    if nbytes < COW_MIN_BYTES:  # first: most captures are small (issue 19)
+    if t.numel() * t.element_size() < COW_MIN_BYTES:  # first: most captures are small (issue 19)
         return False
+    return _whole_storage(t)
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """A contiguous, strided CPU tensor of a numpy dtype, offset 0, filling its whole storage."""
+    nbytes = t.numel() * t.element_size()
     if not t.is_cpu or t.layout != torch.strided or t.dtype not in _NUMPY_DTYPES:
         return False
     if t.is_conj() or t.is_neg() or not t.is_contiguous() or t.storage_offset() != 0:
@@ -118,6 +133,10 @@ class Snapshotter:
         self._copies: dict[int, weakref.ref] = {}
         #: id(copy-on-write snapshot) -> its content hash when taken (``content_hash``)
         self._hashes: dict[int, str] = {}
+        #: id(parameter held by reference) -> (weak reference, version counter when captured)
+        self._pinned: dict[int, tuple[weakref.ref, int]] = {}
+        #: id(lazy clone of a parameter) -> (weak reference to it, the parameter's detached alias)
+        self._pins: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
@@ -161,6 +180,66 @@ class Snapshotter:
             self._remember(key, t, version, copy)
         return copy
 
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """A parameter held without copying its bytes, still its value of capture time.
+
+        Parameters used to be held by reference (``t.detach()``): an in-place update between
+        two steps of a drive (a decode loop, ``torch.no_grad(): p.add_(...)``, ``p.data``)
+        then changed the captured value, and a weight that differed when it was used could be
+        reported ``equal``. A plain contiguous CPU parameter filling its storage is now held
+        as a lazy clone (≈ 1 µs, no bytes copied; torch copies the storage only if the
+        parameter is written through torch while the capture lives). Any other parameter (a
+        view of a flat buffer, GPU) stays a reference whose version counter is recorded: a
+        counted write makes its pair an ``error`` (:meth:`verified`). Not covered: an
+        uncounted write (``.data``, numpy) to such a parameter, or a write through a raw
+        numpy/DLPack view taken before the capture.
+        """
+        d = t.detach()
+        if _COW and type(t) in (torch.Tensor, torch.nn.Parameter) and _whole_storage(d):
+            try:
+                copy = _LAZY_CLONE(d)
+            except RuntimeError:  # an inference tensor or a storage torch will not share
+                copy = None
+            if copy is not None:
+                key, pins = id(copy), self._pins
+
+                def dropped(ref: weakref.ref) -> None:
+                    if key in pins and pins[key][0] is ref:
+                        del pins[key]
+
+                pins[key] = (weakref.ref(copy, dropped), d)
+                return copy
+        version = tensor_version(d)
+        if version is not None:
+            key, pinned = id(d), self._pinned
+
+            def gone(ref: weakref.ref) -> None:
+                if key in pinned and pinned[key][0] is ref:
+                    del pinned[key]
+
+            pinned[key] = (weakref.ref(d, gone), version)
+        return d
+
+    def unpin(self, value: Any) -> Any:
+        """The parameter itself for a :meth:`pin` copy that still shares its buffer, else ``value``.
+
+        Sharing the buffer means no write through torch reached either since the capture, so
+        the parameter holds the captured values. Comparing the copy would read it through
+        numpy, which copies the whole weight while the parameter shares it (≈ +30 % run time
+        on a 128 MiB weight-heavy model, w5trust); the caller drops the copy, then compares
+        the parameter (no copy).
+        """
+        entry = self._pins.get(id(value))
+        if entry is None or entry[0]() is not value:
+            return value
+        alias = entry[1]
+        return alias if _DATA_ADDRESS(alias) == _DATA_ADDRESS(value) else value
+
+    def _changed_param(self, value: object) -> bool:
+        """True for a parameter held by reference (:meth:`pin`) written since its capture."""
+        entry = self._pinned.get(id(value))
+        return entry is not None and entry[0]() is value and value._version != entry[1]
+
     def _remember(self, key: int, t: torch.Tensor, version: int, copy: torch.Tensor) -> None:
         """Keep the reuse entry of ``t`` and its fresh ``copy`` (see :meth:`_reusable`)."""
         try:  # a try, not contextlib.suppress (≈ 0.3 µs a call, issue 19)
@@ -195,6 +274,9 @@ class Snapshotter:
                 and _STORAGE_ADDRESS(t) == entry.storage
                 and _IS_COW(t)
                 and _IS_COW(copy)
+                # the same bytes: a write through torch gave the source new data, and another
+                # lazy clone taken since (a second checker) made it copy-on-write again
+                and _DATA_ADDRESS(t) == _DATA_ADDRESS(copy)
             )
             return copy if same else None
         if entry.layout != _layout(t):
@@ -226,6 +308,16 @@ class Snapshotter:
             ("reference", ref, comp.ref_hash),
             ("candidate", cand, comp.cand_hash),
         ):
+            if self._pinned and self._changed_param(value):
+                return Comparison(
+                    status="error",
+                    mode=comp.mode,
+                    message=(
+                        f"{tag}: the {side}'s parameter was modified in place after it was "
+                        "captured (held by reference: a view or a non-CPU tensor); its value "
+                        "at capture time was not kept; not compared"
+                    ),
+                )
             h = self.recorded_hash(value)
             if h is None or hashed == h or content_hash(value) == h:
                 continue
@@ -272,6 +364,8 @@ class Snapshotter:
         self._seen.clear()
         self._copies.clear()
         self._hashes.clear()
+        self._pinned.clear()
+        self._pins.clear()
 
 
 class SnapshotStore(BoundedStore):

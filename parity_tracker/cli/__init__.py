@@ -57,12 +57,10 @@ __all__ = [
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``parity-tracker``).
 
-    MLflow's HTTP client retries 7 times with exponential backoff by default (minutes of silence
-    before an unreachable server is reported); the CLI caps it at 2 retries unless
-    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is set, so exit 3 and the spool path come in seconds.
-    The environment is set here, not at import, so importing the module changes nothing.
+    MLflow's own HTTP retries are turned off by ``track.store.get_client`` (the retry window,
+    ``--store-retry-s``, does the retrying, so it bounds the time per store call). The
+    environment is set here, not at import, so importing the module changes nothing.
     """
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # MLflow draws a tqdm bar per artifact download; the CLI shows its own progress instead.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

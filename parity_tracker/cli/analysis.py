@@ -25,6 +25,11 @@ from parity_tracker.files import jsonio
 @click.argument("head", required=False)
 @click.option("--base-commit", default=None, help="Instead of BASE: newest run of this commit.")
 @click.option("--head-commit", default=None, help="Instead of HEAD: newest run of this commit.")
+@click.option(
+    "--base-branch",
+    default=None,
+    help="Instead of BASE: newest complete run recorded on this branch (e.g. main's nightly).",
+)
 @click.option("--target", default=None, help="Target selector for --base/--head-commit.")
 @set_option
 @click.option(
@@ -44,7 +49,7 @@ from parity_tracker.files import jsonio
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML: matching failures show as expected.",
 )
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged tags.")
@@ -58,6 +63,7 @@ def diff(
     head: str | None,
     base_commit: str | None,
     head_commit: str | None,
+    base_branch: str | None,
     target: str | None,
     sets: tuple[str, ...],
     fmt: str,
@@ -71,22 +77,26 @@ def diff(
     """Diff two runs tag by tag; exit 1 on a regression.
 
     BASE and HEAD are MLflow run ids; or select the newest run of a commit with --base-commit /
-    --head-commit, --target and --set.
+    --head-commit (or of a branch with --base-branch), --target and --set.
     """
     from parity_tracker.analysis import render as R
     from parity_tracker.analysis.diff import diff_runs
     from parity_tracker.analysis.expected import load_expected
-    from parity_tracker.pipeline.select import run_for_commit
+    from parity_tracker.pipeline.select import run_for_branch, run_for_commit
     from parity_tracker.pipeline.targets import parse_assignments
     from parity_tracker.track.query import RunStore
 
     where = {"tracking_uri": tracking_uri, "experiment": experiment}
+    if base_branch:
+        base = run_for_branch(base_branch, target, parse_assignments(sets), **where)
     if base_commit:
         base = run_for_commit(base_commit, target, parse_assignments(sets), **where)
     if head_commit:
         head = run_for_commit(head_commit, target, parse_assignments(sets), **where)
     if not base or not head:
-        raise click.UsageError("give BASE and HEAD run ids, or --base-commit/--head-commit")
+        raise click.UsageError(
+            "give BASE and HEAD run ids, or --base-commit/--base-branch and --head-commit"
+        )
     result = diff_runs(
         base,
         head,
@@ -211,7 +221,14 @@ def report(
 @cli.command()
 @click.argument("run_id")
 @click.option("--tag", default=None, help="An op or module tag (default: the first root cause).")
-@click.option("--out", type=click.Path(), default=None, help="Folder (default ./.parity/repro/).")
+@click.option(
+    "--out",
+    type=click.Path(),
+    default=None,
+    metavar="DIR",
+    help="Write the reproducer's files straight into DIR (created; files of the same names "
+    "replaced) [default: ./.parity/repro/RUN_ID/op-NN, or .../module for a module tag].",
+)
 @click.option("--upload", is_flag=True, help="Also log the folder under the run's repro/.")
 @tracking_uri_option
 @json_option

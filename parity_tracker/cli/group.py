@@ -8,14 +8,17 @@ The commands are registered on :data:`cli` by ``cli/runs.py``, ``cli/analysis.py
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from parity_tracker.cli.options import store_retry_option
-from parity_tracker.cli.quiet import quiet_libraries
-from parity_tracker.errors import EXIT_INFRA, ParityTrackerError
+from parity_tracker.cli.quiet import plain_warnings, quiet_libraries
+from parity_tracker.errors import EXIT_INFRA, ParityTrackerError, brief
 from parity_tracker.files import jsonio
 
 EXIT_INTERRUPTED = 130
@@ -47,11 +50,50 @@ class ParityGroup(click.Group):
             if os.environ.get("PARITY_TRACKER_DEBUG"):
                 raise
             click.echo(
-                f"Error: internal error: {type(exc).__name__}: {str(exc)[:500]} "
+                f"Error: internal error: {type(exc).__name__}: {brief(exc, 500)} "
                 "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
                 err=True,
             )
             ctx.exit(EXIT_INFRA)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool = True) -> Iterator[None]:
+    """While active, whatever the work writes to stdout goes to stderr (``--json``).
+
+    Target code prints ("loading weights...", a model's debug prints, a child process of
+    ``--isolate`` or a launcher): under ``--json`` stdout must hold the one JSON document
+    only, printed after the block. Both Python's ``sys.stdout`` (``contextlib.redirect_stdout``)
+    and file descriptor 1 (``os.dup2``, for C code and child processes) are redirected; both
+    are restored on exit.
+    """
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = _dup_stdout()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _dup_stdout() -> int | None:
+    """A copy of file descriptor 1, which then points at stderr's; None without both fds."""
+    try:
+        saved = os.dup(1)
+    except OSError:
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        return None
+    return saved
 
 
 def _emit_json(payload: Any) -> None:
@@ -71,6 +113,7 @@ def report_files(result: Any) -> dict[str, str]:
 def cli(store_retry_s: float | None) -> None:
     """Prove a second implementation of a PyTorch model computes what PyTorch computes."""
     quiet_libraries()  # MLflow/alembic INFO lines, known-harmless library warnings (cli.quiet)
+    plain_warnings()  # our own warnings as one "warning: ..." line (cli.quiet)
     if store_retry_s is not None:  # read by track.store.retry_window_s
         os.environ["PARITY_TRACKER_STORE_RETRY_S"] = str(store_retry_s)
 

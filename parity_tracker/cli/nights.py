@@ -25,9 +25,9 @@ def nightly_output(
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
-    else:
+    else:  # stdout is the digest alone (`> digest.md`); where to browse it goes to stderr
         click.echo(result.digest)
-        click.echo(T.browse_hint(uri, result.parent_run_id))
+        click.echo(T.browse_hint(uri, result.parent_run_id), err=True)
     if result.missing_shards:
         click.echo(
             f"night incomplete: shard {', '.join(result.missing_shards)} never reported (run it, "
@@ -51,7 +51,7 @@ def nightly_output(
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML (default: expected.toml beside the shards' matrix).",
 )
 @tracking_uri_option

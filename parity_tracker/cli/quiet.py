@@ -21,6 +21,13 @@ messages listed here, never our own warnings or errors, never a library's other 
   running on http://..." line, which says where the UI is, and every warning and error are
   kept.
 
+Our own warnings (:func:`plain_warnings`): a ``warnings.warn`` of this package shows as one
+``warning: <message>`` line on stderr, without Python's ``file:line: Category:`` prefix and the
+echoed source line; the spool warning of ``track.log.log_run`` ("parity run ... not logged to
+...: spooled to ...") is not shown at all, because the command reports the same run and path
+itself (``run``: its ``Error:`` line; ``nightly``: its "spooled to" line). Other libraries'
+warnings keep Python's format.
+
 Filters, not levels, for loggers another library configures: ``logging.config.dictConfig``
 (MLflow's, on import) resets the level of an existing child logger but keeps its filters.
 """
@@ -29,6 +36,10 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
 
 #: Loggers whose records below WARNING are dropped (their own records; children have theirs).
 QUIET_INFO = ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration",
@@ -78,3 +89,42 @@ def quiet_libraries() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropRecords) for f in logger.filters):
             logger.addFilter(flt)
+
+
+#: Our warning the CLI reports itself (module docstring): the run and its spool path.
+REPORTED_BY_THE_COMMAND = r"parity run \S+ not logged to .*: spooled to "
+#: Packages whose warnings :func:`plain_warnings` shows as one line (``dashboards`` and
+#: ``builtin_targets`` live in folders of their own, mapped by setuptools' package-dir).
+OWN_PACKAGES = ("parity_tracker", "parity_tracker.dashboards", "parity_tracker.builtin_targets")
+
+
+def _own_roots() -> tuple[str, ...]:
+    roots: list[str] = []
+    for name in OWN_PACKAGES:
+        spec = find_spec(name)
+        roots += [str(Path(p).resolve()) for p in (spec.submodule_search_locations or [])]
+    return tuple(roots)
+
+
+def plain_warnings() -> None:
+    """Show this package's warnings as one line each; drop the one the command reports.
+
+    Installs a ``warnings.formatwarning`` (once per process) that writes ``warning: <message>``
+    for a warning raised from a file of :data:`OWN_PACKAGES` and hands any other warning to
+    the previous formatter (a formatter, not ``showwarning``: ``warnings.catch_warnings(record=
+    True)`` callers still record every warning); and an ``ignore`` filter for
+    :data:`REPORTED_BY_THE_COMMAND`.
+    """
+    warnings.filterwarnings("ignore", message=REPORTED_BY_THE_COMMAND, category=RuntimeWarning)
+    previous = warnings.formatwarning
+    if getattr(previous, "parity_plain", False):
+        return
+    roots = _own_roots()
+
+    def plain(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
+        if str(Path(filename).resolve()).startswith(roots):
+            return f"warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    plain.parity_plain = True  # type: ignore[attr-defined]
+    warnings.formatwarning = plain

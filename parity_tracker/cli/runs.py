@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from parity_tracker.cli import terminal as T
-from parity_tracker.cli.group import EXIT_INTERRUPTED, _emit_json, _run_url, cli, report_files
+from parity_tracker.cli.group import (
+    EXIT_INTERRUPTED,
+    _emit_json,
+    _run_url,
+    cli,
+    report_files,
+    stdout_to_stderr,
+)
 from parity_tracker.cli.options import (
     allow_no_commit_option,
     experiment_option,
@@ -60,9 +67,10 @@ def targets(as_json: bool) -> None:
     type=click.Choice(["auto", *RUN_MODES]),
     default="auto",
     show_default=True,
-    help="Comparison mode; auto follows the seed's section 2, with budget (error against a "
-    "float64 golden, at most k=2x PyTorch's own at the candidate's precision) for casts and "
-    "other implementations.",
+    help="Comparison mode; auto: equal when both sides run the same kernels on the same values; "
+    "budget (error against a float64 golden, at most k=2x PyTorch's own at the candidate's "
+    "precision) for casts and other implementations; allclose for caches, random ops, sharding "
+    "and integer quantization without a twin.",
 )
 @click.option("--rtol", type=float, default=None, help="allclose rtol for every tag.")
 @click.option("--atol", type=float, default=None, help="allclose atol for every tag.")
@@ -78,14 +86,15 @@ def targets(as_json: bool) -> None:
 )
 @click.option(
     "--dump-mode",
-    type=click.Choice(["NOT", "ALL", "NOT_EQUAL", "FIRST_NOT_EQUAL"], case_sensitive=False),
-    default="NOT_EQUAL",
+    type=click.Choice(["not", "all", "not_equal", "first_not_equal"], case_sensitive=False),
+    default="not_equal",
     show_default=True,
     help="Which tensors to dump as .npy artifacts.",
 )
 @tracking_uri_option
 @experiment_option
 @click.option("--commit", default=None, help="Commit to record (default: read with git).")
+@click.option("--branch", default=None, help="Branch to record (default: read with git).")
 @json_option
 @click.pass_context
 def run(
@@ -104,6 +113,7 @@ def run(
     tracking_uri: str | None,
     experiment: str,
     commit: str | None,
+    branch: str | None,
     as_json: bool,
 ) -> None:
     """One parity run of TARGET, logged to MLflow; exit 0 when parity holds, 1 when not."""
@@ -116,22 +126,13 @@ def run(
     settings = {**parse_assignments(sets), **{k: v for k, v in shortcuts.items() if v}}
     if rtol is not None and mode in ("equal", BUDGET):
         click.echo(f"warning: --rtol/--atol have no effect with --mode {mode}", err=True)
-    outcome = run_target(
-        target,
-        settings,
-        mode=mode,
-        rtol=rtol,
-        atol=atol,
-        capture_ops=ops,
-        isolate=isolate,
-        dump_mode=dump_mode,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        commit=commit,
-        render=report_files,
-        source=SOURCE_RUN,
-        keep_repro=int(keep_repro * (1 << 20)),
-    )
+    with stdout_to_stderr(as_json):  # the target's own prints stay off the JSON
+        outcome = run_target(
+            target, settings, mode=mode, rtol=rtol, atol=atol, capture_ops=ops,
+            isolate=isolate, dump_mode=dump_mode, tracking_uri=tracking_uri,
+            experiment=experiment, commit=commit, branch=branch, render=report_files,
+            source=SOURCE_RUN, keep_repro=int(keep_repro * (1 << 20)),
+        )  # fmt: skip
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
     if as_json:
@@ -182,7 +183,7 @@ def run(
 @click.option(
     "--expected",
     default=None,
-    type=click.Path(),
+    type=click.Path(exists=True, dir_okay=False),  # a typo is an error, never no entries
     help="Expected-divergence TOML (default: expected.toml beside --config).",
 )
 @tracking_uri_option
@@ -223,33 +224,35 @@ def nightly(
     from parity_tracker.dashboards.digest import nightly_artifacts
     from parity_tracker.pipeline.nightly import run_nightly
 
-    result = run_nightly(
-        config,
-        shard=shard,
-        baseline=baseline,
-        fail_on=fail_on,
-        expected=expected,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        commit=commit,
-        branch=branch,
-        reporter=None if as_json else T.RichReporter(),
-        render=nightly_artifacts,
-        render_run=report_files,
-        night=night,
-        allow_no_commit=allow_no_commit,
-        max_cells=max_cells,
-    )
+    with stdout_to_stderr(as_json):  # the targets' own prints stay off the JSON
+        result = run_nightly(
+            config,
+            shard=shard,
+            baseline=baseline,
+            fail_on=fail_on,
+            expected=expected,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            commit=commit,
+            branch=branch,
+            reporter=None if as_json else T.RichReporter(),
+            render=nightly_artifacts,
+            render_run=report_files,
+            night=night,
+            allow_no_commit=allow_no_commit,
+            max_cells=max_cells,
+        )
     from parity_tracker.track.store import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     if as_json:
         _emit_json({**result.to_dict(), "tracking_uri": uri, "digest": result.digest})
     else:
-        click.echo(result.digest)
+        click.echo(result.digest)  # stdout is the digest alone; where to browse it: stderr
         url = _run_url(uri, experiment, result.parent_run_id)
         click.echo(
-            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id)
+            (f"The nightly run: {url}\n" if url else "") + T.browse_hint(uri, result.parent_run_id),
+            err=True,
         )
     if result.spooled:
         click.echo(

@@ -16,7 +16,14 @@ from parity_tracker.errors import ParityTrackerError
 
 
 @cli.command()
-@tracking_uri_option
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="Send every spooled run to this store (default: each run to the store it was "
+    "spooled for, recorded in the spool; $MLFLOW_TRACKING_URI is not read for them). Stale "
+    "RUNNING runs are marked KILLED in this store (default: $MLFLOW_TRACKING_URI, else "
+    "sqlite:///./.parity/mlflow.db).",
+)
 @json_option
 def sync(tracking_uri: str | None, as_json: bool) -> None:
     """Upload the runs spooled while the tracking store was unreachable (exactly once).

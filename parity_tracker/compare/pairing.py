@@ -252,7 +252,23 @@ def deferred_pair(pairs: Any, g: Any, ref: Any, cap: Any, mode: str, tol: Tolera
                 "candidate; groups of more than two tensors need eager_mode=None"
             ),
         )
-    return pairs.compare(g.tag, load(ref.value), load(cap.value), mode, tol, g.step)
+    try:
+        r, c = load(ref.value), load(cap.value)
+    except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
+        return unreadable(g.tag, mode, exc)
+    return pairs.compare(g.tag, r, c, mode, tol, g.step)
+
+
+def unreadable(tag: str, mode: str, exc: BaseException) -> Comparison:
+    """The ``error`` pair of a spilled snapshot that cannot be read back (never a raise)."""
+    return Comparison(
+        status="error",
+        mode=mode,
+        message=(
+            f"{tag}: a spilled snapshot could not be read back ({type(exc).__name__}: {exc}); "
+            "not compared. Keep the spill folder intact while the run lasts"
+        ),
+    )
 
 
 def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Comparison:

@@ -202,12 +202,28 @@ class CheckResult:
         return found
 
 
+def _budget_base(c: Any) -> str:
+    """What ``error_ratio`` divided by: ``max(twin error, floor)`` (``compare.budget``), named.
+
+    The denominator is ``golden_max_abs_err / error_ratio``; it is the floor (one ULP of the
+    compared dtype at the golden's largest magnitude) when it exceeds the twin's error, i.e.
+    when PyTorch's own error at that precision is smaller than the floor. Either word only when
+    the ratio is finite and positive (else both are named).
+    """
+    e_c, e_t, ratio = c.golden_max_abs_err, c.twin_max_abs_err, c.error_ratio
+    if e_c is None or e_t is None or ratio is None or not 0 < ratio < float("inf"):
+        return "max(PyTorch's own error, floor eps·max|golden|)"
+    if e_c / ratio > e_t * (1 + 1e-9):
+        return "floor eps·max|golden|, above PyTorch's own error"
+    return "PyTorch's own error"
+
+
 def _status_word(r: TagResult, mode: str) -> str:
     status = r.comparison.status
-    if mode == BUDGET and status in ("close", "mismatch"):  # issue 15: words of the budget
+    if mode == BUDGET and status in ("close", "mismatch"):  # the words of the error budget
         ratio = r.comparison.error_ratio
         word = "within budget" if status == "close" else "over budget"
-        return word if ratio is None else f"{word} ({ratio:.3g}x PyTorch's own error)"
+        return word if ratio is None else f"{word} ({ratio:.3g}x {_budget_base(r.comparison)})"
     if is_passing(status):
         return "equal" if mode == "equal" else "close"
     if status == "mismatch":

@@ -29,8 +29,10 @@ from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
 from parity_tracker.localize.keep import MAX_KEPT_OPS, KeptOp, keep_op
 from parity_tracker.localize.root_cause import (
+    CASE_A,
     CASE_B,
     LAYOUT_OPS,
+    argument_differences,
     blamed_feeders,
     explain,
     op_root_cause,
@@ -214,8 +216,9 @@ class OpComparer:
                 root, cause = True, CASE_B  # the difference enters through a view chain
             message = cmp.message
             if root:
+                args = argument_differences(r.args, c.args) if r and c and cause == CASE_A else ()
                 why = explain(cause, layout, out_diffs, views=views, fed=fed,
-                              close_inputs=evidence.close_only)  # fmt: skip
+                              close_inputs=evidence.close_only, arg_diffs=args)  # fmt: skip
                 message = why + (f"; {message}" if message else "")
             row = {
                 "tag": op_tag(frame.module, frame.call, ev.op, ev.k, i),

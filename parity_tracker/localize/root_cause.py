@@ -199,6 +199,50 @@ def op_root_cause(
     return cause is not None, cause
 
 
+def _same_arg(a: Any, b: Any) -> bool:
+    """Whether two non-tensor op arguments are the same.
+
+    NaN equals NaN; a failing ``==`` (an unusual object) counts as different.
+    """
+    if a is b:
+        return True
+    try:
+        same = a == b
+        return bool(same) or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+    except Exception:
+        return False
+
+
+def argument_differences(ref_args: Any, cand_args: Any) -> list[str]:
+    """The non-tensor arguments two sides passed differently to one op, in words.
+
+    Args:
+        ref_args: the reference call's ``(args, kwargs)`` as ``capture.ops.arg_spec`` records
+            them (tensors stand as ``TensorArg`` placeholders and compare by position only),
+            or None when not recorded.
+        cand_args: the candidate call's, likewise.
+
+    Returns:
+        e.g. ``["approximate: (default) vs 'tanh'", "argument 2: 1 vs 2"]``; empty when the
+        calls agree or either side's arguments were not recorded. A keyword given on one side
+        only is shown against ``(default)``: the op's schema default applies there.
+    """
+    if ref_args is None or cand_args is None:
+        return []
+    (ra, rk), (ca, ck) = ref_args, cand_args
+    out = []
+    for p in range(max(len(ra), len(ca))):
+        a = ra[p] if p < len(ra) else "(default)"
+        b = ca[p] if p < len(ca) else "(default)"
+        if not _same_arg(a, b):
+            out.append(f"argument {p}: {a!r} vs {b!r}")
+    for k in sorted(set(rk) | set(ck), key=str):
+        a, b = rk.get(k, "(default)"), ck.get(k, "(default)")
+        if not _same_arg(a, b):
+            out.append(f"{k}: {a if k not in rk else repr(a)} vs {b if k not in ck else repr(b)}")
+    return out
+
+
 def case_prefix(cause: str | None) -> str:
     """``root cause (case X): ``: how a root cause's message starts (:func:`explain`)."""
     return f"root cause (case {cause}): "
@@ -212,6 +256,7 @@ def explain(
     views: Sequence[str] = (),
     fed: Sequence[Feeder] = (),
     close_inputs: Sequence[int] = (),
+    arg_diffs: Sequence[str] = (),
 ) -> str:
     """The message prefix naming a root cause's case (empty when ``cause`` is None).
 
@@ -222,6 +267,9 @@ def explain(
         views: view-chain entries (``localize.views``) when the difference enters through one.
         fed: the one-sided producers feeding the op (named first: they explain the rest).
         close_inputs: positions of inputs that pass allclose but are not bitwise equal.
+        arg_diffs: the non-tensor arguments the two sides passed differently
+            (:func:`argument_differences`): with equal inputs they, not the kernel, explain
+            case A.
     """
     head = case_prefix(cause)
     if fed:
@@ -234,6 +282,11 @@ def explain(
         )
     if cause == CASE_B and views:
         return head + "the difference enters through a view/layout change: " + "; ".join(views)
+    if cause == CASE_A and arg_diffs:
+        return head + (
+            "inputs bitwise equal with the same layout, but the candidate called the op with "
+            "other arguments: " + "; ".join(arg_diffs)
+        )
     if cause == CASE_A:
         return head + (
             "inputs bitwise equal with the same layout, the op computes another result "

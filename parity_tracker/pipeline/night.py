@@ -17,8 +17,9 @@ A shard that never reported at all (no parent run for index ``I`` of ``1..N``) h
 ``cells.json`` to name its cells: the merge names the shard (``NightlyResult.missing_shards``)
 and the night is incomplete, never PASS. A shard reported twice counts once (``pick_shards``).
 Shards are grouped by ``(I, N)``: shards disagreeing on ``N``, shards of different matrices
-(tag ``parity.matrix_hash``, ``matrix.matrix_hash``) and a shard parent not FINISHED are
-``NightlyResult.shard_problems``: the night is incomplete, named in the digest and JSON. Cells
+(tag ``parity.matrix_hash``, ``matrix.matrix_hash``), a shard parent not FINISHED and shard
+parents on different commits (a reused night id) are ``NightlyResult.shard_problems``: the
+night is incomplete, named in the digest and JSON. Cells
 are matched by ``Cell.name``, one name per cell (``Cell.identity``: target and settings).
 """
 
@@ -36,13 +37,26 @@ from pathlib import Path
 from typing import Any
 
 from parity_tracker.analysis.diff import diff_runs
-from parity_tracker.analysis.expected import expired_entries, load_expected
+from parity_tracker.analysis.expected import (
+    check_recorded_expected,
+    expired_entries,
+    load_expected,
+)
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import choose_baseline
 from parity_tracker.pipeline.matrix import Cell
 from parity_tracker.pipeline.results import FAIL_ON, CellResult, NightlyResult
 from parity_tracker.run.mode import baseline_params
-from parity_tracker.track.parents import KIND_NIGHT, TAG_KIND, TAG_MATRIX, TAG_NIGHT, TAG_SHARD_RUNS
+from parity_tracker.track.parents import (
+    KIND_NIGHT,
+    SHARD_RUNS_CUT,
+    TAG_EXPECTED_HASH,
+    TAG_EXPECTED_PATH,
+    TAG_KIND,
+    TAG_MATRIX,
+    TAG_NIGHT,
+    TAG_SHARD_RUNS,
+)
 
 #: The artifact of a shard's parent run listing the cells it planned (``[{target, settings}]``).
 CELLS_FILE = "cells.json"
@@ -126,6 +140,25 @@ def _matrix_check(chosen: Sequence[Any], pick: ShardPick) -> None:
         )
 
 
+def _commit_check(parents: Sequence[Any], pick: ShardPick) -> None:
+    """Shard parents of one night (retries included) on different commits are a problem.
+
+    A night is one commit: shards on several commits are a reused ``--night`` (e.g. a
+    constant id every day) or a retry on another checkout. Every run of the night is kept out
+    of its cells' baselines, so a reused id would hide the earlier nights' runs and no cell
+    could regress. A shard without a commit (``--allow-no-commit``) counts as commit none.
+    """
+    commits: dict[str, list[str]] = {}
+    for parent in sorted(parents, key=lambda p: p.start_time):
+        commits.setdefault(getattr(parent, "commit", None) or "none", []).append(_label(parent))
+    if len(commits) > 1:
+        each = "; ".join(f"{c}: shard {', '.join(labels)}" for c, labels in commits.items())
+        pick.problems.append(
+            f"the night's shards ran on different commits ({each}): a night is one commit; "
+            "give each night its own --night (the default is derived from the commit)"
+        )
+
+
 def pick_shards(parents: Sequence[Any]) -> ShardPick:
     """Group a night's shard parents by shard ``(I, N)`` (their ``shard`` param) and check them.
 
@@ -134,7 +167,8 @@ def pick_shards(parents: Sequence[Any]) -> ShardPick:
     every split ``N`` reported must be present, else ``"I/N"`` is missing. Parents that
     disagree on ``N`` (``1/3`` and ``1/2`` cover different cells) are a problem naming each
     shard, never resolved by picking one; so are a chosen parent that is not FINISHED (still
-    RUNNING, or FAILED/KILLED: its cells may be partial) and shards whose matrix hashes differ.
+    RUNNING, or FAILED/KILLED: its cells may be partial), shards whose matrix hashes differ,
+    and parents (retries included) on different commits (:func:`_commit_check`).
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
@@ -165,21 +199,45 @@ def pick_shards(parents: Sequence[Any]) -> ShardPick:
         if p.status != "FINISHED"
     ]
     _matrix_check(pick.chosen, pick)
+    _commit_check(parents, pick)
     return pick
 
 
-def _planned(parents: Sequence[Any], store: Any) -> list[Cell]:
+def _shard_file(parent: Any, name: str, store: Any, unknown: list[str]) -> Path | None:
+    """A shard parent's file ``name``; None when a shard that did not finish lacks it.
+
+    A shard that died before attaching it (its parent is not FINISHED, already a shard
+    problem) is named in ``unknown``; a FINISHED shard's missing file stays an error.
+
+    Raises:
+        InfrastructureError: the store could not be reached, or a FINISHED shard lacks it.
+    """
+    from parity_tracker.errors import InfrastructureError
+
+    try:
+        return store.fetch([(parent.run_id, parent.artifact_uri)], name)[0]
+    except InfrastructureError:
+        if parent.status == "FINISHED":
+            raise
+        unknown.append(f"shard {_label(parent)} has no {name}: its cells are unknown")
+        return None
+
+
+def _planned(parents: Sequence[Any], store: Any, unknown: list[str]) -> list[Cell]:
     """Every cell the night's shards planned (their ``cells.json``), in matrix order.
 
     Shard ``I/N`` ran cells ``k`` with ``k % N == I - 1`` (``matrix.shard_cells``), so its
     ``j``-th cell is cell ``j * N + I - 1`` of the matrix. A cell (``Cell.identity``: target
-    and settings) planned twice counts once.
+    and settings) planned twice counts once. A shard not FINISHED without ``cells.json`` is
+    named in ``unknown`` (:func:`_shard_file`).
     """
     from parity_tracker.pipeline.matrix import parse_shard
 
-    paths = store.fetch([(p.run_id, p.artifact_uri) for p in parents], CELLS_FILE)
+    paths = [_shard_file(p, CELLS_FILE, store, unknown) for p in parents]
     order: dict[str, tuple[tuple[int, int], Cell]] = {}
     for parent, path in zip(parents, paths, strict=True):
+        if path is None:
+            continue
         index, count = parse_shard(parent.params.get("shard") or "1/1")
         for j, item in enumerate(json.loads(Path(path).read_text())):
             cell = Cell(item["target"], tuple(item["settings"].items()))
@@ -191,6 +249,7 @@ def _cell_result(cell: Cell, run: Any, summary: dict[str, Any] | None) -> CellRe
     """A cell's outcome read back from its stored run (the diff is added later)."""
     out = CellResult(cell, run_id=run.run_id, fingerprint=run.fingerprint)
     out.passed = run.passed  # the stored verdict (track.store.stored_passed)
+    out.recorded = dict(run.settings)
     out.mode = run.tags.get("parity.mode")
     out.tensors_failing = int(run.metrics.get("tensors_failing", 0))
     out.output_max_abs_diff = run.metrics.get("output_max_abs_diff")
@@ -230,6 +289,31 @@ def _diff(out: CellResult, run: Any, night_ids: set[str], store: Any, plan: dict
     out.unexpected_failing = diff.unexpected_failing
 
 
+def _reported_errors(parents: Sequence[Any], store: Any, stored: set[str]) -> dict[str, str]:
+    """``{cell name: error}`` of cells a FINISHED shard reported failing with no run logged.
+
+    A cell whose target failed to build, or whose run could not be logged, has no run in the
+    store; its shard's ``cells.csv`` (``results.cells_table``) holds the error, which the
+    merge shows instead of :data:`MISSING`. A shard's file that cannot be read only warns.
+    """
+    from parity_tracker.pipeline.results import CELLS_CSV, read_cells_csv
+
+    out: dict[str, str] = {}
+    for parent in parents:
+        if parent.status != "FINISHED":
+            continue
+        try:
+            rows = read_cells_csv(store.fetch([(parent.run_id, parent.artifact_uri)], CELLS_CSV)[0])
+        except Exception as exc:  # an old shard without it: the cells stay MISSING
+            warnings.warn(f"{CELLS_CSV} of shard {_label(parent)} not read: {exc!r}", stacklevel=3)
+            continue
+        for name, row in rows.items():
+            if name not in stored and row["status"] == "error" and not row["run_id"]:
+                out[name] = (f"{row['message'] or 'error'} (shard {_label(parent)} logged no run "
+                             "of this cell)")[:500]  # fmt: skip
+    return out
+
+
 def gather_night(
     night: str,
     store: Any,
@@ -237,12 +321,14 @@ def gather_night(
     expected: Sequence[Any] = (),
     today: dt.date | None = None,
     found: tuple[list[Any], list[Any]] | None = None,
+    problems: list[str] | None = None,
 ) -> tuple[list[Any], list[CellResult]]:
     """``(shard parent runs, one CellResult per planned cell)`` of night ``night``, diffed.
 
     A shard reported twice counts once (``pick_shards``: its newest completed parent, only
     that parent's cells); a cell run twice under it counts once: its newest run. ``found`` is
-    ``store.night(night)`` when already read.
+    ``store.night(night)`` when already read. A shard whose planned cells are unknown (not
+    FINISHED, no ``cells.json``) is appended to ``problems``.
 
     Raises:
         InputError: no shard of that night in the store (names the night and experiment).
@@ -266,10 +352,15 @@ def gather_night(
     summaries = dict(zip([r.run_id for r in stored], fetched, strict=True))
     plan = {"entries": list(expected), "today": today or dt.datetime.now(dt.timezone.utc).date()}
     cells: list[CellResult] = []
-    for cell in _planned(parents, store):
+    unknown: list[str] = []
+    planned = _planned(parents, store, unknown)
+    if problems is not None:
+        problems += unknown
+    reported = _reported_errors(parents, store, set(by_name))
+    for cell in planned:
         run = by_name.get(cell.name)
         if run is None:
-            cells.append(CellResult(cell, error=MISSING))
+            cells.append(CellResult(cell, error=reported.get(cell.name, MISSING)))
             continue
         path = summaries.get(run.run_id)
         out = _cell_result(cell, run, json.loads(Path(path).read_text()) if path else None)
@@ -277,6 +368,37 @@ def gather_night(
             _diff(out, run, night_ids, store, plan)
         cells.append(out)
     return parents, cells
+
+
+def recorded_expected(night: str, parents: Sequence[Any]) -> Path | None:
+    """The expected-divergence file night ``night``'s shards applied, checked; None if none.
+
+    Shards record it as ``TAG_EXPECTED_PATH``/``TAG_EXPECTED_HASH`` (absolute path, xxh3);
+    shards from before those tags fall back to ``expected.toml`` beside their ``config``.
+
+    Raises:
+        InputError: the shards applied different files, or the recorded file is missing or
+            was edited since (``analysis.expected.check_recorded_expected``): the message
+            names the path and the fix, ``--expected PATH``.
+    """
+    recorded = {(p.tags[TAG_EXPECTED_PATH], p.tags.get(TAG_EXPECTED_HASH, ""))
+                for p in parents if TAG_EXPECTED_PATH in p.tags}  # fmt: skip
+    if not recorded:  # shards older than the tags: the guess merges always made
+        config = parents[0].params.get("config")
+        guess = Path(config).with_name("expected.toml") if config else None
+        return guess if guess is not None and guess.is_file() else None
+    if len(recorded) > 1:
+        names = ", ".join(
+            sorted(f"{path or '(none)'} [{digest or '-'}]" for path, digest in recorded)
+        )
+        raise InputError(
+            f"night {night}'s shards applied different expected-divergence files: {names}; "
+            "pass --expected PATH to choose the one the merge applies"
+        )
+    ((path, digest),) = recorded
+    if not path:
+        return None  # the shards applied no expected file
+    return check_recorded_expected(path, digest, who=f"night {night}'s shards")
 
 
 def merge_night(
@@ -294,8 +416,8 @@ def merge_night(
         night: the night id the shards were run with.
         store: a ``track.RunStore``.
         fail_on: ``regression`` | ``mismatch`` | ``never``, as ``run_nightly``.
-        expected: the expected-divergence file (default: ``expected.toml`` beside the matrix
-            the shards recorded, when it exists).
+        expected: the expected-divergence file (default: the one the shards recorded,
+            :func:`recorded_expected`; it must still exist with the same content).
         today: the date expected entries expire against (default: today, UTC).
         render: ``render(result, pages) -> {file: text}`` (the CLI passes
             ``dashboards.digest.nightly_artifacts``).
@@ -317,11 +439,11 @@ def merge_night(
     parents = found[0]
     pick = pick_shards(parents)
     if expected is None and parents:
-        guess = Path(parents[0].params.get("config", "")).with_name("expected.toml")
-        expected = guess if guess.is_file() else None
+        expected = recorded_expected(night, parents)
     entries = load_expected(expected) if expected else []
     today = today or dt.datetime.now(dt.timezone.utc).date()
-    parents, cells = gather_night(night, store, expected=entries, today=today, found=found)
+    parents, cells = gather_night(night, store, expected=entries, today=today, found=found,
+                                  problems=pick.problems)  # fmt: skip
     commits = sorted({p.commit for p in parents if p.commit})
     total = len(pick.chosen) + len(pick.missing)
     matrices = {p.tags.get(TAG_MATRIX) for p in parents}
@@ -329,7 +451,7 @@ def merge_night(
         tracking_uri=store.uri, experiment=store.experiment, run_name=f"night {night}",
         params={"night": night, "shards": total, "cells": len(cells), "fail_on": fail_on},
         tags={TAG_KIND: KIND_NIGHT, TAG_NIGHT: night,
-              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:5000],
+              TAG_SHARD_RUNS: ",".join(p.run_id for p in parents)[:SHARD_RUNS_CUT],
               **({TAG_MATRIX: matrices.pop()} if len(matrices) == 1 else {})},
         commit=commits[0] if len(commits) == 1 else None,
     )  # fmt: skip

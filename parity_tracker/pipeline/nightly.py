@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from parity_tracker.analysis.diff import diff_runs
-from parity_tracker.analysis.expected import ExpectedEntry, expired_entries, load_expected
+from parity_tracker.analysis.expected import (
+    ExpectedEntry,
+    expected_file_record,
+    expired_entries,
+    load_expected,
+)
 from parity_tracker.errors import InputError
 from parity_tracker.pipeline.baseline import (
     baseline_modules,
@@ -86,6 +91,7 @@ class _Plan:
     branch: str | None
     night: str
     matrix_hash: str
+    expected_record: tuple[str, str] | None = None  # (absolute path, xxh3) of the file applied
 
 
 class Reporter:
@@ -175,6 +181,7 @@ def run_cell(
         return out, None
     result = done.result
     out.run_id, out.passed, out.mode = done.run_id, bool(result.passed), result.mode
+    out.recorded = {str(k): str(v) for k, v in (result.settings or {}).items()}
     out.tensors_failing = int(result.summary.get("tensors_failing") or 0)
     out.output_max_abs_diff = result.summary.get("output_max_abs_diff")
     fd = result.first_divergence
@@ -252,19 +259,27 @@ def _plan(config: str | Path, *, shard: str | None, baseline: str, fail_on: str,
         config=str(config), shard=(index, count), cells=cells, baseline=baseline,
         explicit=resolve_baseline_runs(baseline, store, cells), fail_on=fail_on,
         entries=entries, today=today, commit=commit, branch=branch or git["git_branch"],
-        night=night, matrix_hash=matrix_hash(every),
+        night=night, matrix_hash=matrix_hash(every), expected_record=expected_file_record(expected),
     )  # fmt: skip
 
 
 def _start(plan: _Plan, store: RunStore) -> str:
     """Open the nightly's parent run.
 
-    Tags ``parity.night`` and ``parity.matrix_hash`` (of the whole matrix,
-    ``matrix.matrix_hash``); artifact ``cells.json`` (this shard's cells).
+    Tags ``parity.night``, ``parity.matrix_hash`` (of the whole matrix,
+    ``matrix.matrix_hash``) and the expected file applied (``parents.TAG_EXPECTED_PATH`` /
+    ``TAG_EXPECTED_HASH``, empty when none); artifact ``cells.json`` (this shard's cells).
     """
     from parity_tracker.pipeline.night import CELLS_FILE, cells_json
     from parity_tracker.track import log_artifact_files, start_parent_run
-    from parity_tracker.track.parents import KIND_SHARD, TAG_KIND, TAG_MATRIX, TAG_NIGHT
+    from parity_tracker.track.parents import (
+        KIND_SHARD,
+        TAG_EXPECTED_HASH,
+        TAG_EXPECTED_PATH,
+        TAG_KIND,
+        TAG_MATRIX,
+        TAG_NIGHT,
+    )
 
     index, count = plan.shard
     parent = start_parent_run(
@@ -278,7 +293,13 @@ def _start(plan: _Plan, store: RunStore) -> str:
             "fail_on": plan.fail_on,
             "cells": len(plan.cells),
         },
-        tags={TAG_KIND: KIND_SHARD, TAG_NIGHT: plan.night, TAG_MATRIX: plan.matrix_hash},
+        tags={
+            TAG_KIND: KIND_SHARD,
+            TAG_NIGHT: plan.night,
+            TAG_MATRIX: plan.matrix_hash,
+            TAG_EXPECTED_PATH: (plan.expected_record or ("", ""))[0],
+            TAG_EXPECTED_HASH: (plan.expected_record or ("", ""))[1],
+        },
         source=SOURCE_NIGHTLY,
         commit=plan.commit,
         branch=plan.branch,

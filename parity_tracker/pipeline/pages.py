@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from parity_tracker.analysis.diff import interesting
 from parity_tracker.pipeline.results import NightlyResult, cell_status
 from parity_tracker.run.mode import baseline_params
+from parity_tracker.statuses import is_failing
 
 #: Commits of history per configuration on the history page.
 HISTORY_COMMITS = 30
@@ -25,10 +25,12 @@ class NightlyPages:
         title: the matrix page's title.
         cells: one dict per cell (``target``, ``settings``, ``run_id``, ``status``,
             ``tensors_failing``, ``output_max_abs_diff``, ``first_divergence``, ``message``,
-            ``commit``, ``url``), as ``dashboards.nightly.render_matrix`` takes them.
+            ``commit``, ``url``, ``recorded``), as ``dashboards.nightly.render_matrix`` takes
+            them.
         runs: stored runs of each cell's configuration (newest 30 commits), as
             ``dashboards.nightly.render_history`` takes them.
-        tag_status: head statuses of the changed or failing tags of this nightly.
+        tag_status: ``{tag, commit, status, fingerprint}`` of every tag failing in some run
+            of ``runs``, at each of its configuration's commits (``_tag_status``).
     """
 
     title: str
@@ -55,22 +57,25 @@ def _cells(result: NightlyResult, url: Any) -> list[dict[str, Any]]:
          "status": cell_status(c), "tensors_failing": c.tensors_failing,
          "output_max_abs_diff": c.output_max_abs_diff, "first_divergence": c.first_divergence,
          "message": c.error or "; ".join(c.expected_used) or None, "commit": result.commit,
-         "url": url(c.run_id)}
+         "url": url(c.run_id), "recorded": dict(c.recorded)}
         for c in result.cells
     ]  # fmt: skip
 
 
-def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str, Any]]:
+def _history_runs(
+    result: NightlyResult, url: Any, store: Any
+) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """The history page's runs, and each fingerprint's stored runs (one per commit)."""
     from parity_tracker.analysis.history import latest_per_commit
 
     this = {c.run_id: c for c in result.cells if c.run_id}
-    out = []
+    out, stored = [], {}
     for c in result.cells:
         if not c.run_id:
             continue
         fp = c.fingerprint  # the cell's history: runs of its baseline key (fingerprint + mode)
         key = baseline_params(fp, c.mode) if c.mode else {"config_fingerprint": fp}
-        runs = latest_per_commit(store.find(**key))[-HISTORY_COMMITS:]
+        runs = stored[fp] = latest_per_commit(store.find(**key))[-HISTORY_COMMITS:]
         for position, r in enumerate(runs):  # commits in order of first test (history)
             mine = this.get(r.run_id)
             out.append({
@@ -84,18 +89,25 @@ def _history_runs(result: NightlyResult, url: Any, store: Any) -> list[dict[str,
                     mine is not None and mine.changes.get("regression")),
                 "url": url(r.run_id),
             })  # fmt: skip
-    return out
+    return out, stored
 
 
-def _tag_status(result: NightlyResult) -> list[dict[str, Any]]:
+def _tag_status(stored: dict[str, list[Any]], store: Any) -> list[dict[str, Any]]:
+    """Statuses of every tag failing in some stored run of a fingerprint, at each of its commits.
+
+    Read from the runs' stored per-tag statuses (``RunStore.run_tag_statuses``: tag codes,
+    else modules tables), over the commits the history page covers, so a configuration failing
+    since an earlier commit gets its heatmap too.
+    """
+    from parity_tracker.track.records import RunHead
+
     rows = []
-    for c in result.cells:
-        if c.diff is None:
-            continue
-        for r in interesting(c.diff).to_pylist():
-            if r["head_status"] is not None:
-                rows.append({"tag": r["tag"], "commit": result.commit, "status": r["head_status"],
-                             "fingerprint": c.fingerprint})  # fmt: skip
+    for fp, runs in stored.items():
+        statuses = store.run_tag_statuses([RunHead.from_info(r) for r in runs])
+        failing = {t for per_run in statuses for t, s in per_run.items() if is_failing(s)}
+        for run, per_run in zip(runs, statuses, strict=True):
+            rows.extend({"tag": t, "commit": run.commit, "status": s, "fingerprint": fp}
+                        for t, s in per_run.items() if t in failing)  # fmt: skip
     return rows
 
 
@@ -114,9 +126,10 @@ def nightly_pages(result: NightlyResult, store: Any) -> NightlyPages:
     def url(run_id: str | None) -> str | None:
         return run_url(store.uri, exp_id, run_id)
 
+    runs, stored = _history_runs(result, url, store)
     return NightlyPages(
         title=f"Nightly parity {result.commit or ''}",
         cells=_cells(result, url),
-        runs=_history_runs(result, url, store),
-        tag_status=_tag_status(result),
+        runs=runs,
+        tag_status=_tag_status(stored, store),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -43,10 +44,13 @@ class CellResult:
     spool_path: str | None = None
     fingerprint: str | None = None
     diff: pa.Table | None = None
+    #: the settings the run recorded (the case's own win: a builder may set
+    #: ``quantization=bf16`` for a cell whose matrix entry only says ``candidate=bf16``)
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (the diff table left out)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("diff", "cell")}
+        """JSON-ready (the diff table and the recorded settings left out)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("diff", "cell", "recorded")}
         return {
             "cell": self.cell.name,
             "target": self.cell.target,
@@ -227,6 +231,26 @@ def cell_status(c: CellResult) -> str:
     if c.passed:
         return "pass"
     return "expected" if c.changes.get("expected") and not c.unexpected_failing else "fail"
+
+
+def read_cells_csv(path: str | Path) -> dict[str, dict[str, str | None]]:
+    """A ``cells.csv`` (:func:`cells_table`) read back: ``{cell name: {column: text}}``.
+
+    Every column is read as text (None where empty), cells holding newlines included
+    (RFC 4180 quoting, as ``files.csvfiles.write_csv`` writes them).
+    """
+    import pyarrow.csv as pacsv
+
+    names = ("cell", "status", "run_id", "message")
+    table = pacsv.read_csv(
+        path,
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()), include_columns=list(names),
+            strings_can_be_null=True,
+        ),
+    )  # fmt: skip
+    return {row["cell"]: row for row in table.to_pylist()}
 
 
 def cells_table(cells: Sequence[CellResult]) -> pa.Table:

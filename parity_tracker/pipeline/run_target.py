@@ -178,6 +178,7 @@ def run_target(
     from parity_tracker.compare.tolerances import check_pair
     from parity_tracker.tensor_checker import DumpMode
     from parity_tracker.track import SpooledError, log_run
+    from parity_tracker.track.store import TAG_TARGET_SPEC
 
     pair = check_pair(rtol, atol)  # both or neither (torch.testing's rule), before any work
     case, _ = build_case(spec, settings)
@@ -212,6 +213,8 @@ def run_target(
             branch=branch,
             render=render,
             **({} if source is None else {"source": source}),
+            # the spelling given, when the case stores another name: history/diff accept it
+            tags={TAG_TARGET_SPEC: spec} if spec != case.settings.get("target") else None,
         )
     except SpooledError as exc:
         out.error = exc

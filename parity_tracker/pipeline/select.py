@@ -9,6 +9,28 @@ from parity_tracker.errors import InputError
 from parity_tracker.pipeline.targets import resolve_target
 
 
+def stored_name(target: str, store: Any) -> str:
+    """The ``target`` param the runs of ``target`` were stored under, read without importing.
+
+    ``target`` itself when runs carry that name; else the name stored by runs made from the
+    spec ``target`` (``parity-tracker run mypkg.pairs:build`` whose case records
+    ``settings["target"] = "my-net"``: tag ``track.store.TAG_TARGET_SPEC``); else ``target``.
+
+    Raises:
+        InputError: runs of that spec carry several names (lists them).
+        InfrastructureError: the store could not be reached.
+    """
+    if store.heads(target=target, max_results=1):
+        return target
+    names = store.target_names(spec=target)
+    if len(names) > 1:
+        raise InputError(
+            f"runs made from {target!r} are stored under several target names: "
+            f"{', '.join(names)}; pass one of them instead"
+        )
+    return names[0] if names else target
+
+
 def run_for_commit(
     commit: str,
     target: str | None,
@@ -32,12 +54,64 @@ def run_for_commit(
     if target is None:
         raise InputError("--base-commit/--head-commit need --target (and optionally --set)")
     store = RunStore(tracking_uri, experiment)
+    name = stored_name(target, store)
     try:
         resolved = resolve_target(target)
     except InputError:  # not installed here: stored runs carry the name and settings given
-        return store.run_for_commit(commit, target=target, **settings).run_id
+        return _commit_run(store, commit, name, settings)
     chosen = resolved.validate(settings)
-    return store.run_for_commit(commit, target=resolved.name, **chosen).run_id
+    return _commit_run(store, commit, resolved.name if name == target else name, chosen)
+
+
+def _commit_run(store: Any, commit: str, name: str, settings: Mapping[str, str]) -> str:
+    """``store.run_for_commit``; when no run of ``name`` exists at all, lists stored targets."""
+    try:
+        return store.run_for_commit(commit, target=name, **settings).run_id
+    except InputError as exc:
+        if store.heads(target=name, max_results=1):
+            raise
+        stored = ", ".join(store.target_names()) or "(none)"
+        raise InputError(f"{exc}; no run of target {name!r} is stored; stored targets: "
+                         f"{stored}") from exc  # fmt: skip
+
+
+def run_for_branch(
+    branch: str,
+    target: str | None,
+    settings: Mapping[str, str],
+    *,
+    tracking_uri: str | None,
+    experiment: str,
+) -> str:
+    """The newest complete run recorded on ``branch`` with ``target`` and ``settings``.
+
+    The branch is the run's ``mlflow.source.git.branch`` tag (``--branch``, else read with
+    git); e.g. ``main`` selects the newest nightly cell or run of that configuration on main,
+    whatever its commit: a pull request's baseline.
+
+    Raises:
+        InputError: no ``target`` given, a bad setting, or no such run (names the branch,
+            settings and experiment).
+        InfrastructureError: the store could not be reached.
+    """
+    from parity_tracker.track.query import RunStore
+
+    if target is None:
+        raise InputError("--base-branch needs --target (and optionally --set)")
+    store = RunStore(tracking_uri, experiment)
+    try:
+        resolved = resolve_target(target)
+        name, chosen = resolved.name, resolved.validate(settings)
+    except InputError:  # not installed here: stored runs carry the name and settings given
+        name, chosen = target, dict(settings)
+    runs = [r for r in store.find(target=name, **chosen) if r.branch == branch]
+    runs = [r for r in runs if not r.incomplete]
+    if not runs:
+        raise InputError(
+            f"no run of {name} matching {dict(chosen)} on branch {branch!r} in experiment "
+            f"{experiment!r} of {store.uri} (no baseline yet: run the nightly on {branch} first)"
+        )
+    return runs[0].run_id
 
 
 def history_selection(
@@ -53,24 +127,33 @@ def history_selection(
     are returned (so they are printed), and ``note(text)`` is told which one was chosen among
     which stored configurations and how to pick another (``--set``).
 
+    ``target`` may be the name the runs were stored under or the spec they were run from
+    (:func:`stored_name`).
+
     Raises:
-        InputError: no stored run and the target cannot be resolved (names both).
+        InputError: no stored run and the target cannot be resolved (names both, and lists
+            the stored target names).
         InfrastructureError: the store could not be reached.
     """
     given = {str(k): str(v) for k, v in settings.items()}
-    heads = store.heads(target=target, **given)
+    name, heads = target, store.heads(target=target, **given)
+    if not heads:  # a spec given to `run` (module:function) maps to the name it stored
+        name = stored_name(target, store)
+        heads = store.heads(target=name, **given) if name != target else heads
     if len({h.fingerprint for h in heads}) == 1:
-        return target, given, heads
+        return name, given, heads
     try:
         resolved = resolve_target(target)
     except InputError as exc:
         if heads:
-            return _newest_config(target, given, heads, store, note)
+            return _newest_config(name, given, heads, store, note)
+        stored = store.target_names()
         raise InputError(
             f"no stored run of {target!r} with {given} in experiment {store.experiment!r} "
-            f"of {store.uri}, and the target is not installed here ({exc})"
+            f"of {store.uri}, and the target is not installed here ({exc}); stored targets: "
+            f"{', '.join(stored) or '(none)'}"
         ) from exc
-    return resolved.name, resolved.validate(given), None
+    return (resolved.name if name == target else name), resolved.validate(given), None
 
 
 def _newest_config(

@@ -78,7 +78,7 @@ def reproduce_run(
     """Write the reproducer of a stored run's first divergence (or ``tag``) into ``out``.
 
     Args:
-        run_id: the MLflow run id.
+        run_id: the MLflow run id, or any unique prefix of it.
         tag: an op tag (``module@call::op#k``), a module output tag or a module name; None:
             the first kept root-cause op, else the first divergent module.
         out: the folder (default ``./.parity/repro/<run_id>/<op-NN|module>``).
@@ -86,12 +86,15 @@ def reproduce_run(
         tracking_uri: the store.
 
     Raises:
-        InputError: no such run, no material kept (names the flags that keep it), unknown tag.
+        InputError: no such run (or an ambiguous prefix), no material kept (names the flags
+            that keep it), unknown tag.
         InfrastructureError: the store could not be reached.
     """
     from parity_tracker.track.artifacts import download_folder, log_folder
+    from parity_tracker.track.query import RunStore
     from parity_tracker.track.store import parity_home
 
+    run_id = RunStore(tracking_uri).resolve_run_id(run_id)  # any unique prefix
     with tempfile.TemporaryDirectory(prefix="parity-repro-") as tmp:
         material = download_folder(run_id, MATERIAL_ARTIFACT, tmp, tracking_uri=tracking_uri)
         if material is None:

@@ -20,7 +20,7 @@ BUDGET_BLOCKERS = frozenset({"cache", "random"})
 #: Settings the error budget does not support yet: a sharded run is compared per rank by
 #: ``parity_tracker.distributed`` (its own pairing), which has no golden side.
 BUDGET_NOT_YET = frozenset({"distributed"})
-BUDGET_NOTE = "; error budget against a float64 golden (issue 15) instead of a tolerance"
+BUDGET_NOTE = "; error budget against a float64 golden instead of a tolerance"
 
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
 #: the adapters, e.g. graph breaks, are facts of the run, not configuration).
@@ -66,8 +66,8 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
             is kept.
 
     Returns:
-        ``(mode, reason)``, e.g. ``("allclose", "quantization=int8 (seed §2: approximate
-        arithmetic)")``.
+        ``(mode, reason)``, e.g. ``("allclose", "quantization=int8 (approximate arithmetic);
+        no error budget: integer quantization needs a twin")``.
 
     Raises:
         InputError: ``requested`` is not one of the four modes.
@@ -86,7 +86,7 @@ def choose_mode(settings: Mapping[str, Any], requested: str = "auto") -> tuple[s
         ("implementation", ("same",), "the two implementations run different kernels"),
     )
     reasons = [
-        (key, settings[key], f"{key}={settings[key]} (seed §2: {why})")
+        (key, settings[key], f"{key}={settings[key]} ({why})")
         for key, off, why in checks
         if key in settings and not _off(settings[key], *off)
     ]

@@ -65,11 +65,14 @@ def _download(client: Any, run_id: str, cache: Path) -> Path:
 def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     """The ``RunResult`` of a logged run, equal to the one logged (tables, summary, settings).
 
+    ``run_id``: the MLflow run id or any unique prefix of it (``track.ids.resolve_run_id``).
+
     Artifacts are downloaded once and cached under ``./.parity/cache/runs/<run_id>/``;
     ``dump_dir`` is None (the tensors stay in the store under ``tensors/``).
 
     Raises:
-        InputError: a malformed run id, no such run, a night or shard parent run (names some
+        InputError: a malformed run id, no such run, an ambiguous prefix (lists the
+            candidates), a night or shard parent run (names some
             of its cells, ``nights.parent_error``), or not a parity run (not logged by
             ``log_run``).
         IncompleteRunError: the run's writer stopped before storing it whole (exit 3).
@@ -79,8 +82,11 @@ def load_run(run_id: str, *, tracking_uri: str | None = None) -> Any:
     """
     from mlflow.exceptions import MlflowException
 
+    from parity_tracker.track.ids import resolve_run_id
+
     check_run_id(run_id)
     uri = resolve_tracking_uri(tracking_uri)
+    run_id = resolve_run_id(uri, run_id)  # any unique prefix, as the CLI takes it
     try:
         client = get_client(uri)
         run = retry(client.get_run, run_id)

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from parity_tracker.errors import InfrastructureError
+from parity_tracker.errors import InfrastructureError, brief
 from parity_tracker.files.atomic import atomic_write_json
 from parity_tracker.files.safe_paths import check_tree_inside
 from parity_tracker.run.result import RunResult
@@ -99,7 +99,7 @@ class SpooledError(InfrastructureError):
         self.spool_path = Path(spool_path)
         self.cause = cause
         super().__init__(
-            f"tracking store unreachable ({type(cause).__name__}: {str(cause)[:300]}); "
+            f"tracking store unreachable ({type(cause).__name__}: {brief(cause)}); "
             f"run spooled to {self.spool_path}; upload it later with `parity-tracker sync` "
             "(parity_tracker.track.sync_spool())"
         )
@@ -208,6 +208,7 @@ def log_run(
     artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
     render: Renderer | None = None,
     source: Source = SOURCE_LIBRARY,
+    tags: Mapping[str, str] | None = None,
 ) -> str:
     """Record a parity run as one MLflow run (see the module docstring for exactly what).
 
@@ -230,6 +231,8 @@ def log_run(
             passes the dashboards' ``report.html`` renderer.
         source: ``(mlflow.source.name, mlflow.source.type)``, the runs table's Source column
             (``browse.SOURCE_RUN`` for the CLI, ``SOURCE_NIGHTLY`` for nightly cells).
+        tags: more MLflow tags of the run (e.g. ``store.TAG_TARGET_SPEC``), staged and
+            spooled with the others; they never replace a tag the tracker sets.
 
     Returns:
         The MLflow run id (also set on ``result.tracking_run_id``, the one field of the
@@ -257,6 +260,7 @@ def log_run(
             artifacts=artifacts,
             render=render,
             source=source,
+            tags=tags,
         )
         fault_point("staged")
         try:

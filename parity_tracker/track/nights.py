@@ -15,6 +15,7 @@ from parity_tracker.track.parents import KIND_NIGHT as KIND_NIGHT
 from parity_tracker.track.parents import (
     KIND_PARENT,
     KIND_SHARD,
+    SHARD_RUNS_CUT,
     TAG_KIND,
     TAG_NIGHT,
     TAG_SHARD_RUNS,
@@ -77,33 +78,47 @@ def parent_kind(tags: Mapping[str, str]) -> str | None:
 def shard_run_ids(tags: Mapping[str, str]) -> list[str]:
     """The shard parent run ids a night parent's ``parity.shard_runs`` tag lists.
 
-    The tag is cut at 5,000 characters (``pipeline.night.merge_night``): an id shorter than
-    the first one (MLflow run ids have one length) is a cut one and left out.
+    The tag is cut at ``SHARD_RUNS_CUT`` characters (``pipeline.night.merge_night``): an id
+    shorter than the first one (MLflow run ids have one length) is a cut one and left out.
     """
     ids = [i for i in (tags.get(TAG_SHARD_RUNS) or "").split(",") if i]
     return [i for i in ids if len(i) == len(ids[0])]
 
 
-def _night_shards(client: Any, exp_id: str, tags: Mapping[str, str]) -> list[str]:
-    """A night parent's shard parent run ids: every shard parent tagged with its night.
+def _cut(value: str) -> bool:
+    """Whether a ``parity.shard_runs`` value was cut (``SHARD_RUNS_CUT``).
 
-    Searched by the night's tag (``TAG_NIGHT`` and ``TAG_KIND`` = ``KIND_SHARD``), so a night
-    of many shards is never cut short by the 5,000-character ``parity.shard_runs`` tag; that
-    tag (:func:`shard_run_ids`) is the fallback for a night parent without a night tag.
+    As long as the cut, or its last id shorter than its first: a cut at 5,000 characters always
+    ends inside an id (k ids of 32 joined by commas are 33 k - 1 long).
     """
+    ids = value.split(",")
+    return len(value) >= SHARD_RUNS_CUT or len(ids[-1]) < len(ids[0])
+
+
+def _night_shards(client: Any, exp_id: str, tags: Mapping[str, str], started: int) -> list[str]:
+    """A night parent's shard parent run ids: the shards its merge used, oldest first.
+
+    The ``parity.shard_runs`` tag lists them (:func:`shard_run_ids`): a shard of the night
+    reported again after the merge (a retried job, a reused ``--night``) or a retry the merge
+    ignored is not what the night parent's digest shows, so it is never part of it. When the
+    tag was cut (a night of more than ~150 shards), the shards tagged with its night
+    (``TAG_NIGHT``, ``TAG_KIND`` = ``KIND_SHARD``) started before the night parent (``started``,
+    ms) stand in for it; a night parent without a night tag has only its tag.
+    """
+    listed = shard_run_ids(tags)
     night = tags.get(TAG_NIGHT)
-    if night:
-        filt = f"tags.`{TAG_NIGHT}` = {_quote(night)} and tags.`{TAG_KIND}` = {_quote(KIND_SHARD)}"
-        found = _search_all(client, exp_id, filt)
-        if found:
-            return [r.run_id for r in sorted(found, key=lambda r: (r.start_time, r.run_id))]
-    return shard_run_ids(tags)
+    if not night or not _cut(tags.get(TAG_SHARD_RUNS) or ""):
+        return listed
+    filt = f"tags.`{TAG_NIGHT}` = {_quote(night)} and tags.`{TAG_KIND}` = {_quote(KIND_SHARD)}"
+    found = _search_all(client, exp_id, filt)
+    before = [r for r in found if r.run_id in listed or r.start_time <= started]
+    return [r.run_id for r in sorted(before, key=lambda r: (r.start_time, r.run_id))] or listed
 
 
 def cell_runs(uri: str, run: Any, limit: int | None = None) -> list[RunInfo]:
     """The cell runs a parent run (an ``mlflow.entities.Run``) stands for, oldest first.
 
-    A night parent: the child runs of every shard of its night (:func:`_night_shards`); any other
+    A night parent: the child runs of the shards its merge used (:func:`_night_shards`); any other
     run: its own child runs (tag ``mlflow.parentRunId``). Incomplete runs are left out
     (``store.is_incomplete``: they have no tables to diff). With ``limit``, the shards are
     searched only until that many cells are found (for a message).
@@ -114,7 +129,7 @@ def cell_runs(uri: str, run: Any, limit: int | None = None) -> list[RunInfo]:
     tags = dict(run.data.tags)
     client, exp_id = get_client(uri), run.info.experiment_id
     if parent_kind(tags) == KIND_NIGHT:
-        parents = _night_shards(client, exp_id, tags)
+        parents = _night_shards(client, exp_id, tags, run.info.start_time)
     else:
         parents = [run.info.run_id]
     out: list[RunInfo] = []

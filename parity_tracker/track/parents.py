@@ -32,6 +32,11 @@ TAG_NIGHT = "parity.night"
 #: Tag of a nightly's parent run: ``pipeline.matrix.matrix_hash`` of the whole matrix it was cut
 #: from (every shard of one night must carry the same).
 TAG_MATRIX = "parity.matrix_hash"
+#: Tags of a shard's parent run: the expected-divergence file it applied (absolute path) and
+#: the xxh3 of its bytes (``analysis.expected.expected_file_record``); both empty when it
+#: applied none. ``nightly-merge`` applies the same file, or refuses.
+TAG_EXPECTED_PATH = "parity.expected_path"
+TAG_EXPECTED_HASH = "parity.expected_xxh3"
 #: Tag of a run that parity runs nest under: which kind of parent it is (``KIND_*``).
 TAG_KIND = "parity.kind"
 #: ``parity.kind`` of a plain parent run, of a shard's parent run (its cells are its child
@@ -40,6 +45,9 @@ KIND_PARENT, KIND_SHARD, KIND_NIGHT = "parent", "nightly", "night"
 #: Tag of a night's merged parent run: its shards' parent run ids, comma-separated (cut to
 #: 5,000 characters, MLflow's tag limit is 8,000; ``nights.shard_run_ids`` drops a cut id).
 TAG_SHARD_RUNS = "parity.shard_runs"
+#: Length ``TAG_SHARD_RUNS`` is cut at: a value this long may be cut (ids of 32 characters
+#: joined by commas are 33 k - 1 long, never exactly this).
+SHARD_RUNS_CUT = 5000
 
 
 def start_parent_run(

@@ -90,6 +90,18 @@ class RunStore:
         """
         return self._search(find_run_heads, max_results, settings)
 
+    def target_names(self, spec: str | None = None) -> list[str]:
+        """Distinct stored ``target`` names, newest first; ``spec``: of runs given as that spec.
+
+        See ``search.stored_target_names`` (for messages: reads at most 5,000 runs).
+
+        Raises:
+            InfrastructureError: the store could not be reached (names the URI).
+        """
+        from parity_tracker.track.search import stored_target_names
+
+        return self._search(stored_target_names, None, {"spec": spec})
+
     def modules_tables(
         self, run_ids: list[str], artifact_uris: list[str | None] | None = None
     ) -> list[Any]:
@@ -114,6 +126,16 @@ class RunStore:
         from parity_tracker.track.tag_status import tag_statuses
 
         return tag_statuses(heads, tag, self.uri)
+
+    def run_tag_statuses(self, heads: list[Any]) -> list[dict[str, str]]:
+        """Every tag's status in each run (``tag_status.run_tag_statuses``).
+
+        Raises:
+            InfrastructureError: the store could not be reached or a run has no modules table.
+        """
+        from parity_tracker.track.tag_status import run_tag_statuses
+
+        return run_tag_statuses(heads, self.uri)
 
     def resolve_run_id(self, run_id: str) -> str:
         """The full run id of ``run_id`` or of any unique prefix of it (``track.ids``).
@@ -186,10 +208,12 @@ class RunStore:
         """The newest run of ``commit`` matching ``settings``.
 
         ``commit`` is matched exactly (the ``git_commit`` param); when nothing matches and it is
-        shorter than 40 characters, as an abbreviated SHA (a prefix, as git prints it).
+        shorter than 40 characters, as an abbreviated SHA (a prefix, as git prints it), which
+        must then name one commit (as ``git rev-parse`` refuses an ambiguous one).
 
         Raises:
-            InputError: no such run (names the commit, settings and experiment).
+            InputError: no such run (names the commit, settings and experiment), or the prefix
+                matches runs of several commits (names them).
             InfrastructureError: the store could not be reached.
         """
         runs = [r for r in self.find(**settings, git_commit=commit) if not r.incomplete]
@@ -198,6 +222,7 @@ class RunStore:
                 r for r in self.find(**settings)
                 if str(r.commit or "").startswith(commit) and not r.incomplete
             ]  # fmt: skip
+            _one_commit(commit, runs, settings)
         if not runs:
             raise InputError(
                 f"no run matching {dict(settings)} on commit {commit!r} in experiment "
@@ -318,6 +343,20 @@ class RunStore:
                 f"cannot prepare {self.experiment!r} in {self.uri}: {exc}"
             ) from exc
         return exp.experiment_id
+
+
+def _one_commit(prefix: str, runs: list[RunInfo], settings: dict[str, Any]) -> None:
+    """Refuse an abbreviated SHA that ``runs`` (the runs it matched) show on several commits.
+
+    Raises:
+        InputError: names the commits (up to 10) and the fix.
+    """
+    commits = sorted({str(r.commit) for r in runs})
+    if len(commits) > 1:  # never pick one commit of several silently
+        raise InputError(
+            f"commit {prefix!r} is ambiguous: runs matching {settings} are on commits "
+            f"{', '.join(commits[:10])}; give more digits of the commit"
+        )
 
 
 def baseline_map(infos: list[RunInfo]) -> dict[str, str]:

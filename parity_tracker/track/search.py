@@ -15,6 +15,7 @@ from parity_tracker.track.store import (
     TAG_COMPLETE,
     TAG_PASSED,
     TAG_RUN_ID,
+    TAG_TARGET_SPEC,
     get_client,
     is_incomplete,
     param_key,
@@ -70,6 +71,42 @@ def find_runs(
         if not token or (max_results and len(out) >= max_results):
             break
     return out[:max_results] if max_results else out
+
+
+def stored_target_names(
+    *,
+    tracking_uri: str | None = None,
+    experiment: str = "parity",
+    spec: str | None = None,
+    max_results: int | None = None,
+) -> list[str]:
+    """The distinct ``target`` params of stored runs, newest first.
+
+    Args:
+        tracking_uri: the store.
+        experiment: the experiment searched.
+        spec: only runs made from this target spec (tag ``store.TAG_TARGET_SPEC``, e.g.
+            ``mypkg.pairs:build`` whose case stores the name ``my-net``).
+        max_results: read at most this many runs, newest first (default 5,000: the list is
+            for messages).
+    """
+    client = get_client(tracking_uri)
+    exp = retry(client.get_experiment_by_name, experiment)
+    if exp is None:
+        return []
+    filt = f"tags.`{TAG_TARGET_SPEC}` = {_quote(spec)}" if spec is not None else ""
+    names: dict[str, None] = {}
+    token, seen = None, 0
+    while seen < (max_results or 5000):
+        page = retry(client.search_runs, [exp.experiment_id], filt, max_results=1000,
+                     order_by=["attributes.start_time DESC"], page_token=token)  # fmt: skip
+        for run in page:
+            if run.data.params.get(param_key("target")):
+                names.setdefault(run.data.params[param_key("target")], None)
+        seen, token = seen + len(page), page.token
+        if not token:
+            break
+    return list(names)
 
 
 _HEADS_SQL = """

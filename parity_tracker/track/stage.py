@@ -194,6 +194,7 @@ def stage_run(
     artifacts: Mapping[str, str | os.PathLike[str]] | None = None,
     render: Renderer | None = None,
     source: Source = SOURCE_LIBRARY,
+    tags: Mapping[str, str] | None = None,
 ) -> Path:
     """Write everything ``log_run`` uploads into ``folder`` (the spool's format).
 
@@ -224,7 +225,7 @@ def stage_run(
         "parent_run_id": parent_run_id,
         "params": run_params(result),
         "metrics": run_metrics(result),
-        "tags": {**shown, **run_tags(result, parent_run_id)},
+        "tags": {**(tags or {}), **shown, **run_tags(result, parent_run_id)},
         "status": RUN_STATUSES[result.record.status],
         "start_time": int(result.record.start_time_ms or now),
         "end_time": now,

@@ -36,6 +36,10 @@ TAG_RUN_ID, TAG_COMPLETE = "parity.run_id", "parity.complete"
 #: verdict: completed, at least one tensor compared, no failing row). Readers decide pass/fail
 #: from it with :func:`stored_passed`, never from counts.
 TAG_PASSED = "parity.passed"
+#: MLflow tag of a run made from a target spec (``parity-tracker run SPEC``): SPEC as given,
+#: e.g. ``mypkg.pairs:build``, when the stored ``target`` param is another name (the case's
+#: own ``settings["target"]``), so ``history``/``diff --target`` accept that spelling.
+TAG_TARGET_SPEC = "parity.target_spec"
 
 
 def stored_passed(value: str | None) -> bool:
@@ -238,11 +242,19 @@ def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     ``RETRY_FACTOR`` up to ``RETRY_MAX_DELAY_S`` with ±50% jitter, over ``RETRY_ATTEMPTS``
     attempts (about 8 s in all). A tracking server's transient faults (``is_transient_error``:
     refused connection during a restart, 5xx): the same growing delays capped at
-    ``WINDOW_MAX_DELAY_S``, until ``retry_window_s()`` seconds have passed since the first
-    failure. Any other exception is raised at once.
+    ``WINDOW_MAX_DELAY_S``, within ``W = retry_window_s()`` seconds counted from the first
+    attempt. Any other exception is raised at once.
+
+    The bound: a pause never reaches past the window's end and no attempt starts after it, so
+    one call takes at most ``W`` plus the duration of its last attempt. That attempt is one
+    HTTP request, because ``get_client`` turns MLflow's own retries off
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` unless set; they multiplied the window: 13.7 s for
+    a 1 s window against a refused port): milliseconds for a refused connection, at most
+    ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (MLflow's default 120 s) for a server that accepts and
+    never answers.
     """
     delay = RETRY_FIRST_DELAY_S
-    attempt, window_end = 0, None
+    attempt, window_end, start = 0, None, time.monotonic()
     while True:
         try:
             return fn(*args, **kwargs)
@@ -254,7 +266,7 @@ def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                 pause = delay * random.uniform(0.5, 1.5)
             elif is_transient_error(exc):
                 now = time.monotonic()
-                window_end = window_end if window_end is not None else now + retry_window_s()
+                window_end = window_end if window_end is not None else start + retry_window_s()
                 if now >= window_end:
                     raise
                 pause = min(delay * random.uniform(0.5, 1.5), window_end - now)
@@ -284,8 +296,13 @@ def quiet_mlflow() -> None:
     every run ended on a server (``mlflow/tracking/_tracking_service/client.py``, ``_log_url``,
     MLflow 3.17) unless ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` is set; setting it also
     saves the ``get_run`` call made only for that print. Set here, before any client is made.
+
+    Also turns MLflow's own HTTP retries off unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is set:
+    :func:`retry` retries every store call within the retry window, and MLflow's retries
+    (default 7, backoff factor 2) inside each attempt would stretch one call far past it.
     """
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
 def get_client(uri: str | None = None) -> MlflowClient:

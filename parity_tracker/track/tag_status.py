@@ -292,3 +292,57 @@ def tag_statuses(
     if heads and all(s is None for s in out):
         sample = _sample_tags(heads[-1], decoded[-1], lists, uri)
     return out, sample
+
+
+def _table_statuses(table: Any) -> dict[str, str]:
+    """``{tag: status over its steps}`` of one modules table (``tag_status_over_steps``)."""
+    rows: dict[str, list[str]] = {}
+    for tag, status in zip(
+        table.column("tag").to_pylist(), table.column("status").to_pylist(), strict=True
+    ):
+        rows.setdefault(tag, []).append(status)
+    return {tag: s for tag, st in rows.items() if (s := tag_status_over_steps(st)) is not None}
+
+
+def run_tag_statuses(heads: Sequence[Any], tracking_uri: str | None) -> list[dict[str, str]]:
+    """Every tag's status in each run: ``{tag: status}`` per head, in ``heads`` order.
+
+    The same two paths as :func:`tag_statuses`: a run's decoded codes with its known tag
+    list, else its modules table (in place when local, else fetched into the run cache).
+
+    Raises:
+        InfrastructureError: the store could not be reached or a run has no modules table.
+    """
+    import pyarrow.parquet as pq
+
+    from parity_tracker.track.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    decoded = [decode(getattr(h, "tag_codes", None) or {}) for h in heads]
+    lists = _tag_lists(heads, decoded, uri)
+    out: list[dict[str, str]] = [{} for _ in heads]
+    local: list[tuple[int, Path]] = []
+    remote: list[int] = []
+    for i, codes in enumerate(decoded):
+        tags = lists.get(codes.sha256) if codes is not None else None
+        if codes is not None and tags is not None and len(tags) == len(codes.codes):
+            out[i] = {t: codes.status(k) for k, t in enumerate(tags)}
+            continue
+        path = local_modules_path(getattr(heads[i], "artifact_uri", None))
+        if path is None:
+            remote.append(i)
+        else:
+            local.append((i, path))
+    for i, path in local:
+        try:
+            out[i] = _table_statuses(pq.read_table(path, columns=["tag", "status"]))
+        except Exception as exc:
+            raise InfrastructureError(
+                f"cannot read {path} of run {heads[i].run_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+    if remote:
+        ids = [heads[i].run_id for i in remote]
+        tables = modules_tables(ids, uri, [getattr(heads[i], "artifact_uri", None) for i in remote])
+        for i, table in zip(remote, tables, strict=True):
+            out[i] = _table_statuses(table)
+    return out
