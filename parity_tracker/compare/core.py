@@ -172,6 +172,12 @@ _ALL = np.logical_and.reduce  # ndarray.all without its Python wrapper
 _EXPONENT_BF16 = 0x7F80  # exponent field of a bfloat16 bit pattern (all ones: NaN or ±inf)
 
 
+#: Smallest float32/float64 array whose "all finite" is first tried as one dot product
+#: (:func:`_all_finite`); below it numpy's ``isfinite`` costs less per call (issue 19).
+DOT_FINITE_MIN = 1 << 12
+_DOT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None:
     """Whether a contiguous CPU float tensor is all finite, in one numpy pass; ``None``: unknown.
 
@@ -179,9 +185,22 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     parallel region whose barrier, on a busy machine, costs milliseconds. bfloat16 is finite
     exactly when its exponent field is not all ones. Other dtypes (float8, ...) give ``None``.
     ``array`` may pass ``t.numpy()`` when the caller already has it.
+
+    A float32/float64 array of at least :data:`DOT_FINITE_MIN` elements is first read once as
+    the sum of its squares (``numpy.dot(a, a)``, BLAS): every term is ``+0`` or more, ``+inf``
+    for an infinite element (or one whose square overflows) and NaN for a NaN, and under IEEE
+    754 a sum with a ``+inf`` or NaN term is never finite, in any order of summation. So a
+    finite sum proves every element finite; a non-finite one (a NaN/inf, or an overflow) falls
+    through to the exact ``isfinite`` pass. Same answer, one read instead of a read, a write of
+    a boolean array and its read (issue 19: ≈ 0.12 → 0.07 ms per 4 MiB).
     """
     if t.dtype in _NUMPY_FLOATS:  # the ufunc's own reduce: ndarray.all's wrapper costs ≈ 0.4 µs
-        return bool(_ALL(np.isfinite(t.numpy() if array is None else array), axis=None))
+        a = t.numpy() if array is None else array
+        if a.size >= DOT_FINITE_MIN and a.dtype in _DOT_DTYPES:
+            flat = a.reshape(-1)  # a view: the tensor is contiguous
+            if math.isfinite(np.dot(flat, flat)):
+                return True
+        return bool(_ALL(np.isfinite(a), axis=None))
     if t.dtype == torch.bfloat16:
         bits = flat_view(t).view(torch.int16).numpy()
         return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
@@ -244,13 +263,13 @@ def _scan_small(r: torch.Tensor, c: torch.Tensor, ref: Converted, cand: Converte
     when all finite); anything else gets every metric from one single-threaded-caller pass.
     """
     shape = tuple(r.shape)
-    r_buf = raw_buffer(r)
+    c_buf = raw_buffer(c)
     ref_hash, cand_hash = (
-        _digest(r_buf, ref.dtype, shape),
-        _digest(raw_buffer(c), cand.dtype, shape),
+        _digest(raw_buffer(r), ref.dtype, shape),
+        _digest(c_buf, cand.dtype, shape),
     )
     if ref_hash == cand_hash and ref.dtype == cand.dtype and r.dtype == c.dtype:
-        nan, inf = _side_counts(r, r_buf)
+        nan, inf = _side_counts(c, c_buf)  # identical bytes: counted where they were read last
         return _Scan(None, ref_hash, cand_hash, nan, inf)
     return _Scan(diff_stats(r, c, rtol=tol[0], atol=tol[1]), ref_hash, cand_hash)
 
@@ -274,7 +293,7 @@ def _identical_prefix(rf, cf, hr: StreamHasher, hc: StreamHasher) -> tuple[bool,
         hc.update(cs)
         if hr.intdigest() != hc.intdigest():
             return False, lo + rs.numel(), 0, 0
-        k_nan, k_inf = _side_counts(rs)
+        k_nan, k_inf = _side_counts(cs)  # identical chunks: the one read last (in cache)
         nan, inf = nan + k_nan, inf + k_inf
     return True, n, nan, inf
 
@@ -504,7 +523,7 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
                 r, c, (r_buf, c_buf), (ref_hash, cand_hash), mode, explicit, tag, tolerances
             )
         return None
-    nan, inf = _side_counts(r, r_buf)
+    nan, inf = _side_counts(c, c_buf)  # identical bytes: the side read last (in cache)
     if mode == "equal":
         tol = (None, None)
     else:
