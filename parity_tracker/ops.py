@@ -177,6 +177,14 @@ class OpSession(SpillCounters):
 
     # -- public ----------------------------------------------------------------------------------
 
+    @property
+    def lender(self) -> OpStore:
+        """The op store, whose spill files an op-level run's module snapshots borrow.
+
+        Issue 19 (``capture.snapshot.SnapshotStore``): a buffer both hold is written once.
+        """
+        return self._store
+
     @contextlib.contextmanager
     def recording(self, side: int, model: torch.nn.Module | None = None) -> Iterator[OpSession]:
         """Record the ops run inside the block as side ``side`` (0 reference first, 1 candidate).

@@ -220,6 +220,10 @@ class TensorChecker(SpillCounters):
         """The resident budget for snapshot storage, in bytes (``math.inf``: unbounded)."""
         return self._store.max_resident_bytes
 
+    def borrow_spills(self, lender: Any) -> None:
+        """Snapshots of buffers ``lender`` (``OpSession.lender``) holds reuse its spill files."""
+        self._store.lender = lender
+
     @property
     def step(self) -> int:
         """The current step; every capture carries it (set it before each step of a run)."""

@@ -258,6 +258,8 @@ class OpStore(BoundedStore):
         super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
         self._by_ptr: dict[int, list[Held]] = {}
         self._ids = itertools.count()
+        #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
+        self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
 
     def hold(self, tensor: torch.Tensor, *, counted: bool = True, ptr: int | None = None) -> Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled).
@@ -272,6 +274,40 @@ class OpStore(BoundedStore):
         if counted:
             self.admit(h.id, h.nbytes, h)
         return h
+
+    def lend(self, address: int, nbytes: int, dtype: torch.dtype) -> Held | None:
+        """A resident counted capture that IS the whole storage at ``address`` now, or None.
+
+        Issue 19: a module snapshot of an op-level run borrows such a capture's spill file
+        instead of writing the same bytes again (``capture.snapshot.SnapshotStore``). Two live
+        tensors at one data address share one buffer, so the bytes are the same bytes; the
+        capture must cover all ``nbytes`` from offset 0 in ``dtype`` (the file then is the
+        whole storage).
+        """
+        if _DATA_ADDRESS is None:
+            return None
+        for h in self._by_ptr.get(address, ()):
+            t = h.tensor
+            if (
+                h.counted
+                and t is not None
+                and t.dtype == dtype
+                and h.nbytes == nbytes
+                and t.storage_offset() == 0
+                and _span(t) * t.element_size() == nbytes
+                and self.get(h.id) is h
+                and _DATA_ADDRESS(t) == address
+            ):
+                return h
+        return None
+
+    def watch(self, h: Held, watcher: Callable[[Held, int, int], None]) -> None:
+        """Call ``watcher(h, address, version)`` right after ``h`` is written to disk.
+
+        ``address`` and ``version``: the data address and version counter of the tensor that
+        was written, read while it is still alive.
+        """
+        self._lent.setdefault(h.id, []).append(watcher)
 
     def counts(self, ptr: int) -> bool:
         """Whether a counted, resident capture holds the storage at ``ptr``."""
@@ -313,20 +349,26 @@ class OpStore(BoundedStore):
             self.admit(h.id, h.nbytes, h)
 
     def _spill_entry(self, _key: int, h: Held) -> bool:
-        if h.tensor is None:
+        t = h.tensor
+        if t is None:
             return False
         self._unindex(h)
-        h.spilled, h.tensor = self.write(h.tensor, f"{h.id}.bin"), None
+        # freed with the last record reading it (``Spilled.alias``: a borrower's)
+        h.spilled, h.tensor = self.write(t), None
+        watchers = self._lent.pop(h.id, None)
+        if watchers:
+            address, version = _DATA_ADDRESS(t), t._version  # t is alive: the written buffer
+            for watcher in watchers:
+                watcher(h, address, version)
         return True
 
     def release(self, h: Held) -> None:
-        """Forget ``h`` (resident reference dropped, spill file deleted)."""
+        """Forget ``h`` (resident reference dropped; its spill file deleted unless borrowed)."""
         self._unindex(h)
         self.discard(h.id)
+        self._lent.pop(h.id, None)
         h.tensor = None
-        if h.spilled is not None:
-            h.spilled.delete()
-            h.spilled = None
+        h.spilled = None  # its bytes are freed once no borrowed record reads them
 
     def close(self) -> None:  # type: ignore[override]
         """Drop everything and delete the spill directory."""

@@ -13,7 +13,13 @@ import torch
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, content_hash, digestible, storage_digest
+from parity_tracker.compare.hashing import (
+    _NUMPY_DTYPES,
+    content_hash,
+    content_hash_in_place,
+    digestible,
+    storage_digest,
+)
 
 #: Smallest snapshot (bytes) taken copy-on-write (``torch._lazy_clone``) instead of cloned:
 #: below it a clone costs less than the content hash a copy-on-write snapshot needs.
@@ -168,7 +174,7 @@ class Snapshotter:
         # cloned as it is (the same copy, without the detached alias: issue 19)
         src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
         if _cow_eligible(src):
-            digest = content_hash(src)  # read before the lazy clone: a read then copies
+            digest = content_hash_in_place(src)  # not numpy(): it would un-share a COW src
             copy = _LAZY_CLONE(src)
             self._hashes[id(copy)] = digest
         elif _C_ORDER and _permuted(src):
@@ -293,9 +299,14 @@ class Snapshotter:
         return h if h is not None and self.owns(value) else None
 
     def intact(self, value: object) -> bool:
-        """False for a copy-on-write snapshot whose bytes changed since it was taken."""
+        """False for a copy-on-write snapshot whose bytes changed since it was taken.
+
+        Read in place (``content_hash_in_place``): ``content_hash`` would give the snapshot a
+        private copy of its bytes first, and keep the copy's data address off the buffer it
+        shares (issue 19).
+        """
         h = self.recorded_hash(value)
-        return h is None or content_hash(value) == h
+        return h is None or content_hash_in_place(value) == h
 
     def verified(self, tag: str, ref: Any, cand: Any, comp: Comparison) -> Comparison:
         """``comp``, or an ``error`` when a copy-on-write side no longer holds its captured values.
@@ -368,6 +379,22 @@ class Snapshotter:
         self._pins.clear()
 
 
+class _Held:
+    """A snapshot in :class:`SnapshotStore`: the copy (weakly), its captures, what it borrows.
+
+    ``lent``: the op store's capture of the same buffer (``OpStore.lend``), ``address`` the
+    buffer's data address when both were seen on it; ``done``: spilled or borrowed already.
+    """
+
+    __slots__ = ("address", "caps", "done", "lent", "ref")
+
+    def __init__(self, ref: weakref.ref, cap: Any) -> None:
+        self.ref, self.caps = ref, [cap]
+        self.lent: Any = None
+        self.address = 0
+        self.done = False
+
+
 class SnapshotStore(BoundedStore):
     """Module snapshots within ``max_resident_bytes``, the oldest spilled to ``spill_dir``.
 
@@ -376,6 +403,15 @@ class SnapshotStore(BoundedStore):
     (the eager path releasing a pair); spilling swaps every holder's ``value`` for the
     :class:`~parity_tracker.capture.store.Spilled` record, whose file is deleted once no
     capture holds the record.
+
+    Borrowing (issue 19, an op-level run: ``lender`` is the op store): a copy-on-write snapshot
+    whose buffer the op store also captured (same data address, both alive: the same bytes)
+    is written to disk once. Whichever store spills first writes it (this one asks the lender
+    to spill its capture now); the snapshot then reads the lender's file
+    (``Spilled.alias``) if, right after that write, the copy still is that buffer (its data
+    address and copy-on-write state), the lender's tensor had the version counter it had when
+    the two were linked, and the copy still hashes as when it was taken (``intact``).
+    Otherwise the snapshot spills on its own, as without a lender.
     """
 
     def __init__(self, max_resident_bytes: float, spill_dir: str | os.PathLike[str] | None):
@@ -385,38 +421,82 @@ class SnapshotStore(BoundedStore):
         #: longer holds its captured values is kept in memory (and found by the comparison's
         #: check), never written to disk as if it did.
         self.intact: Callable[[Any], bool] = lambda _copy: True
+        #: the op store whose captures snapshots may borrow (``OpStore``), or None
+        self.lender: Any = None
+        #: bytes of snapshots that read a lender's file instead of writing their own
+        self.borrowed_bytes = 0
 
     def clear(self) -> None:
         """Forget every snapshot, reset the counters and delete the spill folder."""
         self.close(reset_counters=True)
+        self.borrowed_bytes = 0
 
     def admit(self, copy: torch.Tensor, cap: Any) -> None:  # type: ignore[override]
         """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
         key = id(copy)
         entry = self.get(key)
-        if entry is not None and entry[0]() is copy:
-            entry[1].append(cap)  # a snapshot shared with an earlier capture counts once
+        if entry is not None and entry.ref() is copy:
+            entry.caps.append(cap)  # a snapshot shared with an earlier capture counts once
             return
         self.discard(key)  # a stale entry under a reused id
-        payload = (weakref.ref(copy, self._gone(key)), [cap])
-        super().admit(key, copy.untyped_storage().nbytes(), payload)
+        entry = _Held(weakref.ref(copy, self._gone(key)), cap)
+        nbytes = copy.untyped_storage().nbytes()
+        if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
+            address = _DATA_ADDRESS(copy)
+            lent = self.lender.lend(address, nbytes, copy.dtype)
+            if lent is not None:
+                entry.lent, entry.address = (lent, lent.tensor._version), address
+                self.lender.watch(lent, self._watcher(key, entry))
+        super().admit(key, nbytes, entry)
 
     def _gone(self, key: int) -> Callable[[weakref.ref], None]:
         def callback(ref: weakref.ref) -> None:
             entry = self.get(key)
-            if entry is not None and entry[0] is ref:
+            if entry is not None and entry.ref is ref:
                 self.discard(key)
 
         return callback
 
-    def _spill_entry(self, _key: int, payload: tuple[weakref.ref, list[Any]]) -> bool:
-        ref, caps = payload
-        copy = ref()
+    def _watcher(self, key: int, entry: _Held) -> Callable[[Any, int, int], None]:
+        def watcher(lent: Any, address: int, version: int) -> None:
+            borrowed = not entry.done and self._borrow(entry, lent, address, version)
+            if borrowed and self.get(key) is entry:
+                self.discard(key)
+
+        return watcher
+
+    def _borrow(self, entry: _Held, lent: Any, address: int, version: int) -> bool:
+        """Point ``entry``'s captures at ``lent``'s file if it holds the copy's bytes."""
+        copy = entry.ref()
+        if (
+            copy is None
+            or lent.spilled is None
+            or (lent, version) != entry.lent
+            or address != entry.address
+            or not _IS_COW(copy)
+            or _DATA_ADDRESS(copy) != address
+            or not self.intact(copy)
+        ):
+            return False
+        spilled = lent.spilled.alias(copy)
+        for c in entry.caps:
+            if c.value is copy:
+                c.value = spilled
+        entry.done = True
+        self.borrowed_bytes += spilled.nbytes
+        return True
+
+    def _spill_entry(self, _key: int, entry: _Held) -> bool:
+        if entry.lent is not None and not entry.done:
+            self.lender.spill(entry.lent[0].id)  # its watcher borrows the file if it can
+        if entry.done:
+            return False  # borrowed: nothing written here
+        entry.done = True
+        copy = entry.ref()
         if copy is None or not self.intact(copy):
             return False
-        spilled = self.write(copy, f"{next(self._ids)}.bin")
-        weakref.finalize(spilled, spilled.path.unlink, True)
-        for c in caps:
+        spilled = self.write(copy)  # freed when no capture holds the record
+        for c in entry.caps:
             if c.value is copy:
                 c.value = spilled
         return True

@@ -14,6 +14,7 @@ the same digest as :func:`content_hash` over the whole tensor (xxh3 streaming is
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import numpy as np
@@ -235,6 +236,27 @@ def content_hash(tensor: torch.Tensor) -> str:
         return hasher.hexdigest()
     hasher = StreamHasher(tensor.dtype, shape)
     hasher.update(tensor.contiguous())
+    return hasher.hexdigest()
+
+
+def content_hash_in_place(tensor: torch.Tensor) -> str:
+    """:func:`content_hash` (the same digest), reading a plain contiguous CPU tensor in place.
+
+    ``numpy()`` first gives a copy-on-write storage (``torch._lazy_clone``, the TensorChecker's
+    snapshots) a private copy of its bytes, ≈ 0.3–0.5 ms per MiB (issue 19); reading through
+    ``const_data_ptr`` does not. Other tensors go through :func:`content_hash`.
+
+    Args:
+        tensor: any tensor :func:`content_hash` accepts.
+
+    Returns:
+        16 lowercase hex digits, equal to ``content_hash(tensor)``.
+    """
+    if tensor.requires_grad or not tensor.is_cpu or not _numpy_readable(tensor):
+        return content_hash(tensor)
+    nbytes = tensor.numel() * tensor.element_size()
+    hasher = xxhash.xxh3_64(_header(dtype_name(tensor.dtype), tuple(tensor.shape)))
+    hasher.update((ctypes.c_char * nbytes).from_address(tensor.const_data_ptr()))
     return hasher.hexdigest()
 
 
