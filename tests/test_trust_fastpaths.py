@@ -37,6 +37,24 @@ def test_cow_snapshot_not_reused_after_uncounted_write_and_another_lazy_clone(
     assert a.tolist() == [0.0] * 4 and keep.tolist() == [5.0, 0.0, 0.0, 0.0]
 
 
+@cow
+def test_cow_snapshot_reused_after_a_read_that_copied_the_source(monkeypatch):
+    """A read through numpy gives a COW source its own buffer with the same bytes: the earlier
+    snapshot is still the source's value and is reused (an op-level run's module snapshots of
+    one activation once held a second buffer per block: measurement 5 grew with depth)."""
+    monkeypatch.setattr(snapshot, "COW_MIN_BYTES", 0)
+    snap = Snapshotter()
+    t = torch.arange(4.0)
+    a = snap.take(t)
+    assert float(t.numpy().sum()) == 6.0  # numpy() un-shares t: same bytes, its own buffer
+    keep = torch._lazy_clone(t)  # COW again, so only the bytes can tell
+    assert snap.take(t) is a
+    t.data[1] = 9.0  # an uncounted write after the read: never the stale copy
+    b = snap.take(t)
+    assert b is not a and b.tolist() == [0.0, 9.0, 2.0, 3.0] and a.tolist() == [0.0, 1.0, 2.0, 3.0]
+    del keep
+
+
 def _linear(weight: torch.Tensor, update: str | None) -> nn.Linear:
     m = nn.Linear(4, 4, bias=False)
     with torch.no_grad():

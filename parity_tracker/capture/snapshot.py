@@ -280,11 +280,16 @@ class Snapshotter:
                 and _STORAGE_ADDRESS(t) == entry.storage
                 and _IS_COW(t)
                 and _IS_COW(copy)
-                # the same bytes: a write through torch gave the source new data, and another
-                # lazy clone taken since (a second checker) made it copy-on-write again
-                and _DATA_ADDRESS(t) == _DATA_ADDRESS(copy)
             )
-            return copy if same else None
+            if not same:
+                return None
+            if _DATA_ADDRESS(t) == _DATA_ADDRESS(copy):
+                return copy  # one buffer: the same bytes
+            # The source has its own buffer now: a read through numpy / data_ptr() copied it
+            # (same bytes), or an uncounted write (``.data``, numpy) changed it before another
+            # lazy clone (a second checker) made it copy-on-write again. Only the bytes tell.
+            h = self._hashes.get(id(copy))
+            return copy if h is not None and content_hash_in_place(t) == h else None
         if entry.layout != _layout(t):
             return None
         if entry.source_digest is not None:
