@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from inplace_models import ReadThenZero
 
 import parity_tracker.ops as ops_module
 import parity_tracker.tensor_checker as checker_module
@@ -75,15 +76,6 @@ class ShiftThenDouble(nn.Module):
         y = (x + self.shift) * 2
         y.add_(self.bump)
         return y
-
-
-class ReadThenZero(nn.Module):
-    """Reads its input, then zeroes it in place: a write after the op and the hook."""
-
-    def forward(self, y):
-        z = y + 1
-        y.mul_(0)
-        return z + y
 
 
 class Chain(nn.Module):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from inplace_models import ReadThenZero
 
 from parity_tracker.capture.ops import _ptr
 from parity_tracker.capture.store import SpillDir
@@ -36,15 +37,6 @@ def _temp_folder_in_tmp_path(tmp_path, monkeypatch):
 class Double(nn.Module):
     def forward(self, x):
         return x * 2
-
-
-class ReadThenZero(nn.Module):
-    """Reads its input, then overwrites it in place (after the read is recorded)."""
-
-    def forward(self, y):
-        z = y + 1
-        y.mul_(0)
-        return z + y
 
 
 class Pair(nn.Module):

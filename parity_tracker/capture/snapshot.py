@@ -65,6 +65,17 @@ def _data_ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if _DATA_ADDRESS is None else _DATA_ADDRESS(t)
 
 
+def _keyed_by_id(table: dict, obj: Any, value: Any) -> None:
+    """``table[id(obj)] = (weak reference to obj, value)``, removed when ``obj`` dies."""
+    key = id(obj)
+
+    def dropped(ref: weakref.ref) -> None:
+        if key in table and table[key][0] is ref:
+            del table[key]
+
+    table[key] = (weakref.ref(obj, dropped), value)
+
+
 def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them).
 
@@ -207,23 +218,11 @@ class Snapshotter:
             except RuntimeError:  # an inference tensor or a storage torch will not share
                 copy = None
             if copy is not None:
-                key, pins = id(copy), self._pins
-
-                def dropped(ref: weakref.ref) -> None:
-                    if key in pins and pins[key][0] is ref:
-                        del pins[key]
-
-                pins[key] = (weakref.ref(copy, dropped), d)
+                _keyed_by_id(self._pins, copy, d)
                 return copy
         version = tensor_version(d)
         if version is not None:
-            key, pinned = id(d), self._pinned
-
-            def gone(ref: weakref.ref) -> None:
-                if key in pinned and pinned[key][0] is ref:
-                    del pinned[key]
-
-            pinned[key] = (weakref.ref(d, gone), version)
+            _keyed_by_id(self._pinned, d, version)
         return d
 
     def unpin(self, value: Any) -> Any:

@@ -54,13 +54,25 @@ def run_for_commit(
     if target is None:
         raise InputError("--base-commit/--head-commit need --target (and optionally --set)")
     store = RunStore(tracking_uri, experiment)
+    return _commit_run(store, commit, *_lookup(target, settings, store))
+
+
+def _lookup(target: str, settings: Mapping[str, str], store: Any) -> tuple[str, dict[str, str]]:
+    """``(stored target name, settings)`` to look a run up by (``--base-commit``/``--base-branch``).
+
+    The name the runs were stored under (:func:`stored_name`: a ``module:function`` spec maps
+    to its case's name); the settings validated, defaults filled, when the target is installed
+    here, else as given (stored runs carry the name and settings they were run with).
+
+    Raises:
+        InputError: a bad setting of an installed target.
+    """
     name = stored_name(target, store)
     try:
         resolved = resolve_target(target)
-    except InputError:  # not installed here: stored runs carry the name and settings given
-        return _commit_run(store, commit, name, settings)
-    chosen = resolved.validate(settings)
-    return _commit_run(store, commit, resolved.name if name == target else name, chosen)
+    except InputError:  # not installed here
+        return name, dict(settings)
+    return (resolved.name if name == target else name), resolved.validate(settings)
 
 
 def _commit_run(store: Any, commit: str, name: str, settings: Mapping[str, str]) -> str:
@@ -99,11 +111,7 @@ def run_for_branch(
     if target is None:
         raise InputError("--base-branch needs --target (and optionally --set)")
     store = RunStore(tracking_uri, experiment)
-    try:
-        resolved = resolve_target(target)
-        name, chosen = resolved.name, resolved.validate(settings)
-    except InputError:  # not installed here: stored runs carry the name and settings given
-        name, chosen = target, dict(settings)
+    name, chosen = _lookup(target, settings, store)
     runs = [r for r in store.find(target=name, **chosen) if r.branch == branch]
     runs = [r for r in runs if not r.incomplete]
     if not runs:
