@@ -70,11 +70,11 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
+from parity_tracker.capture.op_store import OpStore
 from parity_tracker.capture.ops import (
     CaptureFailure,
     DispatchRecorder,
     OpFrame,
-    OpStore,
     SideRecorder,
     suspended,
 )

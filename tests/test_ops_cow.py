@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from inplace_models import ReadThenZero
 
-from parity_tracker.capture.ops import _ptr
+from parity_tracker.capture.op_store import _ptr
 from parity_tracker.capture.store import SpillDir
 from parity_tracker.run import run_parity
 from parity_tracker.tensor_checker import DumpMode

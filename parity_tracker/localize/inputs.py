@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from parity_tracker.capture.ops import OpEvent, OpInput, _ptr, span_elements, suspended
+from parity_tracker.capture.op_store import _ptr
+from parity_tracker.capture.ops import OpEvent, OpInput, suspended
+from parity_tracker.capture.store import span_elements
 from parity_tracker.compare import passes
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import layout_differences

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.ops import OpEvent, OpFrame, OpStore, suspended
+from parity_tracker.capture.op_store import OpStore
+from parity_tracker.capture.ops import OpEvent, OpFrame, suspended
 from parity_tracker.capture.tags import op_call_base, op_output_tag, op_tag
 from parity_tracker.compare import Comparison, compare_tensors
 from parity_tracker.compare.tolerances import Tolerances

@@ -1,0 +1,240 @@
+"""The op recorder's bounded store: op outputs held copy-on-write, spilled past a budget.
+
+Split out of :mod:`parity_tracker.capture.ops` (the recorder), which holds every output it
+records in an :class:`OpStore`: a :class:`~parity_tracker.capture.store.BoundedStore` keyed by
+storage address (``_ptr``, read without un-sharing a copy-on-write storage), so a module
+snapshot of the same buffer can borrow its spill (``OpStore.lend``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
+
+
+def _capturable(t: Any) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and not t.is_meta
+        and not t.is_quantized
+    )
+
+
+def _ptr(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage (0 for an empty storage or a non-strided tensor).
+
+    A wrapper tensor subclass (``DTensor``, ...) has no storage of its own (touching it raises
+    "invalid python storage"): 0, and its captures are private copies (:func:`_own`).
+    """
+    # issue 19: an exact ``torch.Tensor`` is no subclass, so no wrapper subclass (the same
+    # conditions as below, without ``is_traceable_wrapper_subclass``'s Python call)
+    if type(t) is _TENSOR:
+        if t.layout != _STRIDED or t.is_meta or t.is_quantized:
+            return 0
+    elif not _capturable(t) or is_traceable_wrapper_subclass(t):
+        return 0
+    storage = t.untyped_storage()
+    if not storage.nbytes():
+        return 0
+    # issue 19: ``torch._C._data_address`` reads the same address without materializing a
+    # copy-on-write storage (``TensorChecker`` snapshots are ``torch._lazy_clone``s): the
+    # storage's ``data_ptr()`` copied the storage, which moved it to a new address, so the
+    # producer of every snapshotted tensor was lost and the store's index went stale.
+    return _DATA_ADDRESS(t) if _DATA_ADDRESS is not None else storage.data_ptr()
+
+
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
+_DATA_ADDRESS = getattr(torch._C, "_data_address", None)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached; a private copy for a wrapper subclass, which copy-on-write cannot track."""
+    t = t.detach()
+    return t.clone() if is_traceable_wrapper_subclass(t) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
+    if is_traceable_wrapper_subclass(t):
+        return t.numel() * t.element_size()
+    return t.untyped_storage().nbytes()
+
+
+def _span(t: torch.Tensor) -> int:
+    """Storage elements spanned by ``t`` from its storage offset (0 for an empty tensor)."""
+    return 0 if t.numel() == 0 else span_elements(tuple(t.shape), t.stride())
+
+
+def _flat_span(t: torch.Tensor) -> torch.Tensor:
+    return torch.as_strided(t, (_span(t),), (1,), t.storage_offset())
+
+
+# ---------------------------------------------------------------------------------------------
+# The capture store: resident budget, spill to disk, copy-on-write
+
+
+class Held:
+    """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
+
+    __slots__ = (
+        "counted", "device", "dtype", "id", "nbytes", "ptr", "size", "spilled", "stride",
+        "tensor",
+    )  # fmt: skip
+
+    def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
+        self.id = hid
+        self.tensor: torch.Tensor | None = tensor
+        self.counted = counted
+        self.spilled: Spilled | None = None
+        self.ptr = 0  # ``_ptr(tensor)`` while resident and indexed (``OpStore._index``)
+        self.size, self.stride = tuple(tensor.shape), tensor.stride()
+        self.dtype, self.device = tensor.dtype, tensor.device
+        self.nbytes = _nbytes(tensor) if counted else 0
+
+    def get(self) -> torch.Tensor:
+        """The tensor, read back memory-mapped if it was spilled."""
+        if self.tensor is not None:
+            return self.tensor
+        assert self.spilled is not None
+        return self.spilled.load()
+
+
+class OpStore(BoundedStore):
+    """Op captures within ``max_resident_bytes`` (the oldest spilled), with copy-on-write.
+
+    Captures are references to the op outputs, indexed by storage pointer so that an in-place
+    write into a held storage first gives each holder a private copy (:meth:`before_write`).
+    Uncounted holdings (parameters, storages a counted capture already holds) never spill.
+    """
+
+    def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
+        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
+        self._by_ptr: dict[int, list[Held]] = {}
+        self._ids = itertools.count()
+        #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
+        self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
+
+    def hold(self, tensor: torch.Tensor, *, counted: bool = True, ptr: int | None = None) -> Held:
+        """Keep a reference to ``tensor`` (counted captures may later be spilled).
+
+        A wrapper subclass (``DTensor``) is never spilled: kept resident, outside the budget.
+        ``ptr``: ``_ptr(tensor)`` when the caller has it already (issue 19: read once).
+        """
+        plain = type(tensor) is _TENSOR  # no subclass, so no wrapper subclass
+        counted = counted and (plain or not is_traceable_wrapper_subclass(tensor))
+        h = Held(next(self._ids), tensor, counted)
+        self._index(h, ptr)
+        if counted:
+            self.admit(h.id, h.nbytes, h)
+        return h
+
+    def lend(self, address: int, nbytes: int, dtype: torch.dtype) -> Held | None:
+        """A resident counted capture that IS the whole storage at ``address`` now, or None.
+
+        Issue 19: a module snapshot of an op-level run borrows such a capture's spill file
+        instead of writing the same bytes again (``capture.snapshot.SnapshotStore``). Two live
+        tensors at one data address share one buffer, so the bytes are the same bytes; the
+        capture must cover all ``nbytes`` from offset 0 in ``dtype`` (the file then is the
+        whole storage).
+        """
+        if _DATA_ADDRESS is None:
+            return None
+        for h in self._by_ptr.get(address, ()):
+            t = h.tensor
+            if (
+                h.counted
+                and t is not None
+                and t.dtype == dtype
+                and h.nbytes == nbytes
+                and t.storage_offset() == 0
+                and _span(t) * t.element_size() == nbytes
+                and self.get(h.id) is h
+                and _DATA_ADDRESS(t) == address
+            ):
+                return h
+        return None
+
+    def watch(self, h: Held, watcher: Callable[[Held, int, int], None]) -> None:
+        """Call ``watcher(h, address, version)`` right after ``h`` is written to disk.
+
+        ``address`` and ``version``: the data address and version counter of the tensor that
+        was written, read while it is still alive.
+        """
+        self._lent.setdefault(h.id, []).append(watcher)
+
+    def counts(self, ptr: int) -> bool:
+        """Whether a counted, resident capture holds the storage at ``ptr``."""
+        return any(h.counted for h in self._by_ptr.get(ptr, ()))
+
+    def _index(self, h: Held, ptr: int | None = None) -> None:
+        assert h.tensor is not None
+        if ptr is None:
+            ptr = _ptr(h.tensor)  # once (issue 19: a storage object per call)
+        h.ptr = ptr
+        if ptr:
+            self._by_ptr.setdefault(ptr, []).append(h)
+
+    def _unindex(self, h: Held) -> None:
+        ptr = 0 if h.tensor is None else h.ptr  # h.tensor's storage, set by _index
+        if not ptr:
+            return
+        lst = self._by_ptr.get(ptr)
+        if lst is not None:
+            with contextlib.suppress(ValueError):
+                lst.remove(h)
+            if not lst:
+                del self._by_ptr[ptr]
+
+    def before_write(self, tensor: torch.Tensor) -> None:
+        """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
+        ptr = _ptr(tensor) if isinstance(tensor, torch.Tensor) else 0
+        if not ptr:
+            return
+        holders = self._by_ptr.pop(ptr, None)
+        for h in holders or ():
+            assert h.tensor is not None
+            copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
+            h.tensor = copy
+            self._index(h)
+            if h.counted:
+                self.discard(h.id)
+            h.counted, h.nbytes = True, copy.untyped_storage().nbytes()
+            self.admit(h.id, h.nbytes, h)
+
+    def _spill_entry(self, _key: int, h: Held) -> bool:
+        t = h.tensor
+        if t is None:
+            return False
+        self._unindex(h)
+        # freed with the last record reading it (``Spilled.alias``: a borrower's)
+        h.spilled, h.tensor = self.write(t), None
+        watchers = self._lent.pop(h.id, None)
+        if watchers:
+            address, version = _DATA_ADDRESS(t), t._version  # t is alive: the written buffer
+            for watcher in watchers:
+                watcher(h, address, version)
+        return True
+
+    def release(self, h: Held) -> None:
+        """Forget ``h`` (resident reference dropped; its spill file deleted unless borrowed)."""
+        self._unindex(h)
+        self.discard(h.id)
+        self._lent.pop(h.id, None)
+        h.tensor = None
+        h.spilled = None  # its bytes are freed once no borrowed record reads them
+
+    def close(self) -> None:  # type: ignore[override]
+        """Drop everything and delete the spill directory."""
+        for h in self.payloads():
+            self.release(h)
+        self._by_ptr.clear()
+        super().close()
