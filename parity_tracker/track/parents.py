@@ -42,8 +42,9 @@ TAG_KIND = "parity.kind"
 #: ``parity.kind`` of a plain parent run, of a shard's parent run (its cells are its child
 #: runs) and of a night's merged parent run (its cells are the children of its shards).
 KIND_PARENT, KIND_SHARD, KIND_NIGHT = "parent", "nightly", "night"
-#: Tag of a night's merged parent run: its shards' parent run ids, comma-separated (cut to
-#: 5,000 characters, MLflow's tag limit is 8,000; ``nights.shard_run_ids`` drops a cut id).
+#: Tag of a night's merged parent run: its shards' parent run ids, comma-separated (cut at
+#: ``SHARD_RUNS_CUT``, below MLflow's 8,000-character tag limit; ``nights.shard_run_ids`` drops
+#: a cut id and ``nights`` then falls back to the night's shards started before the parent).
 TAG_SHARD_RUNS = "parity.shard_runs"
 #: Length ``TAG_SHARD_RUNS`` is cut at: a value this long may be cut (ids of 32 characters
 #: joined by commas are 33 k - 1 long, never exactly this).
