@@ -223,7 +223,6 @@ class TensorChecker(SpillCounters):
     def borrow_spills(self, lender: Any) -> None:
         """Snapshots of buffers ``lender`` (``OpSession.lender``) holds reuse its spill files."""
         self._store.lender = lender
-        self._snap.pool = None  # copy-on-write snapshots, which share the op store's buffers
 
     @property
     def step(self) -> int:

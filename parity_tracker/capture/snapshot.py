@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture import buffers
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
@@ -104,20 +103,6 @@ def _permuted(t: torch.Tensor) -> bool:
     )
 
 
-def _poolable(t: torch.Tensor) -> bool:
-    """A plain strided, non-quantized CPU tensor of at least ``buffers.POOL_MIN_BYTES``."""
-    return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.numel() * t.element_size() >= buffers.POOL_MIN_BYTES
-        and t.is_cpu
-        and t.layout == torch.strided
-        and not t.is_quantized
-        and not t.is_nested
-        and not t.is_conj()
-        and not t.is_neg()
-    )
-
-
 def _cow_eligible(t: torch.Tensor) -> bool:
     """A plain, contiguous CPU tensor of a numpy dtype that fills its whole storage, large enough.
 
@@ -169,9 +154,6 @@ class Snapshotter:
         self._pinned: dict[int, tuple[weakref.ref, int]] = {}
         #: id(lazy clone of a parameter) -> (weak reference to it, the parameter's detached alias)
         self._pins: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-        #: where large snapshots are copied (``capture.buffers``); None: copy-on-write clones
-        #: (an op-level run, whose op store shares the same buffers: ``TensorChecker.borrow_spills``)
-        self.pool: buffers.BufferPool | None = buffers.POOL
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
@@ -202,10 +184,7 @@ class Snapshotter:
         # a detached copy records no autograd graph; a plain tensor that requires no grad is
         # cloned as it is (the same copy, without the detached alias: issue 19)
         src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
-        pool = self.pool
-        if pool is not None and _poolable(src) and pool.usable():
-            copy = pool.copy(src)
-        elif _cow_eligible(src):
+        if _cow_eligible(src):
             digest = content_hash_in_place(src)  # not numpy(): it would un-share a COW src
             copy = _LAZY_CLONE(src)
             self._hashes[id(copy)] = digest
@@ -402,8 +381,6 @@ class Snapshotter:
         self._hashes.clear()
         self._pinned.clear()
         self._pins.clear()
-        if self.pool is not None:
-            self.pool.new_round()
 
 
 class _Held:
