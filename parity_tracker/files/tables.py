@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,51 @@ def rows_to_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Ta
         get = operator.methodcaller("get", name)  # the name read once, not once per row
         columns[name] = _column(list(map(get, rows)), type_)
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def columns_to_table(
+    columns: Mapping[str, Sequence[Any] | None], num_rows: int, schema: pa.Schema
+) -> pa.Table:
+    """Build a table from columns: the same table as :func:`rows_to_table` of the same rows.
+
+    Args:
+        columns: ``{name: values}`` with ``len(values) == num_rows``; a name not in ``schema``
+            is ignored, a missing name or ``None`` is a column of nulls (e.g.
+            ``compare.results.CheckResult.to_columns``).
+        num_rows: the number of rows.
+        schema: ``MODULES_SCHEMA`` or ``OPS_SCHEMA``.
+
+    Returns:
+        A ``pyarrow.Table`` with exactly ``schema``'s columns, types and metadata. Each column
+        is converted as :func:`rows_to_table`'s struct conversion converts it (``from_pandas``:
+        NaN is null); a column it refuses sends the whole table through
+        :func:`rows_to_table` on the rows, which converts or raises as usual. One conversion
+        per column instead of a struct of dicts (issue 19: ≈ 1.1 ms instead of 2.2 ms for
+        1,002 rows, and no dict per row to build).
+
+    Raises:
+        ValueError: a column's length is not ``num_rows``.
+        pyarrow.ArrowInvalid: a value cannot be converted to its column's type.
+    """
+    given = {k: v for k, v in columns.items() if v is not None and k in schema.names}
+    for name, values in given.items():
+        if len(values) != num_rows:
+            raise ValueError(f"column {name!r} has {len(values)} values, not {num_rows}")
+    if not num_rows:
+        return _empty(schema)
+    try:
+        arrays = [
+            pa.nulls(num_rows, f.type)
+            if f.name not in given
+            else pa.array(given[f.name], type=f.type, from_pandas=True)
+            for f in schema
+        ]
+        return pa.Table.from_arrays(arrays, schema=schema)
+    except (pa.ArrowException, TypeError, ValueError):
+        pass  # the rows' path converts what it can and raises its usual error
+    names = list(given)
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*given.values(), strict=True)]
+    return rows_to_table(rows, schema)
 
 
 def _struct_table(rows: list[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
