@@ -18,6 +18,7 @@ import pytest
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import first_divergence, structure_differences, verdict_rows
 from parity_tracker.compare.results import CheckResult, TagResult
+from parity_tracker.files import tables
 from parity_tracker.files.tables import MODULES_SCHEMA, columns_to_table, rows_to_table
 from parity_tracker.run.rows import ModuleRows
 
@@ -71,7 +72,9 @@ def test_columns_hold_the_rows_values():
         assert [r[name] for r in rows] == list(values or [None] * 4)
 
 
-def test_table_by_column_equals_table_by_row(tmp_path):
+@pytest.mark.parametrize("struct_rows", [0, 10**6])  # column by column; one struct of tuples
+def test_table_by_column_equals_table_by_row(tmp_path, monkeypatch, struct_rows):
+    monkeypatch.setattr(tables, "STRUCT_ROWS", struct_rows)
     check = _varied()
     by_col = columns_to_table(check.to_columns(), 4, MODULES_SCHEMA)
     by_row = rows_to_table(check.to_rows(), MODULES_SCHEMA)
@@ -86,7 +89,9 @@ def test_table_by_column_equals_table_by_row(tmp_path):
     assert pq.read_table(tmp_path / "c.parquet").equals(pq.read_table(tmp_path / "r.parquet"))
 
 
-def test_table_by_column_edges():
+@pytest.mark.parametrize("struct_rows", [0, 10**6])
+def test_table_by_column_edges(monkeypatch, struct_rows):
+    monkeypatch.setattr(tables, "STRUCT_ROWS", struct_rows)
     assert columns_to_table({}, 0, MODULES_SCHEMA).equals(MODULES_SCHEMA.empty_table())
     with pytest.raises(ValueError, match="'tag' has 1 values, not 2"):
         columns_to_table({"tag": ["x"]}, 2, MODULES_SCHEMA)
@@ -142,3 +147,13 @@ def test_verdict_rows_of_the_failing_results_give_the_same_answers():
         "checker_s"
     ]
     assert first_divergence(results, verdict_rows(results, [])) is None
+
+
+def test_many_rows_by_column():
+    check = _varied()
+    check.results[:] = check.results * 100  # 400 rows: above STRUCT_ROWS, column by column
+    assert len(check.results) > tables.STRUCT_ROWS
+    table = columns_to_table(check.to_columns(), 400, MODULES_SCHEMA)
+    assert table.equals(rows_to_table(check.to_rows(), MODULES_SCHEMA), check_metadata=True)
+    assert table.column("exec_order").to_pylist() == [0, 3, None, 2] * 100
+    assert table.column("max_abs_diff").null_count == 300  # NaN and None are null
