@@ -157,7 +157,7 @@ def _eval_mode(*models: Any) -> Iterator[None]:
     import torch
 
     saved = [
-        (m, [(sub, sub.training) for sub in m.modules()])
+        (m, [(sub, sub.training) for sub in _tree(m)])
         for m in models
         if isinstance(m, torch.nn.Module)
     ]
@@ -171,6 +171,22 @@ def _eval_mode(*models: Any) -> Iterator[None]:
             for sub, flag in flags:
                 if sub.training is not flag:  # only what changed (a setattr each, issue 19)
                     sub.training = flag
+
+
+def _tree(model: Any) -> list[Any]:
+    """Every module of ``model``'s tree once: the modules ``eval()``/``train()`` reach.
+
+    ``train`` recurses through ``children()`` (the ``_modules`` dicts); this walks them with
+    an identity set, the set ``Module.modules()`` yields without building its dotted names
+    (issue 19: 301 modules ≈ 0.05 ms instead of ≈ 0.13 ms).
+    """
+    out, seen = [model], {id(model)}
+    for module in out:  # grows while walked: breadth first
+        for sub in module._modules.values():
+            if sub is not None and id(sub) not in seen:
+                seen.add(id(sub))
+                out.append(sub)
+    return out
 
 
 def _all_eval(flags: list[tuple[Any, bool]]) -> bool:
