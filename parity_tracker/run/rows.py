@@ -30,7 +30,7 @@ class ModuleRows:
         cols = check.to_columns()
         self.num_rows = n = len(check.results)
         cols["run_id"] = [run_id] * n
-        cols["dump_path"] = [artifact_path(p) for p in cols["dump_path"]]
+        cols["dump_path"] = [artifact_path(p) if p else p for p in cols["dump_path"]]
         if error:
             absent, note = unreached_note(error)
             cols["message"] = [
