@@ -69,7 +69,7 @@ from parity_tracker.compare.pairing import (
     order_key,
     resolve,
     structure_differences,
-    tag_result,
+    tag_results,
     verdict_rows,
 )
 from parity_tracker.compare.results import (
@@ -440,15 +440,16 @@ def _assemble(self: TensorChecker, mode: str, resolved, dump_mode, dump_path) ->
     ordered = sorted(resolved, key=lambda x: order_key(x[0]))
     plan = dump_plan(DumpMode(dump_mode), ordered)
     paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
-    results = [tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
+    results = tag_results(self._log, ordered, paths)
     results += never_called(self._log, mode)
-    rows = verdict_rows(results)  # read by both rules below, built once
+    failing = [i for i, r in enumerate(results) if is_failing(r.comparison.status)]
+    rows = verdict_rows(results, failing)  # both rules read failing rows only; built once
     return CheckResult(
         results=results,
         weights=[r for r in results if r.kind in WEIGHT_KINDS],
         first_divergence=first_divergence(results, rows),
         structure_differences=structure_differences(results, rows),
-        passed=not any(r.failed for r in results),
+        passed=not failing,
         mode=mode,
         dump_dir=dump_dir,
     )

@@ -446,9 +446,13 @@ def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
     return False
 
 
-def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
-    """The :class:`TagResult` of a resolved group."""
-    ref_i = reference_index(g)
+def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths, hit: Any = ...) -> TagResult:
+    """The :class:`TagResult` of a resolved group.
+
+    ``hit``: ``cache_hit(log, g)`` when the caller already knows it (``None`` for every group
+    of a log without cache marks, :func:`tag_results`); by default it is asked here.
+    """
+    ref_i = g.ref_index
     return TagResult._fast(  # every field, in field order
         {
             "tag": g.tag,
@@ -456,14 +460,26 @@ def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
             "kind": g.kind,
             "slot": g.slot,
             "call_index": g.call_index,
-            "exec_order": g.captures[ref_i].exec_order,
+            "exec_order": g.captures[reference_index(g) if ref_i is None else ref_i].exec_order,
             "step": g.step,
-            "cache_hit": cache_hit(log, g),
+            "cache_hit": cache_hit(log, g) if hit is ... else hit,
             "comparison": comp,
             "dump_paths": tuple(paths),
             "n_tensors": n,
         }
     )
+
+
+def tag_results(log: Any, ordered: list[tuple[Any, Comparison, int]], paths) -> list[TagResult]:
+    """:func:`tag_result` of each resolved ``(group, comparison, n)``, in order.
+
+    ``paths``: ``{id(group): dump paths}``. A log without cache marks gives every result
+    ``cache_hit`` ``None`` (what :func:`cache_hit` answers), asked once for all (issue 19).
+    """
+    hit = ... if log.cache_hits else None
+    empty = ()
+    get = paths.get
+    return [tag_result(log, g, comp, n, get(id(g), empty), hit) for g, comp, n in ordered]
 
 
 def never_called(log: Any, mode: str) -> list[TagResult]:
@@ -506,29 +522,39 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
-    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
+def verdict_rows(
+    results: list[TagResult], indices: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index).
+
+    ``indices``: only the results at these positions (in this order), e.g. the failing ones:
+    both rules read only failing rows (a first divergence is failing, ``is_divergence``; a
+    structure difference's status is in ``STRUCTURAL`` ⊂ ``FAILING``) and break ties by row
+    order, which a subsequence keeps, so their answers are the same (issue 19: a passing run
+    builds no row).
+    """
     return [
         {
-            "status": r.status,
+            "status": (r := results[i]).status,
             "kind": r.kind,
             "cache_hit": r.cache_hit,
             "step": r.step,
             "exec_order": r.exec_order,
             "index": i,
         }
-        for i, r in enumerate(results)
+        for i in (range(len(results)) if indices is None else indices)
     ]
 
 
 def first_divergence(results: list[TagResult], rows: list[dict] | None = None) -> TagResult | None:
     """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule.
 
-    ``rows``: ``verdict_rows(results)`` when the caller already built them (issue 19: once
-    per check for this and :func:`structure_differences`).
+    ``rows``: ``verdict_rows(results)`` (or of the failing results only) when the caller
+    already built them (issue 19: once per check for this and :func:`structure_differences`).
     """
-    i = first_divergence_index(verdict_rows(results) if rows is None else rows)
-    return None if i is None else results[i]
+    rows = verdict_rows(results) if rows is None else rows
+    i = first_divergence_index(rows)
+    return None if i is None else results[rows[i]["index"]]
 
 
 def structure_differences(
