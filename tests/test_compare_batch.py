@@ -210,7 +210,7 @@ def test_checker_bulk_path_matches_the_per_pair_path(monkeypatch, mode, noise, n
             monkeypatch.setattr(holder_module, "PENDING_BYTES", 0)
         checker = TensorChecker(verbose=False, eager_mode=mode, on_compared=seen)
         _run(checker, noise, nan)
-        held = len(checker._hold.pending)
+        held = len(checker._hold.held)
         rows = checker.check(mode).to_rows()
         monkeypatch.undo()
         return rows, sorted(calls, key=repr), held
@@ -233,14 +233,19 @@ def test_checker_bulk_path_flushes_within_its_byte_bound(monkeypatch):
     flush = holder_module.Holder.flush
 
     def tracking(self):
-        seen_bytes.append(self.pending_bytes)
+        seen_bytes.append(self.held.nbytes)
         flush(self)
 
     monkeypatch.setattr(holder_module.Holder, "flush", tracking)
-    checker = TensorChecker(verbose=False, eager_mode="equal", max_resident_bytes=16 * 1024)
+    budget = 160 * 1024
+    checker = TensorChecker(verbose=False, eager_mode="equal", max_resident_bytes=budget)
     _run(checker, 0.0, False)
     result = checker.check("equal")
     assert result.passed
-    limit = 16 * 1024 / 16  # max_resident_bytes / 16
-    assert len(seen_bytes) > 2  # flushed before the check too
-    assert max(seen_bytes) <= limit
+    assert len(seen_bytes) > 2  # flushed during the run, then at the check
+    assert max(seen_bytes) <= budget / 16  # the bound: max_resident_bytes / 16
+    # a bound below two of the largest sides held: nothing is held, every pair compared at once
+    small = TensorChecker(verbose=False, eager_mode="equal", max_resident_bytes=16 * 1024)
+    _run(small, 0.0, False)
+    assert len(small._hold.held) == 0
+    assert small.check("equal").passed

@@ -16,13 +16,7 @@ import torch
 
 from parity_tracker.capture.modules import Capture, Group
 from parity_tracker.capture.store import Spilled
-from parity_tracker.compare.batch import (
-    PENDING_BYTES,
-    PENDING_PAIRS,
-    bulk_eligible,
-    compare_small,
-    private_copy,
-)
+from parity_tracker.compare.batch import BULK_MAX_BYTES, PENDING_BYTES, PENDING_PAIRS, HeldPairs
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
@@ -42,15 +36,13 @@ class Holder:
     def __init__(self, checker: Any) -> None:  # the TensorChecker facade that owns it
         self.c = checker
         self.eager_first: dict[bool, Group] = {}
-        #: small eager pairs held for the bulk comparison: (group, candidate index, ref, cand)
-        self.pending: list[tuple[Group, int, torch.Tensor, torch.Tensor]] = []
-        self.pending_bytes = 0
+        #: small eager pairs held for the bulk comparison, keyed (group, candidate index)
+        self.held = HeldPairs()
 
     def reset(self) -> None:
         """Forget the state of a round (held pairs dropped: their captures are being cleared)."""
         self.eager_first = {}
-        self.pending = []
-        self.pending_bytes = 0
+        self.held = HeldPairs()
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
@@ -144,58 +136,55 @@ class Holder:
 
         Only pairs whose record cannot depend on the moment of comparison: ``equal`` /
         ``allclose`` without ``align`` or a dump (the dump plan reads each verdict at once),
-        :func:`~parity_tracker.compare.batch.bulk_eligible`, and sides that
-        ``Snapshotter.verified`` would pass now whatever the comparison (no copy-on-write
-        snapshot, no pinned parameter written since its capture): that check is made here,
-        at the time the per-pair path makes it. Each side is held as a private copy (the live
-        side may be written after this call; the held snapshot is released now, as on the
+        that ``HeldPairs.add`` holds (small plain CPU tensors of one dtype and shape), and
+        whose sides ``Snapshotter.verified`` would pass now whatever the comparison (no
+        copy-on-write snapshot, no pinned parameter written since its capture): that check is
+        made here, when the per-pair path makes it. ``HeldPairs.add`` copies both sides' bytes
+        now (the live side may be written later; the held snapshot is released now, as on the
         per-pair path). Held bytes (both sides): at most ``min(PENDING_BYTES,
-        max_resident_bytes / 16)`` and :data:`PENDING_PAIRS` pairs; past that, the held pairs
-        are compared first. Cost: two copies of at most ``compare.batch.BULK_MAX_BYTES`` each.
+        max_resident_bytes / 16)``, and :data:`PENDING_PAIRS` pairs; past that, the held pairs
+        are compared first.
         """
         c = self.c
         if c.eager_mode not in _BULK_MODES or c.align is not None:
             return False
-        if c.dump_mode is not DumpMode.NOT or not bulk_eligible(ref, cand):
+        if c.dump_mode is not DumpMode.NOT:
             return False
         snap = c._snap
         if snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None:
             return False
         if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
             return False
-        nbytes = 2 * ref.numel() * ref.element_size()
         limit = min(PENDING_BYTES, c.max_resident_bytes / 16)
-        if nbytes > limit:
+        if limit < 2 * BULK_MAX_BYTES:  # a bound too small to hold a pair
             return False
-        if self.pending_bytes + nbytes > limit or len(self.pending) >= PENDING_PAIRS:
-            self.flush()
-        # both sides copied: the live side may be written later, and the held snapshot is
-        # released now as on the per-pair path (its store entry and memory go with it)
-        self.pending.append((g, cand_i, private_copy(ref), private_copy(cand)))
-        self.pending_bytes += nbytes
-        return True
+        if self.held.nbytes + 2 * BULK_MAX_BYTES > limit or len(self.held) >= PENDING_PAIRS:
+            self.flush()  # the next pair could pass the bound: compare the held ones first
+        return self.held.add((g, cand_i), g.tag, ref, cand)
 
     def flush(self) -> None:
         """Compare the held pairs in bulk and record each verdict in its group (``g.pairs``).
 
-        Identical pairs get their record from ``compare.batch.compare_small``; the others (or
-        all, should the bulk step fail) are compared one by one as the per-pair path does
-        (``PairComparer.compare_alone``). ``on_compared`` is told of every pair, with the held
-        values (the captured values), in the order the pairs were held.
+        Identical pairs get their record from ``HeldPairs.compare``; the others (or all,
+        should the bulk step fail) are compared one by one on their held values as the
+        per-pair path does (``PairComparer.compare_alone``). ``on_compared`` is told of every
+        pair, with the held values, in the order the pairs were held; a callback with a
+        ``statuses`` attribute only of pairs of those statuses (``PairComparer``).
         """
-        pending, self.pending, self.pending_bytes = self.pending, [], 0
-        if not pending:
+        held, self.held = self.held, HeldPairs()
+        if not len(held):
             return
         c = self.c
         mode, tol, pairs = c.eager_mode, c._eager_tol, c._pairs
         try:
-            refs, cands = [p[2] for p in pending], [p[3] for p in pending]
-            comps = compare_small(refs, cands, [p[0].tag for p in pending], mode, tol)
+            comps = held.compare(mode, tol)
         except Exception:  # never lose a pair: each is compared alone below
-            comps = [None] * len(pending)
-        for (g, cand_i, ref, cand), comp in zip(pending, comps, strict=True):
+            comps = [None] * len(held)
+        told = pairs.on_compared
+        statuses = getattr(told, "statuses", None)
+        for i, ((g, cand_i), comp) in enumerate(zip(held.keys, comps, strict=True)):
             if comp is None:
-                comp = pairs.compare_alone(g.tag, ref, cand, mode, tol, g.step)
-            else:
-                pairs.tell(g.tag, g.step, ref, cand, comp)
+                comp = pairs.compare_alone(g.tag, *held.tensors(i), mode, tol, g.step)
+            elif told is not None and (statuses is None or comp.status in statuses):
+                pairs.tell(g.tag, g.step, *held.tensors(i), comp)
             g.pairs[cand_i] = comp

@@ -85,6 +85,9 @@ class PairComparer:
         on_compared: ``on_compared(tag, step, reference, candidate, comparison)``, called after
             every comparison of two tensors (reused verdicts included) with the pair as
             compared (after ``align``); the run stage keeps the worst pair's histogram this way.
+            A callback with a ``statuses`` attribute (a set of statuses) declares that it acts
+            only on pairs of those statuses: the checker's bulk path (``capture.holder``) then
+            skips building the tensors of the others and does not call it for them.
     """
 
     def __init__(
