@@ -160,7 +160,10 @@ class Holder:
             return False
         if self.held.nbytes + 2 * BULK_MAX_BYTES > limit or len(self.held) >= PENDING_PAIRS:
             self.flush()  # the next pair could pass the bound: compare the held ones first
-        return self.held.add((g, cand_i), g.tag, ref, cand)
+        try:
+            return self.held.add((g, cand_i), g.tag, ref, cand)
+        except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it
+            return False
 
     def flush(self) -> None:
         """Compare the held pairs in bulk and record each verdict in its group (``g.pairs``).
