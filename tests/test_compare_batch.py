@@ -23,6 +23,7 @@ from parity_tracker.capture import holder as holder_module
 from parity_tracker.compare import batch
 from parity_tracker.compare.batch import bulk_eligible, compare_small
 from parity_tracker.compare.core import compare_tensors
+from parity_tracker.compare.finite import DOT_FINITE_MIN, _all_finite
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
@@ -249,3 +250,19 @@ def test_checker_bulk_path_flushes_within_its_byte_bound(monkeypatch):
     _run(small, 0.0, False)
     assert len(small._hold.held) == 0
     assert small.check("equal").passed
+
+
+@pytest.mark.parametrize("dtype", (np.float32, np.float64))
+@pytest.mark.parametrize("n", (1, 2, 7, 16, 64, 255, DOT_FINITE_MIN - 1))
+def test_small_arrays_take_the_vdot_proof_and_stay_exact(n, dtype):
+    """Below DOT_FINITE_MIN the sum of squares is ``numpy.vdot``: same answers as ``isfinite``."""
+    base = np.random.default_rng(n).standard_normal(n).astype(dtype)
+    if n % 2:  # 2-D too: vdot reads any shape flat
+        base = base.reshape(-1, 1)
+    assert _all_finite(torch.from_numpy(base)) is True
+    for bad in (np.nan, np.inf, -np.inf, np.finfo(dtype).max):  # the last: finite, square inf
+        for i in sorted({*range(min(n, 64)), *range(max(n - 64, 0), n), n // 2}):
+            a = base.copy().reshape(-1)
+            a[i] = bad
+            want = bool(np.isfinite(a).all())
+            assert _all_finite(torch.from_numpy(a.reshape(base.shape))) is want, (bad, i)
