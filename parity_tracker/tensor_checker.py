@@ -21,8 +21,9 @@ Two capture paths give identical results:
 - deferred (default): every tensor is detached and cloned at capture and compared in
   ``check``;
 - eager (``eager_mode="equal"`` or ``"allclose"``, the low-memory path of ``run_parity``): when
-  the second side's tensor of a tag arrives it is compared at once, without cloning it, and
-  the reference's snapshot is released unless a planned dump needs it.
+  the second side's tensor of a tag arrives it is compared at once, without cloning it (a small
+  pair: both copied, compared in bulk at ``check``, ``compare.batch``), and the reference's
+  snapshot is released unless a planned dump needs it.
 
 The memory bound: on the eager path the reference runs first, so its snapshots wait for the
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot storage
@@ -197,7 +198,7 @@ class TensorChecker(SpillCounters):
     # ------------------------------------------------------------------ state
     def _reset(self) -> None:
         self._log.reset()
-        self._hold.eager_first = {}
+        self._hold.reset()
         self._pairs.clear()
         self._snap.clear()
         self._store.clear()
@@ -485,6 +486,7 @@ def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):
 
 def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison, int]]:
     """Every group with a value, resolved to its comparison (eager verdicts reused)."""
+    self._hold.flush()  # the small eager pairs held for the bulk comparison (compare.batch)
     ref_side = self._log.reference_side()
     out = []
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked

@@ -85,6 +85,9 @@ class PairComparer:
         on_compared: ``on_compared(tag, step, reference, candidate, comparison)``, called after
             every comparison of two tensors (reused verdicts included) with the pair as
             compared (after ``align``); the run stage keeps the worst pair's histogram this way.
+            A callback with a ``statuses`` attribute (a set of statuses) declares that it acts
+            only on pairs of those statuses: the checker's bulk path (``capture.holder``) then
+            skips building the tensors of the others and does not call it for them.
     """
 
     def __init__(
@@ -135,7 +138,7 @@ class PairComparer:
         key = self._key(tag, ref, cand, mode, tol)
         hit = self._cache.get(key) if key is not None else None
         if hit is not None and self._reusable(hit, key, ref, cand):
-            self._tell(tag, step, ref, cand, hit[3])
+            self.tell(tag, step, ref, cand, hit[3])
             return hit[3]
         try:
             if self.align is not None:
@@ -150,7 +153,7 @@ class PairComparer:
         if key is not None:
             digests = (self._digest(ref, comp), self._digest(cand, comp))
             self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp, digests)
-        self._tell(tag, step, ref, cand, comp)
+        self.tell(tag, step, ref, cand, comp)
         return comp
 
     def _digest(self, t: torch.Tensor, comp: Comparison) -> int | None:
@@ -169,7 +172,25 @@ class PairComparer:
             return None
         return storage_digest(t)
 
-    def _tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+    def compare_alone(
+        self, tag: str, ref: torch.Tensor, cand: torch.Tensor, mode: str, tol: Tolerances, step=0
+    ) -> Comparison:
+        """Compare two tensors as :meth:`compare` does, without its cache and without ``align``.
+
+        For pairs held privately by the caller (``capture.holder``'s bulk path: copies nobody
+        else has, so no reuse is possible); ``on_compared`` is told as in :meth:`compare`.
+        """
+        try:
+            comp = compare_tensors(ref, cand, mode=mode, tag=tag, tolerances=tol)
+        except Exception as exc:  # a pair that cannot be compared never aborts the check
+            return Comparison(
+                status="error", mode=mode, message=f"{tag}: {type(exc).__name__}: {exc}"
+            )
+        self.tell(tag, step, ref, cand, comp)
+        return comp
+
+    def tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+        """Call ``on_compared(tag, step, ref, cand, comp)`` when one was given."""
         if self.on_compared is not None:
             self.on_compared(tag, step, ref, cand, comp)
 
