@@ -92,6 +92,27 @@ def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     )
 
 
+def _small_plain(t: torch.Tensor) -> bool:
+    """A plain contiguous non-empty CPU tensor of a numpy dtype under :data:`COW_MIN_BYTES`.
+
+    One check for :meth:`Snapshotter.take`'s common case (issue 19): such a tensor is
+    :func:`~parity_tracker.compare.hashing.digestible`, not copy-on-write eligible, not
+    permuted and requires no grad (cloned as it is).
+    """
+    return (
+        type(t) is torch.Tensor
+        and _DATA_ADDRESS is not None
+        and t.is_cpu
+        and not t.requires_grad
+        and t.dtype in _NUMPY_DTYPES
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and 0 < t.numel() * t.element_size() < COW_MIN_BYTES
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
 def _permuted(t: torch.Tensor) -> bool:
     """A plain strided, non-quantized tensor that is not contiguous (copied in C order)."""
     return (
@@ -181,6 +202,8 @@ class Snapshotter:
         copy = self._reusable(key, t, version)
         if copy is not None:
             return copy
+        if version is not None and _small_plain(t):  # most captures: checks made in one step
+            return self._take_small(key, t)
         # a detached copy records no autograd graph; a plain tensor that requires no grad is
         # cloned as it is (the same copy, without the detached alias: issue 19)
         src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
@@ -195,6 +218,25 @@ class Snapshotter:
         self._own(copy)
         if version is not None and digestible(t):
             self._remember(key, t, version, copy)
+        return copy
+
+    def _take_small(self, key: int, t: torch.Tensor) -> torch.Tensor:
+        """:meth:`take`'s clone of a :func:`_small_plain` ``t`` (no earlier copy to reuse).
+
+        The same copy and reuse entry as the general path, without its re-checks: ``t`` is
+        not copy-on-write eligible (under :data:`COW_MIN_BYTES`), not permuted, digestible,
+        and its clone has its strides (so the copy's digest is the source's: no
+        ``source_digest``).
+        """
+        copy = t.clone()
+        self._own(copy)
+        try:
+            ref = weakref.ref(t, self._forget(key))
+        except TypeError:  # an object that refuses weak references gets no reuse
+            return copy
+        stride = t.stride()
+        layout = (_DATA_ADDRESS(t), t.storage_offset(), tuple(t.shape), stride, t.dtype, t.device)
+        self._seen[key] = _Entry(ref, t._version, layout, weakref.ref(copy))
         return copy
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
@@ -438,11 +480,12 @@ class SnapshotStore(BoundedStore):
     def admit(self, copy: torch.Tensor, cap: Any) -> None:  # type: ignore[override]
         """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
         key = id(copy)
-        entry = self.get(key)
-        if entry is not None and entry.ref() is copy:
-            entry.caps.append(cap)  # a snapshot shared with an earlier capture counts once
-            return
-        self.discard(key)  # a stale entry under a reused id
+        held = self._resident.get(key)  # (nbytes, _Held): one look-up (issue 19)
+        if held is not None:
+            if held[1].ref() is copy:
+                held[1].caps.append(cap)  # a snapshot shared with an earlier capture counts once
+                return
+            self.discard(key)  # a stale entry under a reused id
         entry = _Held(weakref.ref(copy, self._gone(key)), cap)
         nbytes = copy.untyped_storage().nbytes()
         if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
