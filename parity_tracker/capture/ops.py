@@ -34,6 +34,7 @@ from parity_tracker.capture.op_store import (
     _capturable,
     _own,
     _ptr,
+    guarded,
 )
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
@@ -422,10 +423,14 @@ class SideRecorder:
         seq = next(self.seq)
         held = []
         for i, t, p in new:
-            t = _own(t)  # same storage (a wrapper subclass's copy: 0 like its original)
-            held.append((i, self.store.hold(t, ptr=p), t.storage_offset()))
+            # the output itself with its content hash (checked when compared), or a private
+            # copy (another device, a wrapper subclass: no storage address, ``_ptr`` 0)
+            kept, digest = guarded(t)
+            off = t.storage_offset()
+            h = self.store.hold(kept, ptr=p if digest is not None else None, digest=digest)
+            held.append((i, h, off))
             if p:
-                self.producers[p] = (seq, i, t.storage_offset())
+                self.producers[p] = (seq, i, off)
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
         spec = arg_spec(args, kwargs)
