@@ -313,5 +313,16 @@ class OpSession(SpillCounters):
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` without the comparer's private keys (those starting with ``_``)."""
-    return {k: v for k, v in row.items() if not k.startswith("_")}
+    """``row`` without the comparer's private keys (those starting with ``_``).
+
+    Issue 19: a copy less the three private keys ``localize.op_compare`` sets (``_PRIVATE``)
+    instead of a test per key.
+    """
+    public = row.copy()
+    for key in _PRIVATE:
+        public.pop(key, None)
+    return public
+
+
+#: every private key of the comparer's rows (``OpComparer._compare_event``, ``_manual_row``)
+_PRIVATE = ("_cand_seq", "_ref_seq", "_out")

@@ -264,7 +264,23 @@ class DispatchRecorder(TorchDispatchMode):
         self.failure = failure if failure is not None else CaptureFailure()
         self._on_op = self.failure.guard(side.on_op)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo`` here.
+
+        Issue 19: that wrapper (two Python frames and three ``set_eval_frame`` calls per op)
+        only matters while a Dynamo frame callback is installed (a ``torch.compile``d region
+        running); ``__torch_dispatch__`` checks for one itself (one C call, ≈ 30 ns) and only
+        then goes through the wrapped form (``_dynamo_off``).
+        """
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _eval_frame_callback() is not None:  # inside a compiled region: as torch does
+            return _dynamo_off(self, func, types, args, kwargs)
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
         kwargs = kwargs or {}
         if _is_suspended() or self.failure.error is not None:
             return func(*args, **kwargs)
@@ -287,6 +303,22 @@ class DispatchRecorder(TorchDispatchMode):
         if not (info.view_only and isinstance(out, torch.Tensor)):
             self._on_op(info, args, kwargs, out, before)
         return out
+
+
+def _raw_dispatch(self: DispatchRecorder, func, types, args=(), kwargs=None):
+    return self._dispatch(func, args, kwargs)
+
+
+_EVAL_FRAME = torch._C._dynamo.eval_frame
+_eval_frame_callback = _EVAL_FRAME.get_eval_frame_callback
+#: what ``TorchDispatchMode.__init_subclass__`` would have installed (torch's own wrapper)
+_dynamo_off = torch._disable_dynamo(_raw_dispatch, recursive=True)
+# Dynamo never converts the checking frame itself (``torch._dynamo.eval_frame.skip_code``,
+# without importing ``torch._dynamo``); the frames it calls run with Dynamo off.
+_EVAL_FRAME.set_code_exec_strategy(
+    DispatchRecorder.__torch_dispatch__.__code__,
+    _EVAL_FRAME._FrameExecStrategy(_EVAL_FRAME._FrameAction.SKIP, _EVAL_FRAME._FrameAction.DEFAULT),
+)
 
 
 class SideRecorder:
