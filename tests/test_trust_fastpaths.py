@@ -197,29 +197,34 @@ def test_op_output_written_through_numpy_after_capture_never_equal():
 class _SubWrite(nn.Module):
     """``sub`` then, in the same module call, its output written through numpy (or not)."""
 
-    def __init__(self, first: float, write: bool) -> None:
+    def __init__(self, first: float, write: bool, transposed: bool) -> None:
         super().__init__()
         offset = torch.zeros(N_COW)
         offset[0] = first
-        self.register_buffer("offset", offset)
-        self.write = write
+        self.register_buffer("offset", offset.view(256, 128) if transposed else offset)
+        self.write, self.transposed = write, transposed
 
     def forward(self, x):
-        y = torch.sub(x, self.offset)
+        if self.transposed:  # sub keeps the inputs' strides: a dense, non-contiguous output
+            y = torch.sub(x.view(256, 128).t(), self.offset.t())
+        else:
+            y = torch.sub(x, self.offset)
         if self.write:
-            y.numpy()[0] += 1.0
+            y.numpy()[(0,) * y.dim()] += 1.0  # y[0] / y[0, 0]: the first element in memory
         return torch.mul(y, 2.0)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("side", ["reference", "candidate"])
-def test_op_output_rewritten_to_the_other_sides_value_is_an_error(side):
+def test_op_output_rewritten_to_the_other_sides_value_is_an_error(side, transposed):
     """One side's sub gives x − (−1) at [0], the other's x − 0 and then writes +1 through
     numpy inside the same module call: the held outputs read x[0] + 1 on both sides, but the
     ops produced values differing by 1 at [0]. Main said ``equal``; the bytes changed after the
     op, so the row is an ``error`` naming the side (and mul, computed after the write on both
-    sides, stays ``equal``: (x[0] + 1) · 2 both)."""
+    sides, stays ``equal``: (x[0] + 1) · 2 both). ``transposed``: the output is dense but not
+    contiguous (held with a storage-order digest)."""
     x = torch.randn(N_COW, generator=torch.Generator().manual_seed(6))
-    plain, written = _SubWrite(-1.0, False), _SubWrite(0.0, True)
+    plain, written = _SubWrite(-1.0, False, transposed), _SubWrite(0.0, True, transposed)
     ref, cand = (written, plain) if side == "reference" else (plain, written)
     result = run_parity(
         ref, cand, inputs=(x,), mode="equal", dump_mode=DumpMode.NOT, capture_ops=True

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
-from parity_tracker.compare.hashing import content_hash_in_place
+from parity_tracker.compare.hashing import content_hash_in_place, digestible, storage_digest
 
 
 def _capturable(t: Any) -> bool:
@@ -75,15 +75,23 @@ def guarded(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     another device (hashing it would copy it to the CPU) or a wrapper subclass (no storage of
     its own) is held as a private copy instead, which nobody else can write: no hash.
 
+    A dense CPU output that is not contiguous (an elementwise op on a transposed input keeps
+    its strides) is hashed in storage order instead
+    (:func:`~parity_tracker.compare.hashing.storage_digest`, an ``int``, no contiguous copy),
+    and checked by hashing it again the same way.
+
     Returns:
-        ``(tensor, digest)``: ``t`` detached with its hash, or a private copy and None.
+        ``(tensor, digest)``: ``t`` detached with its hash (``str``: the comparison's
+        ``content_hash``; ``int``: a storage digest), or a private copy and None.
     """
     if type(t) is not _TENSOR and is_traceable_wrapper_subclass(t):
         return t.detach().clone(), None
     t = t.detach()
-    if t.is_cpu:
-        return t, content_hash_in_place(t)
-    return _flat_span(t).clone().as_strided(tuple(t.shape), t.stride(), 0), None
+    if not t.is_cpu:
+        return _flat_span(t).clone().as_strided(tuple(t.shape), t.stride(), 0), None
+    if not t.is_contiguous() and digestible(t):
+        return t, storage_digest(t)
+    return t, content_hash_in_place(t)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -116,9 +124,9 @@ class Held:
 
     def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
         self.id = hid
-        #: ``content_hash`` of the tensor when it was held (:func:`guard`); None: a private
-        #: copy nobody else can write, so nothing to check
-        self.digest: str | None = None
+        #: the tensor's hash when it was held (:func:`guarded`: ``str`` its ``content_hash``,
+        #: ``int`` its ``storage_digest``); None: a private copy nobody else can write
+        self.digest: str | int | None = None
         self.tensor: torch.Tensor | None = tensor
         self.counted = counted
         self.spilled: Spilled | None = None
@@ -156,7 +164,7 @@ class OpStore(BoundedStore):
         *,
         counted: bool = True,
         ptr: int | None = None,
-        digest: str | None = None,
+        digest: str | int | None = None,
     ) -> Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled).
 

@@ -25,7 +25,7 @@ from parity_tracker.capture.op_store import Held, OpStore
 from parity_tracker.capture.ops import OpEvent, OpFrame, suspended
 from parity_tracker.capture.tags import op_call_base, op_output_tag, op_tag
 from parity_tracker.compare import Comparison, compare_tensors
-from parity_tracker.compare.hashing import content_hash_in_place
+from parity_tracker.compare.hashing import content_hash_in_place, storage_digest
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
@@ -330,11 +330,18 @@ def _intact(cmp: Comparison, rh: Held, ch: Held, tag: str) -> Comparison:
     (``capture.op_store.guarded``); a write that bypassed dispatch since (a ``.numpy()`` or
     DLPack view, ctypes) changed it unseen. The comparison hashed what it compared
     (``Comparison.ref_hash``/``cand_hash``, the same ``content_hash``); only when that hash is
-    missing or differs (a path that hashed converted values) is the held tensor hashed again.
+    missing or differs (a path that hashed converted values), or the held hash is a storage
+    digest (a dense non-contiguous output), is the held tensor hashed again.
     Issue 13: never report equal for contents that differ.
     """
     for side, h, hashed in (("reference", rh, cmp.ref_hash), ("candidate", ch, cmp.cand_hash)):
-        if h.digest is None or hashed == h.digest or content_hash_in_place(h.get()) == h.digest:
+        held = h.digest
+        if held is None or hashed == held:
+            continue
+        if isinstance(held, int):  # a dense non-contiguous output: hashed in storage order
+            if storage_digest(h.get()) == held:
+                continue
+        elif content_hash_in_place(h.get()) == held:
             continue
         return Comparison(
             status="error",
