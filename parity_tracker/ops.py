@@ -307,7 +307,11 @@ class OpSession(SpillCounters):
 
     def _close(self, side: SideRecorder, frame: OpFrame) -> None:
         # Called from module hooks while the dispatch mode is active: our own tensor work
-        # (reading spilled captures, comparisons) must not be recorded as ops.
+        # (reading spilled captures, comparisons) must not be recorded as ops. A reference
+        # frame is only kept (no tensor work; issue 19: no mode pop/push per module call).
+        if side.index == 0:
+            self._comparer.close_frame(0, frame)
+            return
         with suspended():
             self._comparer.close_frame(side.index, frame)
 
