@@ -27,7 +27,11 @@ input (views: ``transpose``, ``view``, ``expand``, ...; known from the schema's
 ``alias_info``) are skipped — a view is known by its base. In-place and ``out=`` ops are
 captured (they write new values into existing storage). Captures are *references*, not copies;
 before an in-place op writes into a storage that a capture still references, that capture is
-copied (copy-on-write), so each capture keeps the value its op produced.
+copied (copy-on-write), so each capture keeps the value its op produced. A write that bypasses
+dispatch (a ``.numpy()`` or DLPack view, ctypes) is not seen that way: each CPU capture is held
+with its xxh3 content hash taken when its op ran (``capture.op_store.guarded``; other devices:
+a private copy), and an output whose bytes no longer hash the same when compared is an
+``error`` row, never ``equal`` (issue 13).
 
 Lockstep and the memory bound: the reference side (``recording(0)``) runs first and its
 captures are kept for the session; the candidate side (``recording(1)``) is compared module call
