@@ -39,6 +39,17 @@ _len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _dispatch_stack_at = torch._C._get_dispatch_stack_at
 _pop_dispatch_stack = torch._C._pop_torch_dispatch_stack
 _push_dispatch_stack = torch._C._push_on_torch_dispatch_stack
+_EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+#: this torch lets the recorder check for a Dynamo frame callback itself (``DispatchRecorder``)
+_OWN_DYNAMO_CHECK = all(
+    hasattr(_EVAL_FRAME, name)
+    for name in (
+        "get_eval_frame_callback",
+        "set_code_exec_strategy",
+        "_FrameExecStrategy",
+        "_FrameAction",
+    )
+)
 
 
 class suspended:  # lower case: used as ``with suspended():`` (a function before issue 19)
@@ -271,9 +282,10 @@ class DispatchRecorder(TorchDispatchMode):
         Issue 19: that wrapper (two Python frames and three ``set_eval_frame`` calls per op)
         only matters while a Dynamo frame callback is installed (a ``torch.compile``d region
         running); ``__torch_dispatch__`` checks for one itself (one C call, ≈ 30 ns) and only
-        then goes through the wrapped form (``_dynamo_off``).
+        then goes through the wrapped form (``_dynamo_off``). A torch without those entry
+        points keeps its own wrapper.
         """
-        return False
+        return False if _OWN_DYNAMO_CHECK else super()._should_skip_dynamo()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _eval_frame_callback() is not None:  # inside a compiled region: as torch does
@@ -309,16 +321,22 @@ def _raw_dispatch(self: DispatchRecorder, func, types, args=(), kwargs=None):
     return self._dispatch(func, args, kwargs)
 
 
-_EVAL_FRAME = torch._C._dynamo.eval_frame
-_eval_frame_callback = _EVAL_FRAME.get_eval_frame_callback
 #: what ``TorchDispatchMode.__init_subclass__`` would have installed (torch's own wrapper)
 _dynamo_off = torch._disable_dynamo(_raw_dispatch, recursive=True)
-# Dynamo never converts the checking frame itself (``torch._dynamo.eval_frame.skip_code``,
-# without importing ``torch._dynamo``); the frames it calls run with Dynamo off.
-_EVAL_FRAME.set_code_exec_strategy(
-    DispatchRecorder.__torch_dispatch__.__code__,
-    _EVAL_FRAME._FrameExecStrategy(_EVAL_FRAME._FrameAction.SKIP, _EVAL_FRAME._FrameAction.DEFAULT),
-)
+if _OWN_DYNAMO_CHECK:
+    _eval_frame_callback = _EVAL_FRAME.get_eval_frame_callback
+    # Dynamo never converts the checking frame itself (``torch._dynamo.eval_frame.skip_code``,
+    # without importing ``torch._dynamo``); the frames it calls run with Dynamo off.
+    _EVAL_FRAME.set_code_exec_strategy(
+        DispatchRecorder.__torch_dispatch__.__code__,
+        _EVAL_FRAME._FrameExecStrategy(
+            _EVAL_FRAME._FrameAction.SKIP, _EVAL_FRAME._FrameAction.DEFAULT
+        ),
+    )
+else:  # torch wraps ``__torch_dispatch__`` itself
+
+    def _eval_frame_callback() -> None:
+        return None
 
 
 class SideRecorder:
