@@ -19,16 +19,19 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.hook_marks import mark_capture_hook
+from torch.utils.hooks import RemovableHandle
+
+from parity_tracker.capture.hook_marks import mark_capture_code
 from parity_tracker.capture.leaves import (
     PACKED,
     NonTensor,
     has_packed_params,
-    input_leaves,
+    input_names,
     output_leaves,
     own_tensors,
     packed_names,
     read_own,
+    value_leaves,
 )
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import (
@@ -39,7 +42,7 @@ from parity_tracker.capture.tags import (
     param_tag,
     root_name,
 )
-from parity_tracker.capture.training import training_mode_dependent
+from parity_tracker.capture.training import mode_dependence, training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.hashing import dtype_name
 
@@ -122,7 +125,11 @@ class CaptureLog:
         self.sides: set[int] = set()
         self.explicit_manual = False
         self.weights_done: set[tuple[int, str]] = set()
-        self.frames: dict[tuple[int, int], list[tuple[int, list[Group]]]] = {}
+        #: a new number per reset: the calls in progress (``_Site.frames``) and the "own
+        #: tensors all captured" marks (``_Site.own_done``) of an older epoch are stale
+        self.epoch = getattr(self, "epoch", 0) + 1
+        #: ``(side, id(module), name) -> _Site`` of the modules :meth:`pre_call` saw
+        self._sites: dict[tuple[int, int, str], _Site] = {}
         self.stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self.cache_hits: set[tuple[str, int, int | None]] = set()
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
@@ -166,11 +173,11 @@ class CaptureLog:
     def _record(self, tag, value, side, kind, module, slot, call_index, step) -> Group:
         """:meth:`capture` with every argument given by position (the hooks' path, issue 19)."""
         key = (tag, step)
-        group = self.groups.get(key)
+        groups = self.groups
+        group = groups.get(key)
         if group is None:
-            group = Group(tag, step, kind, module, slot, call_index, self.created)
+            group = groups[key] = Group(tag, step, kind, module, slot, call_index, self.created)
             self.created += 1
-            self.groups[key] = group
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
@@ -219,56 +226,104 @@ class CaptureLog:
         return next(i for i in range(len(used) + 1) if i not in used)
 
     def pre_call(self, side, name, mod, args, kwargs, own, root_handle) -> None:
-        """Forward pre-hook: open the call, capture its inputs and (first call) weights."""
-        if root_handle is not None:
-            self.stack.append((side, name))
-            self.ran.add(side)
-            self.called.setdefault(side, set())
-            root_handle.warn_training(mod)
-        else:
-            self.stack.append((side, name))
-        key = (side, self.step, name)
-        k = self.calls.get(key, 0)
-        self.calls[key] = k + 1
-        self.called.setdefault(side, set()).add(name)
-        base, record, step = call_base(name, k), self._record, self.step
-        groups = [
-            record(tag, leaf, side, "input", name, slot, k, step)
-            for tag, slot, leaf in input_leaves(base, args, kwargs)
-        ]
-        groups += self._capture_own(side, mod, own)
-        self.frames.setdefault((side, id(mod)), []).append((k, groups))
+        """Forward pre-hook: open the call, capture its inputs and (first call) weights.
 
-    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> list[Group]:
-        groups = []
-        for qname, owner, local, kind in own:
-            if (side, qname) in self.weights_done:
-                continue
-            value = read_own(mod, local, kind)
-            if value is None:
-                continue
-            self.weights_done.add((side, qname))
-            kind = "param" if kind == PACKED else kind
-            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
-        return groups
+        The generic entry (``capture.compiled`` replays its calls through it); the module
+        hooks of :func:`install` call :meth:`enter` with the module's :class:`_Site`.
+        """
+        key = (side, id(mod), name)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = _Site(side, name, own, root_handle, None)
+        site.own, site.root = own, root_handle
+        self.enter(site, mod, args, kwargs)
 
     def post_call(self, side, name, mod, output, all_own) -> None:
         """Forward hook: capture the outputs; the root also captures never-called weights."""
-        frames = self.frames.get((side, id(mod)))
+        site = self._sites.get((side, id(mod), name))
+        if site is not None:
+            site.all_own = all_own
+            self.leave(site, mod, output)
+
+    def enter(self, site: _Site, mod: torch.nn.Module, args: tuple, kwargs: dict | None) -> None:
+        """A hooked module's call starts: capture its inputs and (first call) own tensors."""
+        side, name, step = site.side, site.name, self.step
+        self.stack.append(site.key)
+        if site.root is not None:
+            self.ran.add(side)
+            site.root.warn_training(mod)
+        key = (side, step, name)
+        k = self.calls.get(key, 0)
+        self.calls[key] = k + 1
+        called = self.called.get(side)
+        if called is None:
+            called = self.called[side] = set()
+        called.add(name)
+        signature = (k, len(args), tuple(kwargs) if kwargs else ())
+        names = site.inputs.get(signature)
+        if names is None:  # tags of this call's inputs, formatted once per module (issue 19)
+            names = input_names(call_base(name, k), len(args), signature[2])
+            if len(site.inputs) < _SIGNATURES:
+                site.inputs[signature] = names
+        values = (*args, *kwargs.values()) if kwargs else args
+        record, groups = self._record, []
+        for (arg, tag, slot), value in zip(names, values, strict=True):
+            if value is None or isinstance(value, torch.Tensor):  # value_leaves' one leaf
+                groups.append(record(tag, value, side, "input", name, slot, k, step))
+                continue
+            leaves: list[tuple[str, str, Any]] = []
+            value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
+            for leaf_tag, leaf_slot, leaf in leaves:
+                groups.append(record(leaf_tag, leaf, side, "input", name, leaf_slot, k, step))
+        if site.own and site.own_done != self.epoch:
+            own, done = self._capture_own(side, mod, site.own)
+            groups += own
+            if done:  # every own tensor captured: later calls skip the lookups
+                site.own_done = self.epoch
+        site.frames.append((self.epoch, k, groups))
+
+    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> tuple[list[Group], bool]:
+        """Capture ``mod``'s own tensors not captured yet; also whether all now are."""
+        groups, done, all_done = [], self.weights_done, True
+        for qname, owner, local, kind in own:
+            if (side, qname) in done:
+                continue
+            value = read_own(mod, local, kind)
+            if value is None:
+                all_done = False
+                continue
+            done.add((side, qname))
+            kind = "param" if kind == PACKED else kind
+            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
+        return groups, all_done
+
+    def leave(self, site: _Site, mod: torch.nn.Module, output: Any) -> None:
+        """A hooked module's call returned: capture its outputs (the root: unused weights)."""
+        frames = site.frames
         if not frames:
             return  # hooked in the middle of this call
-        k, groups = frames.pop()
-        if all_own is None and self.stack and self.stack[-1] == (side, name):
+        epoch, k, groups = frames.pop()
+        if epoch != self.epoch:
+            return  # opened before a reset
+        side, name, step = site.side, site.name, self.step
+        if site.all_own is None and self.stack and self.stack[-1] == site.key:
             self.stack.pop()
-        base, record, step = call_base(name, k), self._record, self.step
-        outs = [
-            record(tag, leaf, side, "output", name, slot, k, step)
-            for tag, slot, leaf in output_leaves(base, output)
-        ]
+        if output is None or isinstance(output, torch.Tensor):  # output_leaves' one leaf
+            tag = site.outputs.get(k)
+            if tag is None:
+                tag = output_tag(call_base(name, k))
+                if len(site.outputs) < _SIGNATURES:
+                    site.outputs[k] = tag
+            outs = [self._record(tag, output, side, "output", name, "output", k, step)]
+        else:
+            outs = [
+                self._record(tag, leaf, side, "output", name, slot, k, step)
+                for tag, slot, leaf in output_leaves(call_base(name, k), output)
+            ]
         self.commit(outs + groups)
-        if all_own is not None:  # root: weights of modules the forward never called
-            for sub, own in all_own:
-                self.commit(self._capture_own(side, sub, own))
+        if site.all_own is not None:  # root: weights of modules the forward never called
+            for sub, own in site.all_own:
+                self.commit(self._capture_own(side, sub, own)[0])
 
     def root_done(self, side: int, name: str) -> None:
         """Always-called root hook: unwind the call stack, even after an exception."""
@@ -302,6 +357,11 @@ class HookHandle:
         self.root_name = ROOT_NAME
         self.explicit = False
         self._handles: list[Any] = []
+        #: ``(module, hook id)`` of the hooks :func:`install` wrote into a module's hook
+        #: dictionaries itself (the pre hook's id; the forward hook's is ``id + 1``)
+        self._direct: list[tuple[torch.nn.Module, int]] = []
+        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
+        self._named: list[tuple[str, torch.nn.Module]] | None = None
         self._warned = False
         self._model_name = type(model).__name__
 
@@ -309,7 +369,10 @@ class HookHandle:
         """Warn once when the hooked model runs mode-dependent modules in training mode."""
         if self._warned:
             return
-        found = training_mode_dependent(model)
+        if self._named is None:
+            found = training_mode_dependent(model)
+        else:  # training_mode_dependent over the modules listed at install (issue 19)
+            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
         if not found:
             return
         self._warned = True
@@ -334,6 +397,12 @@ class HookHandle:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mod, i in self._direct:  # what RemovableHandle.remove does for each (torch.utils.hooks)
+            mod._forward_pre_hooks.pop(i, None)
+            mod._forward_pre_hooks_with_kwargs.pop(i, None)
+            mod._forward_hooks.pop(i + 1, None)
+            mod._forward_hooks_with_kwargs.pop(i + 1, None)
+        self._direct.clear()
         if self in self.log.handles:
             self.log.handles.remove(self)
 
@@ -344,18 +413,50 @@ class HookHandle:
         self.remove()
 
 
-def _has_forward(mod: torch.nn.Module) -> bool:
+def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
     """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
 
     Also False for the holder of a packed quantized module's parameters
     (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
     ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
+    ``classes``: the memo of :func:`parity_tracker.capture.leaves.has_packed_params`.
     """
     if isinstance(mod, torch.jit.ScriptModule):
         return True
-    if has_packed_params(mod) and not packed_names(mod):
+    if type(mod).forward is torch.nn.Module.forward:
         return False
-    return type(mod).forward is not torch.nn.Module.forward
+    return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
+
+
+class _Site:
+    """One hooked module on one side: what its calls need, computed once (issue 19).
+
+    Attributes:
+        side, name: the side and the module's display name; ``key`` is ``(side, name)``.
+        own: the module's :func:`~parity_tracker.capture.leaves.own_tensors` entries.
+        root: the :class:`HookHandle` when this is the hooked root, else None.
+        all_own: the root's ``(module, own entries)`` of every module (else None).
+        frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
+        inputs: ``(call index, positional count, keywords) -> input_names(...)``.
+        outputs: call index -> the tag of a single-tensor output.
+        own_done: the log epoch in which every own tensor was captured.
+    """
+
+    __slots__ = ("side", "name", "key", "own", "root", "all_own", "frames", "inputs", "outputs")
+    __slots__ += ("own_done",)
+
+    def __init__(self, side: int, name: str, own: list, root: Any, all_own: list | None) -> None:
+        self.side, self.name, self.key = side, name, (side, name)
+        self.own, self.root, self.all_own = own, root, all_own
+        self.frames: list[tuple[int, int, list[Group]]] = []
+        self.inputs: dict[tuple[int, int, tuple[str, ...]], list[tuple[str, str, str]]] = {}
+        self.outputs: dict[int, str] = {}
+        self.own_done = 0  # epochs start at 1
+
+
+#: At most this many call signatures (and output tags) kept per module: a module called with
+#: ever new keyword names, or a thousand times per step, formats the rest each call.
+_SIGNATURES = 64
 
 
 def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
@@ -373,14 +474,22 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         return
     root = root_name(model)
     handle.root_name = root
-    own = own_tensors(model, root)
-    named = list(model.named_modules())  # each module once, as model.modules() lists them
-    all_own = [(m, own.get(id(m), [])) for _, m in named]
+    # one walk: named_modules() lists each module at its first name in the full walk (a module
+    # met again is skipped with all it holds, and everything it holds was met with it)
+    walk = list(model.named_modules(remove_duplicate=False))
+    classes: dict[type, bool] = {}
+    own = own_tensors(model, root, walk, classes)
+    first: dict[int, tuple[str, torch.nn.Module]] = {}
+    for n, m in walk:
+        first.setdefault(id(m), (n, m))
+    named = list(first.values())
+    handle._named = named
+    all_own = [(m, entries) for _, m in named if (entries := own.get(id(m)))]
     names: list[str] = []
     scripted: list[str] = []
     for raw_name, mod in named:
         is_root = mod is model
-        if not is_root and not _has_forward(mod):
+        if not is_root and not _has_forward(mod, classes):
             continue
         name = module_display_name(raw_name, root)
         if isinstance(mod, torch.jit.ScriptModule):
@@ -389,8 +498,11 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
                 f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
             )
             continue
+        site = _Site(handle.side, name, own.get(id(mod), []), handle if is_root else None, None)
+        if is_root:
+            site.all_own = all_own
         try:
-            _hook_one(mod, name, is_root, log, handle, own.get(id(mod), []), all_own)
+            _hook_one(mod, site, log, handle)
         except Exception as exc:  # a module that refuses hooks: reported, never absent
             handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
             continue
@@ -406,31 +518,80 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         )
 
 
-def _hook_one(mod, name, is_root, log, handle, entries, all_own) -> None:
+def _hooks(log: CaptureLog, site: _Site) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The pre and post hook of one module (marked as capture hooks by their code, below).
+
+    Outside any dispatch mode no op recorder can see the capture's own tensor work, so the
+    hooks enter :class:`~parity_tracker.capture.ops.suspended` only inside one (≈ 0.5 µs per
+    hook, issue 19).
+    """
+
+    def pre(m, args, kwargs):
+        if _dispatch_modes():
+            with suspended():
+                log.enter(site, m, args, kwargs)
+        else:
+            log.enter(site, m, args, kwargs)
+
+    def post(m, args, kwargs, output):
+        if _dispatch_modes():
+            with suspended():
+                log.leave(site, m, output)
+        else:
+            log.leave(site, m, output)
+
+    return pre, post
+
+
+def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
+    def done(m, args, kwargs, output):
+        log.root_done(side, name)
+
+    return done
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+# a golden/twin copy drops our hooks (capture.hook_marks): every closure made by these two
+# factories shares its code object, marked once here instead of an attribute per closure
+mark_capture_code(*_hooks(None, None), _root_done(None, 0, ""))  # type: ignore[arg-type]
+_PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
+_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+_DICTS += ("_forward_hooks", "_forward_hooks_with_kwargs")
+
+
+def _hook_one(mod: torch.nn.Module, site: _Site, log: CaptureLog, handle: HookHandle) -> None:
     """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
 
-    A module that refuses a hook raises here; the hooks already added for it are removed.
+    A module that refuses a hook raises here; the hooks already added for it are removed. A
+    module whose class keeps ``nn.Module``'s registration gets its hooks written into its hook
+    dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
+    ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``;
+    ids from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module
+    to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
+    ``RemovableHandle.remove`` would.
     """
-    s = handle.side
-
-    def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
-        with suspended():
-            log.pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
-
-    def post(m, args, kwargs, output, _n=name, _r=is_root):
-        with suspended():
-            log.post_call(s, _n, m, output, all_own if _r else None)
-
-    def done(m, args, kwargs, output, _n=name):
-        log.root_done(s, _n)
-
-    for fn in (pre, post, done):  # a golden/twin copy drops them (capture.hook_marks)
-        mark_capture_hook(fn)
+    pre, post = _hooks(log, site)
+    cls, d = type(mod), mod.__dict__
+    if (
+        site.root is None
+        and cls.register_forward_pre_hook is _PRE
+        and cls.register_forward_hook is _POST
+        and all(isinstance(d.get(k), dict) for k in _DICTS)
+    ):
+        i = RemovableHandle.next_id
+        RemovableHandle.next_id = i + 2
+        d["_forward_pre_hooks"][i] = pre
+        d["_forward_pre_hooks_with_kwargs"][i] = True
+        d["_forward_hooks"][i + 1] = post
+        d["_forward_hooks_with_kwargs"][i + 1] = True
+        handle._direct.append((mod, i))
+        return
     added = []
     try:
         added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         added.append(mod.register_forward_hook(post, with_kwargs=True))
-        if is_root:
+        if site.root is not None:
+            done = _root_done(log, site.side, site.name)
             added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
     except Exception:
         for h in added:  # no half-hooked module
