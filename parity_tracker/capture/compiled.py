@@ -117,7 +117,7 @@ def install_compiled(model: Any, log: Any, handle: Any) -> None:
         handle: the ``HookHandle`` that owns the hooks (its ``side``, ``root_name``,
             ``module_names`` are filled in).
     """
-    from parity_tracker.capture.modules import _has_forward
+    from parity_tracker.capture.hooks import _has_forward
 
     orig = model._orig_mod
     handle.recompiled = _discard_stale_code(model)

@@ -3,48 +3,41 @@
 :class:`CaptureLog` is the bookkeeping of one TensorChecker: the groups of captures by
 ``(tag, step)`` (:class:`Group`, :class:`Capture`), execution order per side, module calls per
 step, the call stack of the forwards in progress, cache-hit marks and the live hook handles.
-:func:`install` adds the forward hooks of one model (:class:`HookHandle`); each call records its
-inputs, outputs and (first call) the module's own weights under the tags of
-:mod:`parity_tracker.capture.tags`. Every tensor captured is handed to ``on_tensor`` (the
+:func:`parity_tracker.capture.hooks.install` adds the forward hooks of one model
+(:class:`~parity_tracker.capture.hooks.HookHandle`), each module with its :class:`ModuleSite`;
+each call records its inputs, outputs and (first call) the module's own weights under the tags
+of :mod:`parity_tracker.capture.tags`. Every tensor captured is handed to ``on_tensor`` (the
 checker keeps a snapshot, or compares it at once on the eager path).
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torch.utils.hooks import RemovableHandle
-
-from parity_tracker.capture.hook_marks import mark_capture_code
 from parity_tracker.capture.leaves import (
     PACKED,
     NonTensor,
-    has_packed_params,
     input_names,
     output_leaves,
-    own_tensors,
-    packed_names,
     read_own,
     value_leaves,
 )
-from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import (
     ROOT_NAME,
     call_base,
-    module_display_name,
     output_tag,
     param_tag,
-    root_name,
 )
-from parity_tracker.capture.training import mode_dependence, training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.hashing import dtype_name
+
+if TYPE_CHECKING:
+    from parity_tracker.capture.hooks import HookHandle
 
 
 @dataclass(slots=True)  # issue 19: no per-capture __dict__
@@ -125,11 +118,11 @@ class CaptureLog:
         self.sides: set[int] = set()
         self.explicit_manual = False
         self.weights_done: set[tuple[int, str]] = set()
-        #: a new number per reset: the calls in progress (``_Site.frames``) and the "own
-        #: tensors all captured" marks (``_Site.own_done``) of an older epoch are stale
+        #: a new number per reset: the calls in progress (``ModuleSite.frames``) and the "own
+        #: tensors all captured" marks (``ModuleSite.own_done``) of an older epoch are stale
         self.epoch = getattr(self, "epoch", 0) + 1
-        #: ``(side, id(module), name) -> _Site`` of the modules :meth:`pre_call` saw
-        self._sites: dict[tuple[int, int, str], _Site] = {}
+        #: ``(side, id(module), name) -> ModuleSite`` of the modules :meth:`pre_call` saw
+        self._sites: dict[tuple[int, int, str], ModuleSite] = {}
         self.stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self.cache_hits: set[tuple[str, int, int | None]] = set()
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
@@ -229,12 +222,12 @@ class CaptureLog:
         """Forward pre-hook: open the call, capture its inputs and (first call) weights.
 
         The generic entry (``capture.compiled`` replays its calls through it); the module
-        hooks of :func:`install` call :meth:`enter` with the module's :class:`_Site`.
+        hooks of :func:`install` call :meth:`enter` with the module's :class:`ModuleSite`.
         """
         key = (side, id(mod), name)
         site = self._sites.get(key)
         if site is None:
-            site = self._sites[key] = _Site(side, name, own, root_handle, None)
+            site = self._sites[key] = ModuleSite(side, name, own, root_handle, None)
         site.own, site.root = own, root_handle
         self.enter(site, mod, args, kwargs)
 
@@ -245,7 +238,9 @@ class CaptureLog:
             site.all_own = all_own
             self.leave(site, mod, output)
 
-    def enter(self, site: _Site, mod: torch.nn.Module, args: tuple, kwargs: dict | None) -> None:
+    def enter(
+        self, site: ModuleSite, mod: torch.nn.Module, args: tuple, kwargs: dict | None
+    ) -> None:
         """A hooked module's call starts: capture its inputs and (first call) own tensors."""
         side, name, step = site.side, site.name, self.step
         self.stack.append(site.key)
@@ -297,7 +292,7 @@ class CaptureLog:
             groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
         return groups, all_done
 
-    def leave(self, site: _Site, mod: torch.nn.Module, output: Any) -> None:
+    def leave(self, site: ModuleSite, mod: torch.nn.Module, output: Any) -> None:
         """A hooked module's call returned: capture its outputs (the root: unused weights)."""
         frames = site.frames
         if not frames:
@@ -334,101 +329,7 @@ class CaptureLog:
             del self.stack[i:]
 
 
-class HookHandle:
-    """The hooks one ``module_register_tensor_checker`` call added.
-
-    ``remove()`` (or leaving a ``with`` block) removes every one of them; the captures already
-    made stay in the checker until its ``clear()``.
-
-    Attributes:
-        side: the side this model's captures carry (0 reference, 1 candidate, ...).
-        module_names: the hooked modules' display names.
-        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
-            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
-    """
-
-    def __init__(self, log: CaptureLog, side: int, model: torch.nn.Module) -> None:
-        self.log = log
-        self.side = side
-        self.module_names: list[str] = []
-        #: modules that exist but take no hooks: display name -> the reason, a clause
-        #: ("is a TorchScript ...", "refused a forward hook (...)")
-        self.unhooked: dict[str, str] = {}
-        self.root_name = ROOT_NAME
-        self.explicit = False
-        self._handles: list[Any] = []
-        #: ``(module, hook id)`` of the hooks :func:`install` wrote into a module's hook
-        #: dictionaries itself (the pre hook's id; the forward hook's is ``id + 1``)
-        self._direct: list[tuple[torch.nn.Module, int]] = []
-        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
-        self._named: list[tuple[str, torch.nn.Module]] | None = None
-        self._warned = False
-        self._model_name = type(model).__name__
-
-    def warn_training(self, model: torch.nn.Module) -> None:
-        """Warn once when the hooked model runs mode-dependent modules in training mode."""
-        if self._warned:
-            return
-        if self._named is None:
-            found = training_mode_dependent(model)
-        else:  # training_mode_dependent over the modules listed at install (issue 19)
-            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
-        if not found:
-            return
-        self._warned = True
-        role = "reference" if self.side == 0 else f"candidate (side {self.side})"
-        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
-        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-        warnings.warn(
-            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
-            f"modules that compute differently in it ({shown}{more}); the comparison is "
-            "meaningless. Call model.eval() before the forward.",
-            UserWarning,
-            stacklevel=4,
-        )
-
-    @property
-    def removed(self) -> bool:
-        """True once ``remove()`` ran."""
-        return self not in self.log.handles
-
-    def remove(self) -> None:
-        """Remove every hook this handle added (idempotent)."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        for mod, i in self._direct:  # what RemovableHandle.remove does for each (torch.utils.hooks)
-            mod._forward_pre_hooks.pop(i, None)
-            mod._forward_pre_hooks_with_kwargs.pop(i, None)
-            mod._forward_hooks.pop(i + 1, None)
-            mod._forward_hooks_with_kwargs.pop(i + 1, None)
-        self._direct.clear()
-        if self in self.log.handles:
-            self.log.handles.remove(self)
-
-    def __enter__(self) -> HookHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
-    """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
-
-    Also False for the holder of a packed quantized module's parameters
-    (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
-    ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
-    ``classes``: the memo of :func:`parity_tracker.capture.leaves.has_packed_params`.
-    """
-    if isinstance(mod, torch.jit.ScriptModule):
-        return True
-    if type(mod).forward is torch.nn.Module.forward:
-        return False
-    return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
-
-
-class _Site:
+class ModuleSite:
     """One hooked module on one side: what its calls need, computed once (issue 19).
 
     Attributes:
@@ -442,8 +343,18 @@ class _Site:
         own_done: the log epoch in which every own tensor was captured.
     """
 
-    __slots__ = ("side", "name", "key", "own", "root", "all_own", "frames", "inputs", "outputs")
-    __slots__ += ("own_done",)
+    __slots__ = (
+        "all_own",
+        "frames",
+        "inputs",
+        "key",
+        "name",
+        "outputs",
+        "own",
+        "own_done",
+        "root",
+        "side",
+    )
 
     def __init__(self, side: int, name: str, own: list, root: Any, all_own: list | None) -> None:
         self.side, self.name, self.key = side, name, (side, name)
@@ -457,144 +368,3 @@ class _Site:
 #: At most this many call signatures (and output tags) kept per module: a module called with
 #: ever new keyword names, or a thousand times per step, formats the rest each call.
 _SIGNATURES = 64
-
-
-def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
-    """Add the pre/post hooks of every module with a forward to ``handle``.
-
-    Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
-    are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
-    (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
-    (taps traced into its graph, tags without ``_orig_mod``).
-    """
-    from parity_tracker.capture.compiled import install_compiled, is_compiled
-
-    if is_compiled(model):
-        install_compiled(model, log, handle)
-        return
-    root = root_name(model)
-    handle.root_name = root
-    # one walk: named_modules() lists each module at its first name in the full walk (a module
-    # met again is skipped with all it holds, and everything it holds was met with it)
-    walk = list(model.named_modules(remove_duplicate=False))
-    classes: dict[type, bool] = {}
-    own = own_tensors(model, root, walk, classes)
-    first: dict[int, tuple[str, torch.nn.Module]] = {}
-    for n, m in walk:
-        first.setdefault(id(m), (n, m))
-    named = list(first.values())
-    handle._named = named
-    all_own = [(m, entries) for _, m in named if (entries := own.get(id(m)))]
-    names: list[str] = []
-    scripted: list[str] = []
-    for raw_name, mod in named:
-        is_root = mod is model
-        if not is_root and not _has_forward(mod, classes):
-            continue
-        name = module_display_name(raw_name, root)
-        if isinstance(mod, torch.jit.ScriptModule):
-            scripted.append(name)
-            handle.unhooked[name] = (
-                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
-            )
-            continue
-        site = _Site(handle.side, name, own.get(id(mod), []), handle if is_root else None, None)
-        if is_root:
-            site.all_own = all_own
-        try:
-            _hook_one(mod, site, log, handle)
-        except Exception as exc:  # a module that refuses hooks: reported, never absent
-            handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
-            continue
-        names.append(name)
-    handle.module_names = names
-    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
-    if top:
-        warnings.warn(
-            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
-            f"{', '.join(top)} (their weights are still compared)",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
-def _hooks(log: CaptureLog, site: _Site) -> tuple[Callable[..., None], Callable[..., None]]:
-    """The pre and post hook of one module (marked as capture hooks by their code, below).
-
-    Outside any dispatch mode no op recorder can see the capture's own tensor work, so the
-    hooks enter :class:`~parity_tracker.capture.ops.suspended` only inside one (≈ 0.5 µs per
-    hook, issue 19).
-    """
-
-    def pre(m, args, kwargs):
-        if _dispatch_modes():
-            with suspended():
-                log.enter(site, m, args, kwargs)
-        else:
-            log.enter(site, m, args, kwargs)
-
-    def post(m, args, kwargs, output):
-        if _dispatch_modes():
-            with suspended():
-                log.leave(site, m, output)
-        else:
-            log.leave(site, m, output)
-
-    return pre, post
-
-
-def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
-    def done(m, args, kwargs, output):
-        log.root_done(side, name)
-
-    return done
-
-
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-# a golden/twin copy drops our hooks (capture.hook_marks): every closure made by these two
-# factories shares its code object, marked once here instead of an attribute per closure
-mark_capture_code(*_hooks(None, None), _root_done(None, 0, ""))  # type: ignore[arg-type]
-_PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
-_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
-_DICTS += ("_forward_hooks", "_forward_hooks_with_kwargs")
-
-
-def _hook_one(mod: torch.nn.Module, site: _Site, log: CaptureLog, handle: HookHandle) -> None:
-    """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
-
-    A module that refuses a hook raises here; the hooks already added for it are removed. A
-    module whose class keeps ``nn.Module``'s registration gets its hooks written into its hook
-    dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
-    ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``;
-    ids from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module
-    to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
-    ``RemovableHandle.remove`` would.
-    """
-    pre, post = _hooks(log, site)
-    cls, d = type(mod), mod.__dict__
-    if (
-        site.root is None
-        and cls.register_forward_pre_hook is _PRE
-        and cls.register_forward_hook is _POST
-        and all(isinstance(d.get(k), dict) for k in _DICTS)
-    ):
-        i = RemovableHandle.next_id
-        RemovableHandle.next_id = i + 2
-        d["_forward_pre_hooks"][i] = pre
-        d["_forward_pre_hooks_with_kwargs"][i] = True
-        d["_forward_hooks"][i + 1] = post
-        d["_forward_hooks_with_kwargs"][i + 1] = True
-        handle._direct.append((mod, i))
-        return
-    added = []
-    try:
-        added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        added.append(mod.register_forward_hook(post, with_kwargs=True))
-        if site.root is not None:
-            done = _root_done(log, site.side, site.name)
-            added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
-    except Exception:
-        for h in added:  # no half-hooked module
-            h.remove()
-        raise
-    handle._handles.extend(added)

@@ -1,0 +1,261 @@
+"""Installing the capture hooks of one model: :func:`install`, :class:`HookHandle`.
+
+Each module with a forward gets a forward pre-hook and a forward hook (with keyword
+arguments) that hand its calls to the checker's :class:`~parity_tracker.capture.modules.CaptureLog`
+(``enter`` / ``leave``) with the module's :class:`~parity_tracker.capture.modules.ModuleSite`, the
+facts its calls need, computed here once (issue 19). The root also gets an always-called hook
+that unwinds the log's call stack after an exception.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from parity_tracker.capture.hook_marks import mark_capture_code
+from parity_tracker.capture.leaves import has_packed_params, own_tensors, packed_names
+from parity_tracker.capture.modules import CaptureLog, ModuleSite
+from parity_tracker.capture.ops import suspended
+from parity_tracker.capture.tags import ROOT_NAME, module_display_name, root_name
+from parity_tracker.capture.training import mode_dependence, training_mode_dependent
+
+
+class HookHandle:
+    """The hooks one ``module_register_tensor_checker`` call added.
+
+    ``remove()`` (or leaving a ``with`` block) removes every one of them; the captures already
+    made stay in the checker until its ``clear()``.
+
+    Attributes:
+        side: the side this model's captures carry (0 reference, 1 candidate, ...).
+        module_names: the hooked modules' display names.
+        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
+            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
+    """
+
+    def __init__(self, log: CaptureLog, side: int, model: torch.nn.Module) -> None:
+        self.log = log
+        self.side = side
+        self.module_names: list[str] = []
+        #: modules that exist but take no hooks: display name -> the reason, a clause
+        #: ("is a TorchScript ...", "refused a forward hook (...)")
+        self.unhooked: dict[str, str] = {}
+        self.root_name = ROOT_NAME
+        self.explicit = False
+        self._handles: list[Any] = []
+        #: ``(module, hook id)`` of the hooks :func:`install` wrote into a module's hook
+        #: dictionaries itself (the pre hook's id; the forward hook's is ``id + 1``)
+        self._direct: list[tuple[torch.nn.Module, int]] = []
+        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
+        self._named: list[tuple[str, torch.nn.Module]] | None = None
+        self._warned = False
+        self._model_name = type(model).__name__
+
+    def warn_training(self, model: torch.nn.Module) -> None:
+        """Warn once when the hooked model runs mode-dependent modules in training mode."""
+        if self._warned:
+            return
+        if self._named is None:
+            found = training_mode_dependent(model)
+        else:  # training_mode_dependent over the modules listed at install (issue 19)
+            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
+        if not found:
+            return
+        self._warned = True
+        role = "reference" if self.side == 0 else f"candidate (side {self.side})"
+        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        warnings.warn(
+            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
+            f"modules that compute differently in it ({shown}{more}); the comparison is "
+            "meaningless. Call model.eval() before the forward.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+    @property
+    def removed(self) -> bool:
+        """True once ``remove()`` ran."""
+        return self not in self.log.handles
+
+    def remove(self) -> None:
+        """Remove every hook this handle added (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for mod, i in self._direct:  # what RemovableHandle.remove does for each (torch.utils.hooks)
+            mod._forward_pre_hooks.pop(i, None)
+            mod._forward_pre_hooks_with_kwargs.pop(i, None)
+            mod._forward_hooks.pop(i + 1, None)
+            mod._forward_hooks_with_kwargs.pop(i + 1, None)
+        self._direct.clear()
+        if self in self.log.handles:
+            self.log.handles.remove(self)
+
+    def __enter__(self) -> HookHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
+    """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
+
+    Also False for the holder of a packed quantized module's parameters
+    (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
+    ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
+    ``classes``: the memo of :func:`parity_tracker.capture.leaves.has_packed_params`.
+    """
+    if isinstance(mod, torch.jit.ScriptModule):
+        return True
+    if type(mod).forward is torch.nn.Module.forward:
+        return False
+    return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
+
+
+def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
+    """Add the pre/post hooks of every module with a forward to ``handle``.
+
+    Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
+    are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
+    (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
+    (taps traced into its graph, tags without ``_orig_mod``).
+    """
+    from parity_tracker.capture.compiled import install_compiled, is_compiled
+
+    if is_compiled(model):
+        install_compiled(model, log, handle)
+        return
+    root = root_name(model)
+    handle.root_name = root
+    # one walk: named_modules() lists each module at its first name in the full walk (a module
+    # met again is skipped with all it holds, and everything it holds was met with it)
+    walk = list(model.named_modules(remove_duplicate=False))
+    classes: dict[type, bool] = {}
+    own = own_tensors(model, root, walk, classes)
+    first: dict[int, tuple[str, torch.nn.Module]] = {}
+    for n, m in walk:
+        first.setdefault(id(m), (n, m))
+    named = list(first.values())
+    handle._named = named
+    all_own = [(m, entries) for _, m in named if (entries := own.get(id(m)))]
+    names: list[str] = []
+    scripted: list[str] = []
+    for raw_name, mod in named:
+        is_root = mod is model
+        if not is_root and not _has_forward(mod, classes):
+            continue
+        name = module_display_name(raw_name, root)
+        if isinstance(mod, torch.jit.ScriptModule):
+            scripted.append(name)
+            handle.unhooked[name] = (
+                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
+            )
+            continue
+        site = ModuleSite(
+            handle.side, name, own.get(id(mod), []), handle if is_root else None, None
+        )
+        if is_root:
+            site.all_own = all_own
+        try:
+            _hook_one(mod, site, log, handle)
+        except Exception as exc:  # a module that refuses hooks: reported, never absent
+            handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
+            continue
+        names.append(name)
+    handle.module_names = names
+    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
+    if top:
+        warnings.warn(
+            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
+            f"{', '.join(top)} (their weights are still compared)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _hooks(log: CaptureLog, site: ModuleSite) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The pre and post hook of one module (marked as capture hooks by their code, below).
+
+    Outside any dispatch mode no op recorder can see the capture's own tensor work, so the
+    hooks enter :class:`~parity_tracker.capture.ops.suspended` only inside one (≈ 0.5 µs per
+    hook, issue 19).
+    """
+
+    def pre(m, args, kwargs):
+        if _dispatch_modes():
+            with suspended():
+                log.enter(site, m, args, kwargs)
+        else:
+            log.enter(site, m, args, kwargs)
+
+    def post(m, args, kwargs, output):
+        if _dispatch_modes():
+            with suspended():
+                log.leave(site, m, output)
+        else:
+            log.leave(site, m, output)
+
+    return pre, post
+
+
+def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
+    def done(m, args, kwargs, output):
+        log.root_done(side, name)
+
+    return done
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+# a golden/twin copy drops our hooks (capture.hook_marks): every closure made by these two
+# factories shares its code object, marked once here instead of an attribute per closure
+mark_capture_code(*_hooks(None, None), _root_done(None, 0, ""))  # type: ignore[arg-type]
+_PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
+_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+_DICTS += ("_forward_hooks", "_forward_hooks_with_kwargs")
+
+
+def _hook_one(mod: torch.nn.Module, site: ModuleSite, log: CaptureLog, handle: HookHandle) -> None:
+    """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
+
+    A module that refuses a hook raises here; the hooks already added for it are removed. A
+    module whose class keeps ``nn.Module``'s registration gets its hooks written into its hook
+    dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
+    ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``;
+    ids from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module
+    to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
+    ``RemovableHandle.remove`` would.
+    """
+    pre, post = _hooks(log, site)
+    cls, d = type(mod), mod.__dict__
+    if (
+        site.root is None
+        and cls.register_forward_pre_hook is _PRE
+        and cls.register_forward_hook is _POST
+        and all(isinstance(d.get(k), dict) for k in _DICTS)
+    ):
+        i = RemovableHandle.next_id
+        RemovableHandle.next_id = i + 2
+        d["_forward_pre_hooks"][i] = pre
+        d["_forward_pre_hooks_with_kwargs"][i] = True
+        d["_forward_hooks"][i + 1] = post
+        d["_forward_hooks_with_kwargs"][i + 1] = True
+        handle._direct.append((mod, i))
+        return
+    added = []
+    try:
+        added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        added.append(mod.register_forward_hook(post, with_kwargs=True))
+        if site.root is not None:
+            done = _root_done(log, site.side, site.name)
+            added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
+    except Exception:
+        for h in added:  # no half-hooked module
+            h.remove()
+        raise
+    handle._handles.extend(added)
