@@ -10,6 +10,7 @@ that unwinds the log's call stack after an exception.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -47,9 +48,11 @@ class HookHandle:
         self.root_name = ROOT_NAME
         self.explicit = False
         self._handles: list[Any] = []
-        #: ``(module, hook id)`` of the hooks :func:`install` wrote into a module's hook
-        #: dictionaries itself (the pre hook's id; the forward hook's is ``id + 1``)
-        self._direct: list[tuple[torch.nn.Module, int]] = []
+        #: ``(hook dicts, hook id)`` of the hooks :func:`install` wrote into a module's hook
+        #: dictionaries itself (``_forward_pre_hooks``, its ``_with_kwargs``,
+        #: ``_forward_hooks``, its ``_with_kwargs``; the pre hook's id, the forward hook's is
+        #: ``id + 1``)
+        self._direct: list[tuple[tuple[dict, dict, dict, dict], int]] = []
         #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
         self._named: list[tuple[str, torch.nn.Module]] | None = None
         self._warned = False
@@ -87,11 +90,11 @@ class HookHandle:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for mod, i in self._direct:  # what RemovableHandle.remove does for each (torch.utils.hooks)
-            mod._forward_pre_hooks.pop(i, None)
-            mod._forward_pre_hooks_with_kwargs.pop(i, None)
-            mod._forward_hooks.pop(i + 1, None)
-            mod._forward_hooks_with_kwargs.pop(i + 1, None)
+        for (pre, pre_kw, post, post_kw), i in self._direct:  # RemovableHandle.remove's work
+            pre.pop(i, None)
+            pre_kw.pop(i, None)
+            post.pop(i + 1, None)
+            post_kw.pop(i + 1, None)
         self._direct.clear()
         if self in self.log.handles:
             self.log.handles.remove(self)
@@ -115,7 +118,29 @@ def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) 
         return True
     if type(mod).forward is torch.nn.Module.forward:
         return False
+    return _not_packed_holder(mod, classes)
+
+
+def _not_packed_holder(mod: torch.nn.Module, classes: dict[type, bool] | None) -> bool:
+    """False for the holder of a packed quantized module's parameters (:func:`_has_forward`)."""
     return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
+
+
+def _class_facts(cls: type, memo: dict[type, tuple[bool, bool, bool]]) -> tuple[bool, bool, bool]:
+    """``(TorchScript, defines a forward, nn.Module's hook registration)`` of a module class.
+
+    Kept per class for one install (``isinstance(mod, torch.jit.ScriptModule)`` alone costs
+    ≈ 0.2 µs per module, issue 19).
+    """
+    found = memo.get(cls)
+    if found is None:
+        scripted = issubclass(cls, torch.jit.ScriptModule)  # its class's forward is not read
+        found = memo[cls] = (
+            scripted,
+            scripted or cls.forward is not torch.nn.Module.forward,
+            cls.register_forward_pre_hook is _PRE and cls.register_forward_hook is _POST,
+        )
+    return found
 
 
 def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
@@ -137,6 +162,7 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     # met again is skipped with all it holds, and everything it holds was met with it)
     walk = list(model.named_modules(remove_duplicate=False))
     classes: dict[type, bool] = {}
+    facts: dict[type, tuple[bool, bool, bool]] = {}
     own = own_tensors(model, root, walk, classes)
     first: dict[int, tuple[str, torch.nn.Module]] = {}
     for n, m in walk:
@@ -148,10 +174,11 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     scripted: list[str] = []
     for raw_name, mod in named:
         is_root = mod is model
-        if not is_root and not _has_forward(mod, classes):
-            continue
+        scripted_mod, forward, plain_hooks = _class_facts(type(mod), facts)
+        if not (is_root or scripted_mod or (forward and _not_packed_holder(mod, classes))):
+            continue  # _has_forward, from the class's facts
         name = module_display_name(raw_name, root)
-        if isinstance(mod, torch.jit.ScriptModule):
+        if scripted_mod:
             scripted.append(name)
             handle.unhooked[name] = (
                 f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
@@ -163,7 +190,7 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         if is_root:
             site.all_own = all_own
         try:
-            _hook_one(mod, site, log, handle)
+            _hook_one(mod, site, log, handle, plain_hooks)
         except Exception as exc:  # a module that refuses hooks: reported, never absent
             handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
             continue
@@ -212,41 +239,47 @@ def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_DICT_TYPES = (dict, OrderedDict)
 # a golden/twin copy drops our hooks (capture.hook_marks): every closure made by these two
 # factories shares its code object, marked once here instead of an attribute per closure
 mark_capture_code(*_hooks(None, None), _root_done(None, 0, ""))  # type: ignore[arg-type]
 _PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
-_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
-_DICTS += ("_forward_hooks", "_forward_hooks_with_kwargs")
 
 
-def _hook_one(mod: torch.nn.Module, site: ModuleSite, log: CaptureLog, handle: HookHandle) -> None:
+def _hook_one(
+    mod: torch.nn.Module, site: ModuleSite, log: CaptureLog, handle: HookHandle, plain: bool
+) -> None:
     """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
 
     A module that refuses a hook raises here; the hooks already added for it are removed. A
-    module whose class keeps ``nn.Module``'s registration gets its hooks written into its hook
-    dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
+    module whose class keeps ``nn.Module``'s registration (``plain``) gets its hooks written
+    into its hook dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
     ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``;
     ids from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module
     to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
     ``RemovableHandle.remove`` would.
     """
     pre, post = _hooks(log, site)
-    cls, d = type(mod), mod.__dict__
-    if (
-        site.root is None
-        and cls.register_forward_pre_hook is _PRE
-        and cls.register_forward_hook is _POST
-        and all(isinstance(d.get(k), dict) for k in _DICTS)
-    ):
-        i = RemovableHandle.next_id
-        RemovableHandle.next_id = i + 2
-        d["_forward_pre_hooks"][i] = pre
-        d["_forward_pre_hooks_with_kwargs"][i] = True
-        d["_forward_hooks"][i + 1] = post
-        d["_forward_hooks_with_kwargs"][i + 1] = True
-        handle._direct.append((mod, i))
-        return
+    if plain and site.root is None:
+        d = mod.__dict__
+        try:
+            dicts = (
+                d["_forward_pre_hooks"],
+                d["_forward_pre_hooks_with_kwargs"],
+                d["_forward_hooks"],
+                d["_forward_hooks_with_kwargs"],
+            )
+        except KeyError:  # not set up by nn.Module.__init__: the public way below
+            dicts = None
+        if dicts is not None and all(type(x) in _DICT_TYPES for x in dicts):
+            i = RemovableHandle.next_id
+            RemovableHandle.next_id = i + 2
+            dicts[0][i] = pre
+            dicts[1][i] = True
+            dicts[2][i + 1] = post
+            dicts[3][i + 1] = True
+            handle._direct.append((dicts, i))
+            return
     added = []
     try:
         added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))

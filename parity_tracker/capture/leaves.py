@@ -236,19 +236,19 @@ def own_tensors(
     for mname, mod in walk:
         entries = table.setdefault(id(mod), [])
         owner = module_display_name(mname, root)  # once per module (issue 19)
-        prefix = f"{mname}." if mname else ""
         for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
-            for local in [k for k, _ in store.items()]:
-                qname = prefix + local
-                # read_own's test, inline (TorchScript's store has no .get): a slot holding
-                # None has no tensor
-                value = store[local] if local in store else None  # noqa: SIM401
-                if qname in seen or value is None:
+            if not store:
+                continue
+            # the slot's value as read_own reads it (TorchScript's store lists its values
+            # through items() too); a slot holding None has no tensor
+            for local, value in list(store.items()):
+                qname = f"{mname}.{local}" if mname else local
+                if value is None or qname in seen:
                     continue
                 seen.add(qname)
                 entries.append((qname, owner, local, kind))
         for local in packed_names(mod, classes):
-            qname = prefix + local
+            qname = f"{mname}.{local}" if mname else local
             if qname not in seen:
                 seen.add(qname)
                 entries.append((qname, owner, local, PACKED))
