@@ -5,10 +5,8 @@ A hook registered on a module lives in the module's hook dictionaries, so ``copy
 functions are copied by reference, so a copied capture hook still records into the original
 checker. The golden and twin copies of a budget run must not: their forwards would add a
 third and fourth model to the checker the reference is registered on. Our capture hooks carry
-the attribute :data:`MARK`, or are closures whose code object is marked
-(:func:`mark_capture_code`: every closure a factory makes shares its code, so the module hooks
-need no attribute each, issue 19); a user's own hooks are neither and are kept (they are part
-of the model's behaviour).
+the attribute :data:`MARK`; a user's own hooks do not and are kept (they are part of the
+model's behaviour).
 """
 
 from __future__ import annotations
@@ -35,27 +33,9 @@ def mark_capture_hook(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def mark_capture_code(*fns: Callable[..., Any]) -> None:
-    """Mark every function sharing the code object of one of ``fns`` as a capture hook.
-
-    For hooks made by a factory (closures): mark one closure of each kind, once.
-    """
-    for fn in fns:
-        _CODES.add(fn.__code__)
-
-
-#: Code objects of capture hooks (:func:`mark_capture_code`).
-_CODES: set[Any] = set()
-
-
 def is_capture_hook(fn: Any) -> bool:
-    """True for a hook marked by :func:`mark_capture_hook` or :func:`mark_capture_code`.
-
-    A bound method reads its function.
-    """
-    if getattr(fn, MARK, False) is True:
-        return True
-    return getattr(getattr(fn, "__func__", fn), "__code__", None) in _CODES
+    """True for a hook marked by :func:`mark_capture_hook` (a bound method reads its function)."""
+    return getattr(fn, MARK, False) is True
 
 
 def drop_capture_hooks(module: torch.nn.Module) -> int:

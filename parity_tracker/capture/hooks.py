@@ -17,10 +17,9 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from parity_tracker.capture.hook_marks import mark_capture_code
+from parity_tracker.capture.hook_marks import mark_capture_hook
 from parity_tracker.capture.leaves import has_packed_params, own_tensors, packed_names
 from parity_tracker.capture.modules import CaptureLog, ModuleSite
-from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import ROOT_NAME, module_display_name, root_name
 from parity_tracker.capture.training import mode_dependence, training_mode_dependent
 
@@ -206,43 +205,16 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         )
 
 
-def _hooks(log: CaptureLog, site: ModuleSite) -> tuple[Callable[..., None], Callable[..., None]]:
-    """The pre and post hook of one module (marked as capture hooks by their code, below).
-
-    Outside any dispatch mode no op recorder can see the capture's own tensor work, so the
-    hooks enter :class:`~parity_tracker.capture.ops.suspended` only inside one (≈ 0.5 µs per
-    hook, issue 19).
-    """
-
-    def pre(m, args, kwargs):
-        if _dispatch_modes():
-            with suspended():
-                log.enter(site, m, args, kwargs)
-        else:
-            log.enter(site, m, args, kwargs)
-
-    def post(m, args, kwargs, output):
-        if _dispatch_modes():
-            with suspended():
-                log.leave(site, m, output)
-        else:
-            log.leave(site, m, output)
-
-    return pre, post
-
-
 def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
+    """The root's always-called forward hook: unwind the log's call stack."""
+
     def done(m, args, kwargs, output):
         log.root_done(side, name)
 
-    return done
+    return mark_capture_hook(done)  # a golden/twin copy drops it (capture.hook_marks)
 
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_DICT_TYPES = (dict, OrderedDict)
-# a golden/twin copy drops our hooks (capture.hook_marks): every closure made by these two
-# factories shares its code object, marked once here instead of an attribute per closure
-mark_capture_code(*_hooks(None, None), _root_done(None, 0, ""))  # type: ignore[arg-type]
+_DICT_TYPES = frozenset((dict, OrderedDict))
 _PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
 
 
@@ -259,7 +231,8 @@ def _hook_one(
     to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
     ``RemovableHandle.remove`` would.
     """
-    pre, post = _hooks(log, site)
+    site.log = log
+    pre = post = site  # ModuleSite.__call__: the pre-hook and the forward hook
     if plain and site.root is None:
         d = mod.__dict__
         try:
@@ -271,7 +244,7 @@ def _hook_one(
             )
         except KeyError:  # not set up by nn.Module.__init__: the public way below
             dicts = None
-        if dicts is not None and all(type(x) in _DICT_TYPES for x in dicts):
+        if dicts is not None and {type(x) for x in dicts} <= _DICT_TYPES:
             i = RemovableHandle.next_id
             RemovableHandle.next_id = i + 2
             dicts[0][i] = pre
