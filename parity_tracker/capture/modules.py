@@ -73,10 +73,14 @@ class Group:
 def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
     """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
     dtype = t.dtype
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
     return tuple(t.shape), name, "cpu" if t.is_cpu else _device_name(t.device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``dtype_name(dtype)``, kept in ``_DTYPE_NAMES``."""
+    name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
 
 
 #: ``dtype_name`` per dtype, filled on first use (``str(dtype)`` costs ≈ 0.4 µs a call)
@@ -177,7 +181,10 @@ class CaptureLog:
         self.exec[side] = order + 1
         self.sides.add(side)
         if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
-            cap = Capture(side, None, order, True, meta(value))
+            dtype = value.dtype  # meta(value), inline
+            dtype_str = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+            device = "cpu" if value.is_cpu else _device_name(value.device)
+            cap = Capture(side, None, order, True, (tuple(value.shape), dtype_str, device))
             group.captures.append(cap)
             self.on_tensor(group, cap, value, kind == "param")
             return group
