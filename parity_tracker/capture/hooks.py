@@ -95,6 +95,7 @@ class HookHandle:
             post.pop(i + 1, None)
             post_kw.pop(i + 1, None)
         self._direct.clear()
+        self._named = None  # the hooked model's modules are not kept alive by a removed handle
         if self in self.log.handles:
             self.log.handles.remove(self)
 
