@@ -47,11 +47,11 @@ class HookHandle:
         self.root_name = ROOT_NAME
         self.explicit = False
         self._handles: list[Any] = []
-        #: ``(hook dicts, hook id)`` of the hooks :func:`install` wrote into a module's hook
-        #: dictionaries itself (``_forward_pre_hooks``, its ``_with_kwargs``,
-        #: ``_forward_hooks``, its ``_with_kwargs``; the pre hook's id, the forward hook's is
-        #: ``id + 1``)
-        self._direct: list[tuple[tuple[dict, dict, dict, dict], int]] = []
+        #: the hooks :func:`install` wrote into a module's hook dictionaries itself, five
+        #: entries per module: ``_forward_pre_hooks``, its ``_with_kwargs``,
+        #: ``_forward_hooks``, its ``_with_kwargs`` and the pre hook's id (the forward hook's
+        #: is ``id + 1``); flat, no tuple per module
+        self._direct: list[Any] = []
         #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
         self._named: list[tuple[str, torch.nn.Module]] | None = None
         self._warned = False
@@ -89,11 +89,13 @@ class HookHandle:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for (pre, pre_kw, post, post_kw), i in self._direct:  # RemovableHandle.remove's work
-            pre.pop(i, None)
-            pre_kw.pop(i, None)
-            post.pop(i + 1, None)
-            post_kw.pop(i + 1, None)
+        d = self._direct
+        for j in range(0, len(d), 5):  # RemovableHandle.remove's work
+            i = d[j + 4]
+            d[j].pop(i, None)
+            d[j + 1].pop(i, None)
+            d[j + 2].pop(i + 1, None)
+            d[j + 3].pop(i + 1, None)
         self._direct.clear()
         self._named = None  # the hooked model's modules are not kept alive by a removed handle
         if self in self.log.handles:
@@ -236,23 +238,21 @@ def _hook_one(
     pre = post = site  # ModuleSite.__call__: the pre-hook and the forward hook
     if plain and site.root is None:
         d = mod.__dict__
-        try:
-            dicts = (
-                d["_forward_pre_hooks"],
-                d["_forward_pre_hooks_with_kwargs"],
-                d["_forward_hooks"],
-                d["_forward_hooks_with_kwargs"],
-            )
-        except KeyError:  # not set up by nn.Module.__init__: the public way below
-            dicts = None
-        if dicts is not None and {type(x) for x in dicts} <= _DICT_TYPES:
+        pre_d, pre_kw = d.get("_forward_pre_hooks"), d.get("_forward_pre_hooks_with_kwargs")
+        post_d, post_kw = d.get("_forward_hooks"), d.get("_forward_hooks_with_kwargs")
+        if (  # as nn.Module.__init__ sets them up; anything else takes the public way below
+            type(pre_d) in _DICT_TYPES
+            and type(pre_kw) in _DICT_TYPES
+            and type(post_d) in _DICT_TYPES
+            and type(post_kw) in _DICT_TYPES
+        ):
             i = RemovableHandle.next_id
             RemovableHandle.next_id = i + 2
-            dicts[0][i] = pre
-            dicts[1][i] = True
-            dicts[2][i + 1] = post
-            dicts[3][i + 1] = True
-            handle._direct.append((dicts, i))
+            pre_d[i] = pre
+            pre_kw[i] = True
+            post_d[i + 1] = post
+            post_kw[i + 1] = True
+            handle._direct.extend((pre_d, pre_kw, post_d, post_kw, i))
             return
     added = []
     try:

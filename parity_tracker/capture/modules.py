@@ -263,12 +263,7 @@ class CaptureLog:
         if called is None:
             called = self.called[side] = set()
         called.add(name)
-        signature = (k, len(args), tuple(kwargs) if kwargs else ())
-        names = site.tags.get(signature)
-        if names is None:  # tags of this call's inputs, formatted once per module (issue 19)
-            names = input_names(call_base(name, k), len(args), signature[2])
-            if len(site.tags) < _SIGNATURES:
-                site.tags[signature] = names
+        names = _input_names(site, k, args, kwargs)
         values = (*args, *kwargs.values()) if kwargs else args
         record, groups = self._record, []
         for (arg, tag, slot), value in zip(names, values, strict=True):
@@ -313,10 +308,11 @@ class CaptureLog:
         if site.all_own is None and self.stack and self.stack[-1] == site.key:
             self.stack.pop()
         if output is None or isinstance(output, torch.Tensor):  # output_leaves' one leaf
-            tag = site.tags.get(k)
+            tags = site.tags
+            tag = tags.get(k) if tags else None
             if tag is None:
                 tag = output_tag(call_base(name, k))
-                if len(site.tags) < _SIGNATURES:
+                if isinstance(tags, dict) and len(tags) < _SIGNATURES:
                     site.tags[k] = tag
             outs = [self._record(tag, output, side, "output", name, "output", k, step)]
         else:
@@ -360,7 +356,8 @@ class ModuleSite:
         all_own: the root's ``(module, own entries)`` of every module (else None).
         frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
         tags: ``(call index, positional count, keywords) -> input_names(...)`` and call index
-            -> the tag of a single-tensor output.
+            -> the tag of a single-tensor output; None before the first call, False after it
+            (a module called once per install keeps nothing: no dict to make and collect).
         own_done: the log epoch in which every own tensor was captured.
     """
 
@@ -373,7 +370,7 @@ class ModuleSite:
         self.side, self.name, self.key = side, name, (side, name)
         self.own, self.root, self.all_own, self.log = own, root, all_own, log
         self.frames: list[tuple[int, int, list[Group]]] = []
-        self.tags: dict[Any, Any] = {}
+        self.tags: dict[Any, Any] | bool | None = None
         self.own_done = 0  # epochs start at 1
 
     def __call__(self, module, args, kwargs, output=_PRE_HOOK) -> None:
@@ -404,6 +401,29 @@ class ModuleSite:
 
 
 setattr(ModuleSite, MARK, True)
+
+
+def _input_names(site: ModuleSite, k: int, args: tuple, kwargs: dict | None) -> list:
+    """``input_names`` of call ``k`` of ``site``'s module, kept per call signature.
+
+    The first call of a module keeps nothing (most modules are called once per forward);
+    from the second on, each signature (call index, positional count, keywords) is formatted
+    once (issue 19).
+    """
+    keys = tuple(kwargs) if kwargs else ()
+    tags = site.tags
+    if tags is None:
+        site.tags = False
+        return input_names(call_base(site.name, k), len(args), keys)
+    if tags is False:
+        tags = site.tags = {}
+    signature = (k, len(args), keys)
+    names = tags.get(signature)
+    if names is None:
+        names = input_names(call_base(site.name, k), len(args), keys)
+        if len(tags) < _SIGNATURES:
+            tags[signature] = names
+    return names
 
 
 #: At most this many call signatures and output tags kept per module: a module called with
