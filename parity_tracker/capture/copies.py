@@ -13,7 +13,8 @@ Same result as ``copy.deepcopy(module)`` then ``Module._apply`` of the conversio
 converted tensors are new leaves (``nn.Parameter`` with the original ``requires_grad``; plain
 tensors for buffers), a tensor registered twice (tied weights) stays one object, integer and
 bool tensors are copied by ``deepcopy`` as before, and the conversion is applied afterwards as
-well (a no-op on the converted tensors; it also converts what the memo could not cover).
+well (a no-op on the converted tensors; it also converts what the memo could not cover, and
+runs a module class's own ``_apply``), unless it would change nothing (:func:`_converted`).
 Anything the fast path cannot reproduce exactly (a ``Parameter`` or buffer subclass, a complex
 tensor, a non-leaf tensor, a buffer that requires grad, a quantized or non-strided tensor)
 makes it fall back to ``deepcopy`` then the conversion.
