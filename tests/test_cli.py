@@ -106,6 +106,25 @@ def test_run_input_errors_exit_2(env, args, needles):
         assert needle in res.output
 
 
+@pytest.mark.parametrize(
+    "args, kind, needle",
+    [
+        (["run", "no_such_module:f"], "InputError", "cannot import module 'no_such_module'"),
+        (["run", TINY, "--rtol", "0.1"], "InputError", "rtol and atol must be given together"),
+        (["diff", "no-such-run", "no-such-run"], "InputError", "no-such-run"),
+    ],
+)
+def test_json_input_error_is_one_error_document_on_stdout(env, args, kind, needle):
+    res = invoke(*args, "--json")
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)  # a script reading stdout gets a document, not nothing
+    assert set(doc) == {"error"} and doc["error"]["type"] == kind
+    assert doc["error"]["exit_code"] == 2 and needle in doc["error"]["message"]
+    assert "Error: " in res.stderr and needle in res.stderr  # still said on stderr
+    plain = invoke(*args)  # without --json: nothing on stdout
+    assert plain.exit_code == 2 and plain.stdout == ""
+
+
 def test_run_store_unreachable_exits_3_with_spool_path(env):
     import warnings
 
@@ -113,6 +132,8 @@ def test_run_store_unreachable_exits_3_with_spool_path(env):
         warnings.simplefilter("always")
         res = invoke("run", TINY, "--tracking-uri", "http://127.0.0.1:9", "--json")
     assert res.exit_code == 3
+    # one JSON document: the run's (printed before the store error), no second error document
+    assert json.loads(res.stdout)["run_id"] is None
     spooled = list((env["cwd"] / ".parity" / "spool").iterdir())
     # said once, by the Error line: the library's spool warning is not shown by the CLI
     assert [w for w in caught if "spooled to" in str(w.message)] == []

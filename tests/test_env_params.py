@@ -72,6 +72,11 @@ def test_cli_run_outside_git_logs_no_commit_and_tf32_as_in_effect(in_tmp_cwd,
     assert res.exit_code == 0, res.output
     params = get_client(sqlite_tracking_uri).get_run(out["run_id"]).data.params
     assert "git_commit" not in params and "None" not in params.values()
+    # stored without a commit: said on stderr, with the fix (stdout stays the JSON document)
+    assert f"run {out['run_id']} records no commit" in res.stderr
+    assert "--commit SHA" in res.stderr
+    res, out = run_json("--tracking-uri", sqlite_tracking_uri, "--commit", "abc123")
+    assert res.exit_code == 0 and "records no commit" not in res.stderr
     if torch.cuda.is_available():
         assert params["tf32"] in ("True", "False")
     else:

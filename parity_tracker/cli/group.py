@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from parity_tracker.cli.options import store_retry_option
+from parity_tracker.cli.options import JSON_REQUESTED, store_retry_option
 from parity_tracker.cli.quiet import plain_warnings, quiet_libraries
 from parity_tracker.errors import EXIT_INFRA, ParityTrackerError, brief
 from parity_tracker.files import jsonio
@@ -40,6 +40,7 @@ class ParityGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ParityTrackerError as exc:
+            _json_error(ctx, type(exc).__name__, str(exc), exc.exit_code)
             raise ParityError(exc) from exc
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -49,12 +50,25 @@ class ParityGroup(click.Group):
         except Exception as exc:  # a bug or an unforeseen fault: never exit 1 (a parity verdict)
             if os.environ.get("PARITY_TRACKER_DEBUG"):
                 raise
-            click.echo(
-                f"Error: internal error: {type(exc).__name__}: {brief(exc, 500)} "
-                "(set PARITY_TRACKER_DEBUG=1 for the traceback)",
-                err=True,
-            )
+            message = f"internal error: {type(exc).__name__}: {brief(exc, 500)}"
+            _json_error(ctx, "InternalError", message, EXIT_INFRA)
+            click.echo(f"Error: {message} (set PARITY_TRACKER_DEBUG=1 for the traceback)", err=True)
             ctx.exit(EXIT_INFRA)
+
+
+#: ``ctx.meta`` key: a JSON document was printed on stdout already (no second one)
+_JSON_DONE = "parity_tracker.json_done"
+
+
+def _json_error(ctx: click.Context, kind: str, message: str, exit_code: int) -> None:
+    """Under ``--json``, the error as stdout's one JSON document (unless one was printed).
+
+    A script reading stdout (``jq``, a CI step) then gets a document on every exit, not an
+    empty stream: ``{"error": {"type": ..., "message": ..., "exit_code": ...}}``. The message
+    also goes to stderr as without ``--json``.
+    """
+    if ctx.meta.get(JSON_REQUESTED) and not ctx.meta.get(_JSON_DONE):
+        _emit_json({"error": {"type": kind, "message": message, "exit_code": exit_code}})
 
 
 @contextlib.contextmanager
@@ -97,6 +111,10 @@ def _dup_stdout() -> int | None:
 
 
 def _emit_json(payload: Any) -> None:
+    """Print ``payload`` as the invocation's one JSON document (strict: no NaN/Infinity)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_JSON_DONE] = True
     click.echo(jsonio.dumps(payload, indent=2, default=str))
 
 

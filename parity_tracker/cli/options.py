@@ -37,7 +37,24 @@ tracking_uri_option = click.option(
 experiment_option = click.option(
     "--experiment", default="parity", show_default=True, help="MLflow experiment name."
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+#: ``ctx.meta`` key (shared by every context of one invocation): ``--json`` was given, so an
+#: error is also printed as a JSON document on stdout (``ParityGroup.invoke``)
+JSON_REQUESTED = "parity_tracker.json"
+
+
+def _note_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_REQUESTED] = True
+    return value
+
+
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_note_json,
+    help='Print one JSON document (an error too: {"error": {...}}, exit code unchanged).',
+)
 set_option = click.option(
     "--set",
     "sets",

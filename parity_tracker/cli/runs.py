@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from parity_tracker.cli import terminal as T
@@ -135,6 +137,8 @@ def run(
         )  # fmt: skip
     uri = resolve_tracking_uri(tracking_uri)
     result = outcome.result
+    if commit is None:
+        _warn_no_commit(result, outcome.run_id)
     if as_json:
         _emit_json(
             {
@@ -157,6 +161,21 @@ def run(
     if outcome.interrupted:
         ctx.exit(EXIT_INTERRUPTED)
     ctx.exit(EXIT_OK if result.passed else EXIT_PARITY_FAILURE)
+
+
+def _warn_no_commit(result: Any, run_id: str | None) -> None:
+    """Warn (stderr) when a stored run records no commit: history and diff cannot place it.
+
+    ``nightly`` refuses such a night (``--allow-no-commit``); a single ``run`` is often a local
+    try, so it only warns, naming the fix.
+    """
+    if run_id is None or result.record.environment.get("git_commit"):
+        return
+    click.echo(
+        f"warning: run {run_id} records no commit (not a git checkout, or git missing); "
+        "history, diff --base-commit and bisect cannot place it: pass --commit SHA",
+        err=True,
+    )
 
 
 # --------------------------------------------------------------------------- nightly
