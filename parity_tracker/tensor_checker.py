@@ -21,8 +21,9 @@ Two capture paths give identical results:
 - deferred (default): every tensor is detached and cloned at capture and compared in
   ``check``;
 - eager (``eager_mode="equal"`` or ``"allclose"``, the low-memory path of ``run_parity``): when
-  the second side's tensor of a tag arrives it is compared at once, without cloning it, and
-  the reference's snapshot is released unless a planned dump needs it.
+  the second side's tensor of a tag arrives it is compared at once, without cloning it (a small
+  pair: both copied, compared in bulk at ``check``, ``compare.batch``), and the reference's
+  snapshot is released unless a planned dump needs it.
 
 The memory bound: on the eager path the reference runs first, so its snapshots wait for the
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot storage
@@ -69,7 +70,7 @@ from parity_tracker.compare.pairing import (
     order_key,
     resolve,
     structure_differences,
-    tag_result,
+    tag_results,
     verdict_rows,
 )
 from parity_tracker.compare.results import (
@@ -197,7 +198,7 @@ class TensorChecker(SpillCounters):
     # ------------------------------------------------------------------ state
     def _reset(self) -> None:
         self._log.reset()
-        self._hold.eager_first = {}
+        self._hold.reset()
         self._pairs.clear()
         self._snap.clear()
         self._store.clear()
@@ -440,15 +441,16 @@ def _assemble(self: TensorChecker, mode: str, resolved, dump_mode, dump_path) ->
     ordered = sorted(resolved, key=lambda x: order_key(x[0]))
     plan = dump_plan(DumpMode(dump_mode), ordered)
     paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
-    results = [tag_result(self._log, g, comp, n, paths.get(id(g), ())) for g, comp, n in ordered]
+    results = tag_results(self._log, ordered, paths)
     results += never_called(self._log, mode)
-    rows = verdict_rows(results)  # read by both rules below, built once
+    failing = [i for i, r in enumerate(results) if is_failing(r.comparison.status)]
+    rows = verdict_rows(results, failing)  # both rules read failing rows only; built once
     return CheckResult(
         results=results,
         weights=[r for r in results if r.kind in WEIGHT_KINDS],
         first_divergence=first_divergence(results, rows),
         structure_differences=structure_differences(results, rows),
-        passed=not any(r.failed for r in results),
+        passed=not failing,
         mode=mode,
         dump_dir=dump_dir,
     )
@@ -484,6 +486,7 @@ def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):
 
 def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison, int]]:
     """Every group with a value, resolved to its comparison (eager verdicts reused)."""
+    self._hold.flush()  # the small eager pairs held for the bulk comparison (compare.batch)
     ref_side = self._log.reference_side()
     out = []
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked

@@ -82,7 +82,7 @@ def test_a_baseline_covering_no_cell_is_refused_before_any_cell_runs(env):
                             (bare.info.run_id, "no stored parity run")]:  # fmt: skip
         code, out, res = nightly(env, "--shard", "2/2", "--commit", "d" * 40,
                                  "--baseline", baseline)  # fmt: skip
-        assert code == 2 and out is None
+        assert code == 2 and out["error"]["type"] == "InputError"  # the --json error doc
         assert run_count(env["uri"]) == before  # refused first: no parent run, no cell run
         assert words in res.output and baseline in res.output
 

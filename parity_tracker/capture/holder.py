@@ -3,7 +3,9 @@
 Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eager path
 (``TensorChecker(eager_mode=...)``): when the second side's tensor of a tag arrives it is compared
 with the held one and both are released, unless the planned dump needs them (``DumpMode``), so peak
-memory is one side's activations. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
+memory is one side's activations. A small pair is copied and held instead, and all held pairs are
+compared together at ``check`` (:meth:`Holder.flush`, ``compare.batch``: issue 19), within a small
+byte bound. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import torch
 
 from parity_tracker.capture.modules import Capture, Group
 from parity_tracker.capture.store import Spilled
+from parity_tracker.compare.batch import BULK_MAX_BYTES, PENDING_BYTES, PENDING_PAIRS, HeldPairs
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
 from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
+
+_BULK_MODES = ("equal", "allclose")
 
 
 class Holder:
@@ -31,6 +36,13 @@ class Holder:
     def __init__(self, checker: Any) -> None:  # the TensorChecker facade that owns it
         self.c = checker
         self.eager_first: dict[bool, Group] = {}
+        #: small eager pairs held for the bulk comparison, keyed (group, candidate index)
+        self.held = HeldPairs()
+
+    def reset(self) -> None:
+        """Forget the state of a round (held pairs dropped: their captures are being cleared)."""
+        self.eager_first = {}
+        self.held = HeldPairs()
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
@@ -77,6 +89,10 @@ class Holder:
         if g.kind == "param" and held_value is not None:  # the weight, not its copy (unpin)
             held_value = held.value = self.c._snap.unpin(held_value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
+        if held_value is not None and self._hold_for_bulk(g, cand_i, ref, cand):
+            g.ref_index = ref_i
+            new.value = held.value = RELEASED  # as below without a dump: the pair is held
+            return
         if held_value is not None:
             budget = self.c.eager_mode == BUDGET
             pairs = self.c.budget.for_step(g.step) if budget else self.c._pairs
@@ -114,3 +130,64 @@ class Holder:
             self.eager_first[weight] = g
             return True
         return False
+
+    def _hold_for_bulk(self, g: Group, cand_i: int, ref: Any, cand: Any) -> bool:
+        """Hold a small pair for :meth:`flush` (``compare.batch``) instead of comparing it now.
+
+        Only pairs whose record cannot depend on the moment of comparison: ``equal`` /
+        ``allclose`` without ``align`` or a dump (the dump plan reads each verdict at once),
+        that ``HeldPairs.add`` holds (small plain CPU tensors of one dtype and shape), and
+        whose sides ``Snapshotter.verified`` would pass now whatever the comparison (no
+        copy-on-write snapshot, no pinned parameter written since its capture): that check is
+        made here, when the per-pair path makes it. ``HeldPairs.add`` copies both sides' bytes
+        now (the live side may be written later; the held snapshot is released now, as on the
+        per-pair path). Held bytes (both sides): at most ``min(PENDING_BYTES,
+        max_resident_bytes / 16)``, and :data:`PENDING_PAIRS` pairs; past that, the held pairs
+        are compared first.
+        """
+        c = self.c
+        if c.eager_mode not in _BULK_MODES or c.align is not None:
+            return False
+        if c.dump_mode is not DumpMode.NOT:
+            return False
+        snap = c._snap
+        if snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None:
+            return False
+        if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
+            return False
+        limit = min(PENDING_BYTES, c.max_resident_bytes / 16)
+        if limit < 2 * BULK_MAX_BYTES:  # a bound too small to hold a pair
+            return False
+        if self.held.nbytes + 2 * BULK_MAX_BYTES > limit or len(self.held) >= PENDING_PAIRS:
+            self.flush()  # the next pair could pass the bound: compare the held ones first
+        try:
+            return self.held.add((g, cand_i), g.tag, ref, cand)
+        except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it
+            return False
+
+    def flush(self) -> None:
+        """Compare the held pairs in bulk and record each verdict in its group (``g.pairs``).
+
+        Identical pairs get their record from ``HeldPairs.compare``; the others (or all,
+        should the bulk step fail) are compared one by one on their held values as the
+        per-pair path does (``PairComparer.compare_alone``). ``on_compared`` is told of every
+        pair, with the held values, in the order the pairs were held; a callback with a
+        ``statuses`` attribute only of pairs of those statuses (``PairComparer``).
+        """
+        held, self.held = self.held, HeldPairs()
+        if not len(held):
+            return
+        c = self.c
+        mode, tol, pairs = c.eager_mode, c._eager_tol, c._pairs
+        try:
+            comps = held.compare(mode, tol)
+        except Exception:  # never lose a pair: each is compared alone below
+            comps = [None] * len(held)
+        told = pairs.on_compared
+        statuses = getattr(told, "statuses", None)
+        for i, ((g, cand_i), comp) in enumerate(zip(held.keys, comps, strict=True)):
+            if comp is None:
+                comp = pairs.compare_alone(g.tag, *held.tensors(i), mode, tol, g.step)
+            elif told is not None and (statuses is None or comp.status in statuses):
+                pairs.tell(g.tag, g.step, *held.tensors(i), comp)
+            g.pairs[cand_i] = comp

@@ -30,16 +30,16 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
 from parity_tracker.compare.convert import Converted, _plain, quant_notes, to_tensor
+from parity_tracker.compare.finite import DOT_FINITE_MIN, _all_finite  # noqa: F401 (re-exported)
+from parity_tracker.compare.finite import side_counts as _side_counts
 from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
     StreamHasher,
     dtype_name,
-    flat_view,
     raw_buffer,
 )
 from parity_tracker.compare.metrics import (
@@ -163,57 +163,6 @@ def _unravel(flat_index: int | None, shape: tuple[int, ...]) -> tuple[int, ...] 
         flat_index, rem = divmod(flat_index, size)
         out.append(rem)
     return tuple(reversed(out))
-
-
-_NUMPY_FLOATS = frozenset(
-    {torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128}
-)
-_ALL = np.logical_and.reduce  # ndarray.all without its Python wrapper
-_EXPONENT_BF16 = 0x7F80  # exponent field of a bfloat16 bit pattern (all ones: NaN or ±inf)
-
-
-#: Smallest float32/float64 array whose "all finite" is first tried as one dot product
-#: (:func:`_all_finite`); below it numpy's ``isfinite`` costs less per call (issue 19).
-DOT_FINITE_MIN = 1 << 12
-_DOT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None:
-    """Whether a contiguous CPU float tensor is all finite, in one numpy pass; ``None``: unknown.
-
-    numpy rather than torch: torch reductions of 32 Ki elements or more enter an intra-op
-    parallel region whose barrier, on a busy machine, costs milliseconds. bfloat16 is finite
-    exactly when its exponent field is not all ones. Other dtypes (float8, ...) give ``None``.
-    ``array`` may pass ``t.numpy()`` when the caller already has it.
-
-    A float32/float64 array of at least :data:`DOT_FINITE_MIN` elements is first read once as
-    the sum of its squares (``numpy.dot(a, a)``, BLAS): every term is ``+0`` or more, ``+inf``
-    for an infinite element (or one whose square overflows) and NaN for a NaN, and under IEEE
-    754 a sum with a ``+inf`` or NaN term is never finite, in any order of summation. So a
-    finite sum proves every element finite; a non-finite one (a NaN/inf, or an overflow) falls
-    through to the exact ``isfinite`` pass. Same answer, one read instead of a read, a write of
-    a boolean array and its read (issue 19: ≈ 0.12 → 0.07 ms per 4 MiB).
-    """
-    if t.dtype in _NUMPY_FLOATS:  # the ufunc's own reduce: ndarray.all's wrapper costs ≈ 0.4 µs
-        a = t.numpy() if array is None else array
-        if a.size >= DOT_FINITE_MIN and a.dtype in _DOT_DTYPES:
-            flat = a.reshape(-1)  # a view: the tensor is contiguous
-            if math.isfinite(np.dot(flat, flat)):
-                return True
-        return bool(_ALL(np.isfinite(a), axis=None))
-    if t.dtype == torch.bfloat16:
-        bits = flat_view(t).view(torch.int16).numpy()
-        return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
-    return None
-
-
-def _side_counts(t: torch.Tensor, array: np.ndarray | None = None) -> tuple[int, int]:
-    """NaN/inf counts of a contiguous CPU tensor; one cheap pass when it is all finite."""
-    if not (t.dtype.is_floating_point or t.dtype.is_complex):
-        return 0, 0
-    if _all_finite(t, array):
-        return 0, 0
-    return nonfinite_counts(t)
 
 
 @dataclass(frozen=True)
@@ -528,11 +477,39 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
         tol = (None, None)
     else:
         tol = (tolerances or Tolerances()).resolve(tag, dtype, dtype, *(explicit or ()))
-    values = _identical_template(mode, shape, dtype, name).copy()
+    return identical_record(mode, shape, dtype, tol, ref_hash, (nan, inf))
+
+
+def identical_record(
+    mode: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    tol: tuple[float | None, float | None],
+    content: str,
+    nonfinite: tuple[int, int],
+) -> Comparison:
+    """The record :func:`compare_tensors` gives a bitwise-identical plain CPU pair.
+
+    The one owner of that record for the small path (``_identical_small``) and the bulk path
+    (:mod:`parity_tracker.compare.batch`). Same values as the general path's ``_identical``.
+
+    Args:
+        mode: ``"equal"`` or ``"allclose"``.
+        shape: the shape of both sides.
+        dtype: the dtype of both sides (a numpy-representable torch dtype).
+        tol: ``(rtol, atol)`` resolved for the pair (``(None, None)`` in ``equal`` mode).
+        content: the content hash of both sides (``compare.hashing.content_hash``; identical
+            bytes, dtype and shape give one hash).
+        nonfinite: ``(NaN count, ±inf count)`` of either side (the same bytes).
+
+    Returns:
+        A frozen :class:`Comparison` of status ``equal``.
+    """
+    values = _identical_template(mode, shape, dtype, dtype_name(dtype)).copy()
     values["rtol"], values["atol"] = tol
-    values["ref_nan"] = values["cand_nan"] = nan
-    values["ref_inf"] = values["cand_inf"] = inf
-    values["ref_hash"], values["cand_hash"] = ref_hash, cand_hash
+    values["ref_nan"] = values["cand_nan"] = nonfinite[0]
+    values["ref_inf"] = values["cand_inf"] = nonfinite[1]
+    values["ref_hash"] = values["cand_hash"] = content
     record = object.__new__(Comparison)
     object.__setattr__(record, "__dict__", values)  # the fresh copy becomes the record's
     return record

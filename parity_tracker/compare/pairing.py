@@ -4,13 +4,12 @@ Pure functions over capture records (``parity_tracker.capture.modules``: groups 
 captures, and the capture log's bookkeeping — ``groups``, ``sides``, ``hooked``, ``calls``,
 ``called``, ``ran``, ``cache_hits``, ``not_observable``, ``roots``, ``output_tag``), duck-typed
 so this layer imports nothing from capture: which capture is the reference, comparing a pair
-(:class:`PairComparer`, with its cache of pairs already compared), the diagnosis of one-sided
-tags (missing, structure difference, cache hit, never-called module) and the dump plan.
+(:class:`PairComparer`, with its cache of pairs already compared), never-called modules, the
+results' order and the dump plan; one-sided tags are diagnosed by :mod:`compare.one_sided`.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,12 @@ import torch
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.hashing import content_hash, storage_digest
+from parity_tracker.compare.one_sided import (
+    cache_hit,
+    leaf_desc,
+    missing,
+    reference_index,
+)
 from parity_tracker.compare.results import DumpMode, TagResult
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
@@ -40,34 +45,11 @@ RELEASED = _Released()
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def leaf_desc(value: Any) -> str:
-    """``None``, ``a non-tensor {type}`` or ``a tensor of shape {shape}`` (messages)."""
-    if value is None:
-        return "None"
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    type_name = getattr(value, "type_name", None)  # capture.leaves.NonTensor
-    if type_name is not None:
-        return f"a non-tensor {type_name}"
-    return f"a tensor of shape {value.size}"  # a spilled snapshot (capture.store.Spilled)
-
-
 def load(value: Any) -> Any:
     """A captured value ready to compare: a spilled snapshot read back onto its device."""
     if isinstance(value, torch.Tensor) or not hasattr(value, "load"):
         return value
     return value.load(to_device=True)
-
-
-def reference_index(g: Any) -> int:
-    """Index of a group's reference capture.
-
-    Set by the eager path, else the first capture of the lowest side.
-    """
-    if g.ref_index is not None:
-        return g.ref_index
-    low = min(c.side for c in g.captures)
-    return next(i for i, c in enumerate(g.captures) if c.side == low)
 
 
 class PairComparer:
@@ -85,6 +67,9 @@ class PairComparer:
         on_compared: ``on_compared(tag, step, reference, candidate, comparison)``, called after
             every comparison of two tensors (reused verdicts included) with the pair as
             compared (after ``align``); the run stage keeps the worst pair's histogram this way.
+            A callback with a ``statuses`` attribute (a set of statuses) declares that it acts
+            only on pairs of those statuses: the checker's bulk path (``capture.holder``) then
+            skips building the tensors of the others and does not call it for them.
     """
 
     def __init__(
@@ -135,7 +120,7 @@ class PairComparer:
         key = self._key(tag, ref, cand, mode, tol)
         hit = self._cache.get(key) if key is not None else None
         if hit is not None and self._reusable(hit, key, ref, cand):
-            self._tell(tag, step, ref, cand, hit[3])
+            self.tell(tag, step, ref, cand, hit[3])
             return hit[3]
         try:
             if self.align is not None:
@@ -150,7 +135,7 @@ class PairComparer:
         if key is not None:
             digests = (self._digest(ref, comp), self._digest(cand, comp))
             self._cache[key] = (weakref.ref(ref), weakref.ref(cand), key[-1], comp, digests)
-        self._tell(tag, step, ref, cand, comp)
+        self.tell(tag, step, ref, cand, comp)
         return comp
 
     def _digest(self, t: torch.Tensor, comp: Comparison) -> int | None:
@@ -169,7 +154,25 @@ class PairComparer:
             return None
         return storage_digest(t)
 
-    def _tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+    def compare_alone(
+        self, tag: str, ref: torch.Tensor, cand: torch.Tensor, mode: str, tol: Tolerances, step=0
+    ) -> Comparison:
+        """Compare two tensors as :meth:`compare` does, without its cache and without ``align``.
+
+        For pairs held privately by the caller (``capture.holder``'s bulk path: copies nobody
+        else has, so no reuse is possible); ``on_compared`` is told as in :meth:`compare`.
+        """
+        try:
+            comp = compare_tensors(ref, cand, mode=mode, tag=tag, tolerances=tol)
+        except Exception as exc:  # a pair that cannot be compared never aborts the check
+            return Comparison(
+                status="error", mode=mode, message=f"{tag}: {type(exc).__name__}: {exc}"
+            )
+        self.tell(tag, step, ref, cand, comp)
+        return comp
+
+    def tell(self, tag: str, step: int, ref: Any, cand: Any, comp: Comparison) -> None:
+        """Call ``on_compared(tag, step, ref, cand, comp)`` when one was given."""
         if self.on_compared is not None:
             self.on_compared(tag, step, ref, cand, comp)
 
@@ -271,184 +274,13 @@ def unreadable(tag: str, mode: str, exc: BaseException) -> Comparison:
     )
 
 
-def missing(log: Any, g: Any, mode: str, present: int, ref_side: int) -> Comparison:
-    """The comparison of a tag captured on one side only: missing, structure or cache hit."""
-    absent = "candidate" if present == ref_side else "reference"
-    cap = next((c for c in g.captures if c.is_tensor), None)
-    shape, dtype, device = (cap.meta if cap is not None else None) or (None, None, None)
-    side_fields = (
-        dict(ref_shape=shape, ref_dtype=dtype, ref_device=device)
-        if absent == "candidate"
-        else dict(cand_shape=shape, cand_dtype=dtype, cand_device=device)
-    )
-    numel = None if shape is None else math.prod(shape)
-    absent_sides = {ref_side} if absent == "reference" else (log.sides - {present}) or {1}
-    hidden = log.not_observable.get((g.tag, g.step))
-    if absent == "candidate" and hidden is not None:  # a compiled/foreign engine (adapters)
-        status, message = "skipped", f"not observable: {hidden}"
-    elif cache_hit(log, g, absent_sides):
-        status = "skipped"
-        message = (
-            f"module {g.module!r} was skipped by a cache at step {g.step} (cache hit); "
-            f"the {absent} has no tensor for {g.tag}"
-        )
-    elif (reason := unhooked_reason(log, g, absent_sides)) is not None:
-        status = "skipped"
-        message = not_captured_message(log, g, absent, reason)
-    elif _defaulted_keyword(g, shape, cap):
-        status = "skipped"
-        message = (
-            f"keyword input {g.slot.split('.', 2)[1]!r} of module {g.module!r} was given on "
-            f"the {'reference' if absent == 'candidate' else 'candidate'} only (the {absent} "
-            "left it to its default): not compared; the module's outputs are"
-        )
-    elif cap is None:  # a non-tensor leaf on one side only: a structure difference
-        leaf = next(c.value for c in g.captures if c.value is not None)
-        status = f"missing_{absent}"
-        message = (
-            f"structure differs at {g.tag}: the {absent} has no such leaf, the other side "
-            f"has {leaf_desc(leaf)} (not compared)"
-        )
-    else:
-        structure = structure_gap(log, g, present)
-        status = "shape_mismatch" if structure else f"missing_{absent}"
-        message = structure or missing_message(log, g, absent, present)
-    return Comparison(status=status, mode=mode, numel=numel, message=message, **side_fields)
+def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths, hit: Any = ...) -> TagResult:
+    """The :class:`TagResult` of a resolved group.
 
-
-def _defaulted_keyword(g: Any, shape: tuple[int, ...] | None, cap: Any) -> bool:
-    """A one-sided keyword input that is a flag or number (0-d) or a non-tensor leaf.
-
-    ``f(x, use_cache=False)`` against ``f(x)`` is the same call when False is the default;
-    such a leaf is reported (``skipped``, named), not failed. One-sided tensor keywords and
-    positional inputs stay structure differences.
+    ``hit``: ``cache_hit(log, g)`` when the caller already knows it (``None`` for every group
+    of a log without cache marks, :func:`tag_results`); by default it is asked here.
     """
-    if g.kind != "input" or not g.slot.startswith("input."):
-        return False
-    name = g.slot.split(".", 2)[1]
-    return not name.isdigit() and (cap is None or shape == ())
-
-
-def structure_gap(log: Any, g: Any, present: int) -> str | None:
-    """A message when the absent side holds a non-tensor leaf at a parent key path.
-
-    E.g. the reference's ``hidden_states`` is ``None`` while the candidate's is a tuple of
-    tensors: ``..._output_hidden_states.0`` exists on the candidate only.
-    """
-    if g.kind not in ("input", "output"):
-        return None
-    tag = g.tag
-    while "." in tag:
-        tag = tag.rsplit(".", 1)[0]
-        parent = log.groups.get((tag, g.step))
-        if parent is None:
-            continue
-        other = next((c for c in parent.captures if c.side != present), None)
-        if other is not None and not other.is_tensor:
-            side = "reference" if other.side < present else "candidate"
-            return (
-                f"structure differs at {g.tag}: the {side} has {leaf_desc(other.value)} "
-                f"at {tag}, the other side a tensor of shape {g.captures[0].meta[0]}"
-            )
-    return None
-
-
-def missing_message(log: Any, g: Any, absent: str, present: int) -> str:
-    """Why a tag has no tensor on the ``absent`` side (module not called, no such slot, ...)."""
-    msg = f"no {absent} tensor registered for {g.tag}"
-    if g.module is None or g.kind in WEIGHT_KINDS:
-        return msg
-    other = [s for s in log.hooked if s != present]
-    if not other:
-        return msg
-    calls = max(log.calls.get((s, g.step, g.module), 0) for s in other)
-    if calls:
-        return (
-            f"{msg}: module {g.module!r} ran {calls} time(s) on the {absent} at step "
-            f"{g.step}, this is call {g.call_index}"
-            if g.call_index >= calls
-            else f"{msg}: the {absent}'s module {g.module!r} has no such {g.kind} ({g.slot})"
-        )
-    if any(g.module in log.hooked[s] for s in other):
-        return f"{msg}: module {g.module!r} exists on the {absent} but was not called there"
-    return f"{msg}: the {absent} has no module named {g.module!r} (one-sided name)"
-
-
-def unhooked_reason(log: Any, g: Any, absent: set[int]) -> str | None:
-    """Why ``g``'s module (or a module enclosing it) takes no hooks on an absent side, or None.
-
-    ``log.unhooked`` maps side -> {module display name: reason} (TorchScript submodules,
-    modules whose hook registration raised): such a module exists but is not captured.
-    """
-    if g.module is None or g.kind in WEIGHT_KINDS:
-        return None
-    for side in absent:
-        for name, reason in getattr(log, "unhooked", {}).get(side, {}).items():
-            if g.module == name or g.module.startswith(name + "."):
-                return f"is inside {name!r}, which {reason}" if name != g.module else reason
-    return None
-
-
-def not_captured_message(log: Any, g: Any, absent: str, reason: str) -> str:
-    """The message of a tag whose module exists on ``absent`` but takes no hooks.
-
-    For an output, names the next captured boundary (the first paired input, in the
-    reference's execution order, of a module called after this one at the same step): the
-    module's output is compared there as that module's input.
-    """
-    msg = (
-        f"not captured: module {g.module!r} exists on the {absent} but {reason}; "
-        f"{g.tag} is not compared"
-    )
-    if g.kind != "output":
-        return msg
-    nxt = next_boundary(log, g)
-    if nxt is None:
-        return msg + " (no captured boundary follows it)"
-    return msg + f"; its output is read at the next captured boundary, {nxt.tag}"
-
-
-def next_boundary(log: Any, g: Any) -> Any:
-    """The first input group captured on both sides after ``g`` (reference order), or None."""
-    after = g.captures[0].exec_order
-    best = None
-    for other in log.groups.values():
-        if other.step != g.step or other.kind != "input" or len(other.captures) < 2:
-            continue
-        if len({c.side for c in other.captures}) < 2 or not any(
-            c.is_tensor for c in other.captures
-        ):
-            continue
-        if other.module == g.module or (other.module or "").startswith(g.module + "."):
-            continue
-        order = other.captures[reference_index(other)].exec_order
-        if order > after and (best is None or order < best[0]):
-            best = (order, other)
-    return None if best is None else best[1]
-
-
-def cache_hit(log: Any, g: Any, absent: set[int] | None = None) -> bool | None:
-    """Whether a cache skipped ``g``'s module at its step (``None``: no cache in play).
-
-    A mark covers the module and its submodules (the root's name covers all). With
-    ``absent`` given, only marks for one of those sides (or for no side) count.
-    """
-    if not log.cache_hits:
-        return None
-    if g.module is None:
-        return False
-    roots = log.roots
-    for module, step, side in log.cache_hits:
-        if step != g.step or (absent is not None and side is not None and side not in absent):
-            continue
-        if module in roots or g.module == module or g.module.startswith(module + "."):
-            return True
-    return False
-
-
-def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
-    """The :class:`TagResult` of a resolved group."""
-    ref_i = reference_index(g)
+    ref_i = g.ref_index
     return TagResult._fast(  # every field, in field order
         {
             "tag": g.tag,
@@ -456,14 +288,26 @@ def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
             "kind": g.kind,
             "slot": g.slot,
             "call_index": g.call_index,
-            "exec_order": g.captures[ref_i].exec_order,
+            "exec_order": g.captures[reference_index(g) if ref_i is None else ref_i].exec_order,
             "step": g.step,
-            "cache_hit": cache_hit(log, g),
+            "cache_hit": cache_hit(log, g) if hit is ... else hit,
             "comparison": comp,
             "dump_paths": tuple(paths),
             "n_tensors": n,
         }
     )
+
+
+def tag_results(log: Any, ordered: list[tuple[Any, Comparison, int]], paths) -> list[TagResult]:
+    """:func:`tag_result` of each resolved ``(group, comparison, n)``, in order.
+
+    ``paths``: ``{id(group): dump paths}``. A log without cache marks gives every result
+    ``cache_hit`` ``None`` (what :func:`cache_hit` answers), asked once for all (issue 19).
+    """
+    hit = ... if log.cache_hits else None
+    empty = ()
+    get = paths.get
+    return [tag_result(log, g, comp, n, get(id(g), empty), hit) for g, comp, n in ordered]
 
 
 def never_called(log: Any, mode: str) -> list[TagResult]:
@@ -506,29 +350,39 @@ def order_key(g: Any) -> tuple[int, int]:
     return (0, g.order) if g.order is not None else (1, g.created)
 
 
-def verdict_rows(results: list[TagResult]) -> list[dict[str, Any]]:
-    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index)."""
+def verdict_rows(
+    results: list[TagResult], indices: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """The fields of each result that the rules of :mod:`compare.verdict` read (+ its index).
+
+    ``indices``: only the results at these positions (in this order), e.g. the failing ones:
+    both rules read only failing rows (a first divergence is failing, ``is_divergence``; a
+    structure difference's status is in ``STRUCTURAL`` ⊂ ``FAILING``) and break ties by row
+    order, which a subsequence keeps, so their answers are the same (issue 19: a passing run
+    builds no row).
+    """
     return [
         {
-            "status": r.status,
+            "status": (r := results[i]).status,
             "kind": r.kind,
             "cache_hit": r.cache_hit,
             "step": r.step,
             "exec_order": r.exec_order,
             "index": i,
         }
-        for i, r in enumerate(results)
+        for i in (range(len(results)) if indices is None else indices)
     ]
 
 
 def first_divergence(results: list[TagResult], rows: list[dict] | None = None) -> TagResult | None:
     """The first divergence by :func:`parity_tracker.compare.verdict.first_divergence`'s rule.
 
-    ``rows``: ``verdict_rows(results)`` when the caller already built them (issue 19: once
-    per check for this and :func:`structure_differences`).
+    ``rows``: ``verdict_rows(results)`` (or of the failing results only) when the caller
+    already built them (issue 19: once per check for this and :func:`structure_differences`).
     """
-    i = first_divergence_index(verdict_rows(results) if rows is None else rows)
-    return None if i is None else results[i]
+    rows = verdict_rows(results) if rows is None else rows
+    i = first_divergence_index(rows)
+    return None if i is None else results[rows[i]["index"]]
 
 
 def structure_differences(

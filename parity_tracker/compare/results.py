@@ -154,6 +154,13 @@ def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
 
 _COMPARISON_FIELDS = frozenset(f.name for f in fields(Comparison))
 
+#: The ``TagResult`` fields ``to_row`` writes (``dump_paths`` becomes ``dump_path``), and one
+#: C-level getter of them from a record's ``__dict__`` (``CheckResult.to_columns``).
+_TAG_FIELDS = (
+    "tag", "module", "kind", "slot", "call_index", "exec_order", "step", "cache_hit", "dump_paths",
+)  # fmt: skip
+_PICK_TAG = operator.itemgetter(*_TAG_FIELDS)
+
 
 @dataclass
 class CheckResult:
@@ -185,6 +192,33 @@ class CheckResult:
     def to_rows(self) -> list[dict[str, Any]]:
         """``modules`` table rows, one per result."""
         return [r.to_row() for r in self.results]
+
+    def to_columns(self) -> dict[str, list[Any] | tuple[Any, ...] | None]:
+        """The ``modules`` table by column: ``{name: values}`` in ``MODULES_SCHEMA`` order.
+
+        ``values[i]`` is ``self.to_rows()[i][name]`` (the same objects, no conversion); a
+        column no result fills (``run_id``, ``ranks``, ``local_*``) is ``None``: null in every
+        row. Records of the exact types ``TagResult`` and ``Comparison`` are transposed at C
+        level (``operator.itemgetter`` over their ``__dict__``, then ``zip``) instead of one
+        dict per row (issue 19: 2.7 ms → ≈ 1.3 ms for 1,002 results); any other record takes
+        :meth:`to_rows`'s path.
+        """
+        cols, _, comp_cols, pick = _module_columns()
+        results = self.results
+        if not all(type(r) is TagResult and type(r.comparison) is Comparison for r in results):
+            rows = self.to_rows()
+            return {c: [row[c] for row in rows] for c in cols}
+        out: dict[str, Any] = dict.fromkeys(cols)
+        if not results:
+            return {c: [] for c in cols}
+        comps = [r.comparison.__dict__ for r in results]
+        out.update(zip(comp_cols, zip(*map(pick, comps), strict=True), strict=True))
+        mine = [r.__dict__ for r in results]
+        tags = dict(zip(_TAG_FIELDS, zip(*map(_PICK_TAG, mine), strict=True), strict=True))
+        tags["exec_order"] = [e if e >= 0 else None for e in tags["exec_order"]]
+        tags["dump_path"] = [p[0] if p else None for p in tags.pop("dump_paths")]
+        out.update(tags)  # the result's own fields win, as in TagResult.to_row
+        return out
 
     @property
     def failing(self) -> list[TagResult]:

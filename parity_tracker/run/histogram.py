@@ -157,6 +157,10 @@ class WorstPair:
     (issue 13, item 6).
     """
 
+    #: the statuses this callback acts on: the checker need not report pairs of other statuses
+    #: (``compare.pairing.PairComparer``'s ``on_compared``; issue 19, the bulk path)
+    statuses = frozenset({"mismatch"})
+
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._kept: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -164,7 +168,7 @@ class WorstPair:
 
     def __call__(self, tag: str, step: int, reference: Any, candidate: Any, comparison) -> None:
         """Consider one compared pair (signature of ``PairComparer``'s ``on_compared``)."""
-        if comparison.status != "mismatch":
+        if comparison.status not in self.statuses:
             return
         row = {
             "status": comparison.status,

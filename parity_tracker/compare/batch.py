@@ -1,0 +1,211 @@
+"""Small pairs held as bytes and compared in bulk (issue 19, the "columnar" direction).
+
+A module-level eager run of a model of many small modules compares thousands of pairs of a few
+hundred bytes. The per-pair comparison (:func:`~parity_tracker.compare.core.compare_tensors`'
+small path, with the pair comparer's cache and the snapshot check around it) costs ≈ 12–14 µs a
+pair, almost all of it Python and torch call overhead, not bytes. :class:`HeldPairs` instead:
+
+1. :meth:`HeldPairs.add` copies each side's C-order bytes once, when the pair is known
+   (``ctypes.string_at`` on the tensor's ``const_data_ptr``: ≈ 0.4 µs for a small tensor, less
+   than a ``clone`` or a ``numpy()`` view; a copy-on-write storage is not materialized). The
+   copies are the pair's values of that moment, whatever is written to the tensors later.
+2. :meth:`HeldPairs.compare` settles every held pair at once: a pair is identical exactly when
+   its two byte strings are equal (one ``memcmp``); the NaN/inf counts of all identical pairs of
+   one dtype are proven zero by one ``isfinite`` pass over their joined bytes (otherwise each
+   such pair is counted by the per-pair path's own function); each identical pair's content hash
+   is xxh3-64 over its header and bytes, the byte stream of
+   :func:`~parity_tracker.compare.hashing.content_hash`.
+3. Identical pairs get the record the per-pair path gives
+   (:func:`~parity_tracker.compare.core.identical_record`, every field); a pair that differs
+   gets ``None``, and the caller compares it alone with ``compare_tensors`` on the held values
+   (:meth:`HeldPairs.tensors`), exactly as before.
+
+``tests/test_compare_batch.py`` checks every field against ``compare_tensors`` on random pairs.
+The caller (``capture.holder.Holder``) bounds what is held (:data:`PENDING_BYTES`,
+:data:`PENDING_PAIRS`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from parity_tracker.compare.core import Comparison, _header, identical_record
+from parity_tracker.compare.finite import side_counts
+from parity_tracker.compare.hashing import _NUMPY_DTYPES, dtype_name
+from parity_tracker.compare.tolerances import Tolerances
+
+BULK_MAX_BYTES = 4096
+"""Largest side (bytes) held; larger pairs are compared at once (their bytes, not the per-pair
+overhead, dominate their cost, and holding them would raise peak memory)."""
+
+PENDING_BYTES = 1 << 20
+"""Held bytes (both sides) at most before the held pairs are compared (1 MiB; further bounded
+by 1/16 of the checker's ``max_resident_bytes``, see ``capture.holder``)."""
+
+PENDING_PAIRS = 2048
+"""Held pairs at most before they are compared (bounds the Python objects per held pair)."""
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _readable(t: Any) -> bool:
+    """A plain, dense, strided CPU tensor of a numpy dtype whose memory holds its values as is.
+
+    Plain: not a subclass (fake, functional, distributed tensors), not nested; no conjugate or
+    negative bit (their memory holds the values before the lazy negation). CPU: the memory is
+    read from this process. Strided: sparse and other layouts have no such memory.
+    """
+    return (
+        type(t) in _PLAIN
+        and not t.is_nested
+        and t.is_cpu
+        and t.layout == torch.strided
+        and t.dtype in _NUMPY_DTYPES
+        and not t.is_conj()
+        and not t.is_neg()
+    )
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    """A copy of the C-order bytes of a :func:`_readable` tensor, as ``bytes``.
+
+    Read through ``const_data_ptr`` (a copy-on-write storage is not materialized, as in
+    ``hashing.content_hash_in_place``); a non-contiguous tensor is made contiguous first.
+    """
+    if not t.is_contiguous():
+        t = t.contiguous()
+    n = t.numel() * t.element_size()
+    return ctypes.string_at(t.const_data_ptr(), n) if n else b""
+
+
+class HeldPairs:
+    """Small pairs held as bytes until :meth:`compare` settles them together (module docstring).
+
+    Attributes:
+        keys: the caller's key of each held pair, in the order they were added.
+        nbytes: bytes held (both sides).
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self.nbytes = 0
+        self._items: list[tuple[str | None, torch.dtype, tuple[int, ...], bytes, bytes]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, key: Any, tag: str | None, ref: Any, cand: Any) -> bool:
+        """Hold a copy of both sides' values of now; False (nothing held) for other pairs.
+
+        Held: two :func:`_readable` tensors of one dtype and one shape (any strides), at most
+        :data:`BULK_MAX_BYTES` bytes each.
+
+        Args:
+            key: anything; returned in :attr:`keys` (the checker's group and capture index).
+            tag: the pair's tag (its per-tag tolerance override in ``allclose`` mode).
+            ref: the reference value.
+            cand: the candidate value.
+        """
+        if not (_readable(ref) and _readable(cand)):
+            return False
+        dtype, shape = ref.dtype, ref.shape
+        if cand.dtype != dtype or cand.shape != shape:
+            return False
+        if ref.numel() * ref.element_size() > BULK_MAX_BYTES:
+            return False
+        rb, cb = _bytes(ref), _bytes(cand)
+        self._items.append((tag, dtype, tuple(shape), rb, cb))
+        self.keys.append(key)
+        self.nbytes += len(rb) + len(cb)
+        return True
+
+    def tensors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held pair ``i`` as two new tensors (its values when it was added; contiguous)."""
+        _, dtype, shape, rb, cb = self._items[i]
+        np_dtype = _numpy_dtype(dtype)
+        return tuple(  # type: ignore[return-value]
+            torch.from_numpy(np.frombuffer(b, np_dtype).reshape(shape).copy()) for b in (rb, cb)
+        )
+
+    def compare(self, mode: str, tolerances: Tolerances | None = None) -> list[Comparison | None]:
+        """The record of each bitwise-identical held pair, ``None`` for each pair that differs.
+
+        Args:
+            mode: ``"equal"`` or ``"allclose"``.
+            tolerances: the per-tag overrides, as given to ``compare_tensors`` (``None``: none).
+
+        Returns:
+            ``out[i]`` for the ``i``-th pair added: the :class:`Comparison` that
+            ``compare_tensors(ref, cand, mode=mode, tag=tag, tolerances=tolerances)`` returned
+            for the values held, field for field, when they are bitwise identical; ``None``
+            when they are not (the caller compares them alone, :meth:`tensors`).
+        """
+        tol = tolerances or Tolerances()
+        finite = self._finite()
+        out: list[Comparison | None] = []
+        for i, (tag, dtype, shape, rb, cb) in enumerate(self._items):
+            if rb != cb:  # differs: compared alone by the caller
+                out.append(None)
+                continue
+            content = xxhash.xxh3_64_hexdigest(_header(dtype_name(dtype), shape) + rb)
+            counts = (0, 0) if finite[dtype] else side_counts(self.tensors(i)[1])
+            pair = (None, None) if mode == "equal" else tol.resolve(tag, dtype, dtype)
+            out.append(identical_record(mode, shape, dtype, pair, content, counts))
+        return out
+
+    def _finite(self) -> dict[torch.dtype, bool]:
+        """Per dtype: True when every held candidate value is finite (one pass over them all)."""
+        by_dtype: dict[torch.dtype, list[bytes]] = {}
+        for _, dtype, _, _, cb in self._items:
+            by_dtype.setdefault(dtype, []).append(cb)
+        finite = {}
+        for dtype, chunks in by_dtype.items():
+            if dtype.is_floating_point or dtype.is_complex:
+                values = np.frombuffer(b"".join(chunks), _numpy_dtype(dtype))
+                finite[dtype] = bool(np.isfinite(values).all())
+            else:
+                finite[dtype] = True
+        return finite
+
+
+def compare_small(
+    refs: Sequence[torch.Tensor],
+    cands: Sequence[torch.Tensor],
+    tags: Sequence[str | None],
+    mode: str,
+    tolerances: Tolerances | None = None,
+) -> list[Comparison | None]:
+    """:meth:`HeldPairs.compare` of the pairs ``zip(refs, cands)`` (tags ``tags``).
+
+    Raises:
+        ValueError: a pair :meth:`HeldPairs.add` does not hold (another dtype, shape, device,
+            layout or size class); check with :func:`bulk_eligible`.
+    """
+    held = HeldPairs()
+    for i, (r, c, tag) in enumerate(zip(refs, cands, tags, strict=True)):
+        if not held.add(i, tag, r, c):
+            raise ValueError(f"compare_small: pair {i} ({tag}) cannot be held; see bulk_eligible")
+    return held.compare(mode, tolerances)
+
+
+def bulk_eligible(ref: Any, cand: Any) -> bool:
+    """Whether :meth:`HeldPairs.add` holds the pair (same test, nothing copied)."""
+    return (
+        _readable(ref)
+        and _readable(cand)
+        and cand.dtype == ref.dtype
+        and cand.shape == ref.shape
+        and ref.numel() * ref.element_size() <= BULK_MAX_BYTES
+    )
