@@ -152,6 +152,8 @@ class _Bump(nn.Module):
             y[0] += 1.0
         elif self.how == "numpy":
             y.numpy()[0] += 1.0
+        elif self.how == "foreach":  # a written Tensor(a!)[] argument
+            torch._foreach_add_([y], 1.0)
         return torch.mul(y, 2.0)
 
 
@@ -182,6 +184,15 @@ def test_op_output_written_in_place_after_a_cow_module_snapshot_keeps_its_value(
     address read (``storage.data_ptr()``) moved it to a new buffer, so the in-place write was
     not seen and the op row compared the written value: ``equal``."""
     row, expected = _op_row("in_place")
+    assert row["status"] == "mismatch", row
+    assert row["max_abs_diff"] == expected
+
+
+def test_op_output_written_by_a_foreach_op_keeps_its_value():
+    """``_foreach_add_`` writes a list argument; the op store copied nothing before it (the
+    write target was the list), so the held sub output became x[0] + 1 and the row said
+    ``equal``. Its value when sub ran is x[0] − 0 against the candidate's x[0] − (−1)."""
+    row, expected = _op_row("foreach")
     assert row["status"] == "mismatch", row
     assert row["max_abs_diff"] == expected
 

@@ -305,7 +305,9 @@ class DispatchRecorder(TorchDispatchMode):
                 before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
                 for pos, name in info.written_args:
                     target = args[pos] if pos < len(args) else kwargs.get(name)
-                    self.side.store.before_write(target)
+                    # a written ``Tensor(a!)[]`` (``_foreach_add_``): each of its tensors
+                    for t in target if isinstance(target, (list, tuple)) else (target,):
+                        self.side.store.before_write(t)
         except Exception as exc:  # the recorder's own failure never fails the forward
             self.failure.fail(exc)
             return func(*args, **kwargs)
