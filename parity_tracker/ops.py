@@ -27,7 +27,11 @@ input (views: ``transpose``, ``view``, ``expand``, ...; known from the schema's
 ``alias_info``) are skipped — a view is known by its base. In-place and ``out=`` ops are
 captured (they write new values into existing storage). Captures are *references*, not copies;
 before an in-place op writes into a storage that a capture still references, that capture is
-copied (copy-on-write), so each capture keeps the value its op produced.
+copied (copy-on-write), so each capture keeps the value its op produced. A write that bypasses
+dispatch (a ``.numpy()`` or DLPack view, ctypes) is not seen that way: each CPU capture is held
+with its xxh3 content hash taken when its op ran (``capture.op_store.guarded``; other devices:
+a private copy), and an output whose bytes no longer hash the same when compared is an
+``error`` row, never ``equal`` (issue 13).
 
 Lockstep and the memory bound: the reference side (``recording(0)``) runs first and its
 captures are kept for the session; the candidate side (``recording(1)``) is compared module call
@@ -307,11 +311,26 @@ class OpSession(SpillCounters):
 
     def _close(self, side: SideRecorder, frame: OpFrame) -> None:
         # Called from module hooks while the dispatch mode is active: our own tensor work
-        # (reading spilled captures, comparisons) must not be recorded as ops.
+        # (reading spilled captures, comparisons) must not be recorded as ops. A reference
+        # frame is only kept (no tensor work; issue 19: no mode pop/push per module call).
+        if side.index == 0:
+            self._comparer.close_frame(0, frame)
+            return
         with suspended():
             self._comparer.close_frame(side.index, frame)
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` without the comparer's private keys (those starting with ``_``)."""
-    return {k: v for k, v in row.items() if not k.startswith("_")}
+    """``row`` without the comparer's private keys (those starting with ``_``).
+
+    Issue 19: a copy less the three private keys ``localize.op_compare`` sets (``_PRIVATE``)
+    instead of a test per key.
+    """
+    public = row.copy()
+    for key in _PRIVATE:
+        public.pop(key, None)
+    return public
+
+
+#: every private key of the comparer's rows (``OpComparer._compare_event``, ``_manual_row``)
+_PRIVATE = ("_cand_seq", "_ref_seq", "_out")

@@ -53,7 +53,8 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.holder import Holder
-from parity_tracker.capture.modules import CaptureLog, Group, HookHandle, install
+from parity_tracker.capture.hooks import HookHandle, install
+from parity_tracker.capture.modules import CaptureLog, Group
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.sides import BudgetSides
 from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, VerifiedPairs

@@ -88,3 +88,24 @@ def test_retry_backs_off_on_locked_and_raises_others(monkeypatch):
         store.retry(always_locked)
     assert len(sleeps) == 2 + store.RETRY_ATTEMPTS - 1
     assert sleeps[2:] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0])  # capped at 2 s
+
+
+def test_start_environment_reads_git_in_the_background_as_collect_environment(
+    repo, tmp_path_factory
+):
+    from parity_tracker.run.environment import start_environment
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    (repo / "f.txt").write_text("changed")  # dirty when started
+    finish = start_environment(repo)
+    (repo / "f.txt").write_text("a")  # clean again before the answer is read: git ran already
+    env = finish()
+    assert tuple(env) == ENV_KEYS
+    assert (env["git_commit"], env["git_branch"]) == (head, "nightly-test")
+    assert env["num_threads"] == torch.get_num_threads()
+    assert env == {**collect_environment(cwd=repo), "git_dirty": env["git_dirty"]}
+    outside = tmp_path_factory.mktemp("outside")  # beside the repo, not inside it
+    env = start_environment(outside)()
+    assert (env["git_commit"], env["git_branch"], env["git_dirty"]) == (None, None, None)
+    start_environment(repo)  # never read: reaped by its finalizer, no error, no zombie

@@ -152,6 +152,8 @@ class _Bump(nn.Module):
             y[0] += 1.0
         elif self.how == "numpy":
             y.numpy()[0] += 1.0
+        elif self.how == "foreach":  # a written Tensor(a!)[] argument
+            torch._foreach_add_([y], 1.0)
         return torch.mul(y, 2.0)
 
 
@@ -186,15 +188,63 @@ def test_op_output_written_in_place_after_a_cow_module_snapshot_keeps_its_value(
     assert row["max_abs_diff"] == expected
 
 
+def test_op_output_written_by_a_foreach_op_keeps_its_value():
+    """``_foreach_add_`` writes a list argument; the op store copied nothing before it (the
+    write target was the list), so the held sub output became x[0] + 1 and the row said
+    ``equal``. Its value when sub ran is x[0] − 0 against the candidate's x[0] − (−1)."""
+    row, expected = _op_row("foreach")
+    assert row["status"] == "mismatch", row
+    assert row["max_abs_diff"] == expected
+
+
 @cow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (w5trust): op captures are references; a write through .numpy()/DLPack/"
-    "data_ptr() after capture bypasses dispatch and rewrites them",
-)
 def test_op_output_written_through_numpy_after_capture_never_equal():
+    """Op captures are references; a write through ``.numpy()`` after the op bypasses dispatch
+    and rewrote the held output, so the row compared x[0] + 1 with x[0] + 1: ``equal``."""
     row, _ = _op_row("numpy")
     assert row["status"] != "equal", row
+
+
+class _SubWrite(nn.Module):
+    """``sub`` then, in the same module call, its output written through numpy (or not)."""
+
+    def __init__(self, first: float, write: bool, transposed: bool) -> None:
+        super().__init__()
+        offset = torch.zeros(N_COW)
+        offset[0] = first
+        self.register_buffer("offset", offset.view(256, 128) if transposed else offset)
+        self.write, self.transposed = write, transposed
+
+    def forward(self, x):
+        if self.transposed:  # sub keeps the inputs' strides: a dense, non-contiguous output
+            y = torch.sub(x.view(256, 128).t(), self.offset.t())
+        else:
+            y = torch.sub(x, self.offset)
+        if self.write:
+            y.numpy()[(0,) * y.dim()] += 1.0  # y[0] / y[0, 0]: the first element in memory
+        return torch.mul(y, 2.0)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_op_output_rewritten_to_the_other_sides_value_is_an_error(side, transposed):
+    """One side's sub gives x − (−1) at [0], the other's x − 0 and then writes +1 through
+    numpy inside the same module call: the held outputs read x[0] + 1 on both sides, but the
+    ops produced values differing by 1 at [0]. Main said ``equal``; the bytes changed after the
+    op, so the row is an ``error`` naming the side (and mul, computed after the write on both
+    sides, stays ``equal``: (x[0] + 1) · 2 both). ``transposed``: the output is dense but not
+    contiguous (held with a storage-order digest)."""
+    x = torch.randn(N_COW, generator=torch.Generator().manual_seed(6))
+    plain, written = _SubWrite(-1.0, False, transposed), _SubWrite(0.0, True, transposed)
+    ref, cand = (written, plain) if side == "reference" else (plain, written)
+    result = run_parity(
+        ref, cand, inputs=(x,), mode="equal", dump_mode=DumpMode.NOT, capture_ops=True
+    )
+    rows = {r["tag"]: r for r in result.ops.to_pylist()}
+    sub = rows["model@0::sub#0"]
+    assert sub["status"] == "error", sub
+    assert f"the {side}'s op output changed after the op ran" in sub["message"]
+    assert rows["model@0::mul#0"]["status"] == "equal"
 
 
 class _Step(nn.Module):

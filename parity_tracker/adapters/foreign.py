@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-from parity_tracker.capture.modules import CaptureLog, HookHandle, install
+from parity_tracker.capture.hooks import HookHandle, install
+from parity_tracker.capture.modules import CaptureLog
 from parity_tracker.capture.ops import suspended
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.errors import InputError

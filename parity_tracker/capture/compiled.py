@@ -31,7 +31,7 @@ saying what to do. Nothing uncaptured is ever reported as equal.
 
 The compile settings, graph-break counts and the Inductor compiler check live in
 :mod:`parity_tracker.adapters.compiled`; this module is the capture half (imported by
-:func:`parity_tracker.capture.modules.install`, so it stays in the capture layer).
+:func:`parity_tracker.capture.hooks.install`, so it stays in the capture layer).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _discard_stale_code(model: Any) -> bool:
 def install_compiled(model: Any, log: Any, handle: Any) -> None:
     """Hook a compiled module: taps traced into its graph, replayed into ``log`` after it.
 
-    Called by :func:`parity_tracker.capture.modules.install` for an ``OptimizedModule`` (the
+    Called by :func:`parity_tracker.capture.hooks.install` for an ``OptimizedModule`` (the
     seed API and ``run_parity`` both go through it). Tags are those of ``model._orig_mod``.
 
     Args:
@@ -117,7 +117,7 @@ def install_compiled(model: Any, log: Any, handle: Any) -> None:
         handle: the ``HookHandle`` that owns the hooks (its ``side``, ``root_name``,
             ``module_names`` are filled in).
     """
-    from parity_tracker.capture.modules import _has_forward
+    from parity_tracker.capture.hooks import _has_forward
 
     orig = model._orig_mod
     handle.recompiled = _discard_stale_code(model)

@@ -13,7 +13,8 @@ Same result as ``copy.deepcopy(module)`` then ``Module._apply`` of the conversio
 converted tensors are new leaves (``nn.Parameter`` with the original ``requires_grad``; plain
 tensors for buffers), a tensor registered twice (tied weights) stays one object, integer and
 bool tensors are copied by ``deepcopy`` as before, and the conversion is applied afterwards as
-well (a no-op on the converted tensors; it also converts what the memo could not cover).
+well (a no-op on the converted tensors; it also converts what the memo could not cover, and
+runs a module class's own ``_apply``), unless it would change nothing (:func:`_converted`).
 Anything the fast path cannot reproduce exactly (a ``Parameter`` or buffer subclass, a complex
 tensor, a non-leaf tensor, a buffer that requires grad, a quantized or non-strided tensor)
 makes it fall back to ``deepcopy`` then the conversion.
@@ -168,6 +169,30 @@ def cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     # ids in the memo stay valid: the originals are alive in ``module`` throughout
     out = copy.deepcopy(module) if memo is None else structural_copy(module, memo)
     drop_capture_hooks(out)  # a copy must not record into the original's checker
+    if memo is not None and _converted(out, dtype):
+        return out  # the conversion below would give back every tensor as it is
     # .double() keeps complex tensors complex, as golden_copy always did; .to(dtype) is
     # make_twin's conversion (complex tensors never take the fast path)
     return out.double() if dtype == torch.float64 else out.to(dtype)
+
+
+def _converted(out: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """True when ``out.double()`` / ``out.to(dtype)`` would change nothing in ``out``.
+
+    ``Module._apply`` then only sets each floating parameter's ``.data`` to itself (``Tensor.to``
+    returns the tensor itself when its dtype is already ``dtype``) and returns ``out``: ≈ 0.6 ms
+    per copy at 22 modules, 2.1 ms at 82 (issue 19, wave 6). Required: the root's ``double``
+    / ``to`` and every module's ``_apply`` are ``nn.Module``'s own (a class that overrides
+    them, e.g. an RNN re-flattening its weights, still gets the call), and every floating or
+    complex parameter and buffer already has ``dtype``.
+    """
+    name = "double" if dtype == torch.float64 else "to"
+    if getattr(type(out), name) is not getattr(torch.nn.Module, name):
+        return False
+    for m in out.modules():
+        if type(m)._apply is not torch.nn.Module._apply:
+            return False
+        for t in chain(m._parameters.values(), m._buffers.values()):
+            if t is not None and (t.is_floating_point() or t.is_complex()) and t.dtype != dtype:
+                return False
+    return True

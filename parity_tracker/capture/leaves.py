@@ -7,7 +7,7 @@ structures (tuples, lists, mappings, dataclasses) and names each leaf's slot.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -172,30 +172,57 @@ def input_leaves(
     Positional input ``i`` is ``checker_{base}_input_{i}``, keyword input ``name`` is
     ``checker_{base}_input_{name}``; a structured input appends its key path with ``.``.
     """
-    items = [(str(i), a) for i, a in enumerate(args)]
-    items += [(str(k), v) for k, v in (kwargs or {}).items()]
-    leaves = []
-    for name, value in items:
-        if value is None or isinstance(value, torch.Tensor):  # flatten's one leaf, directly
-            leaves.append((input_tag(base, name), f"input.{name}", value))
-            continue
-        if type(value) in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
-            leaves.append((input_tag(base, name), f"input.{name}", scalar_leaf(value)))
-            continue
-        for p, leaf in flatten(value):
-            suffix = f"{name}.{p}" if p else name
-            leaves.append((input_tag(base, suffix), f"input.{suffix}", leaf))
+    names = input_names(base, len(args), kwargs.keys() if kwargs else ())
+    values = (*args, *kwargs.values()) if kwargs else args
+    leaves: list[tuple[str, str, Any]] = []
+    for (name, tag, slot), value in zip(names, values, strict=True):
+        value_leaves(base, name, tag, slot, value, leaves)
     return leaves
 
 
+def input_names(base: str, nargs: int, keys: Iterable[str]) -> list[tuple[str, str, str]]:
+    """``(name, tag, slot)`` of each top-level input of a call, positional first.
+
+    The name of positional input ``i`` is ``str(i)``, a keyword input's is its keyword; the tag
+    is :func:`parity_tracker.capture.tags.input_tag` and the slot ``input.{name}``. The hooks
+    keep this list per call signature (issue 19: formatted once per module, not per call).
+    """
+    names = [str(i) for i in range(nargs)]
+    names += [str(k) for k in keys]
+    return [(name, input_tag(base, name), f"input.{name}") for name in names]
+
+
+def value_leaves(base: str, name: str, tag: str, slot: str, value: Any, out: list) -> None:
+    """Append the ``(tag, slot, leaf)`` of one top-level input ``name`` to ``out``.
+
+    ``tag`` and ``slot`` are the input's own (:func:`input_names`); a structured value is
+    flattened (:func:`flatten`) and each leaf appends its key path to the name.
+    """
+    if value is None or isinstance(value, torch.Tensor):  # flatten's one leaf, directly
+        out.append((tag, slot, value))
+        return
+    if type(value) in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
+        out.append((tag, slot, scalar_leaf(value)))
+        return
+    for p, leaf in flatten(value):
+        suffix = f"{name}.{p}" if p else name
+        out.append((input_tag(base, suffix), f"input.{suffix}", leaf))
+
+
 def own_tensors(
-    model: torch.nn.Module, root: str = ROOT_NAME
+    model: torch.nn.Module,
+    root: str = ROOT_NAME,
+    walk: Iterable[tuple[str, torch.nn.Module]] | None = None,
+    classes: dict[type, bool] | None = None,
 ) -> dict[int, list[tuple[str, str, str, str]]]:
     """Each module object's own parameters and buffers under every qualified name.
 
     Args:
         model: the hooked model.
         root: the root's display name (:func:`root_name`).
+        walk: ``model.named_modules(remove_duplicate=False)`` when the caller has listed it
+            already (the hooks' install walks the model once, issue 19).
+        classes: the memo of :func:`has_packed_params` for this walk.
 
     Returns:
         ``{id(module): [(qualified name, owner module display name, local name, kind), ...]}``
@@ -204,22 +231,24 @@ def own_tensors(
     """
     table: dict[int, list[tuple[str, str, str, str]]] = {}
     seen: set[str] = set()
-    for mname, mod in model.named_modules(remove_duplicate=False):
+    if walk is None:
+        walk = model.named_modules(remove_duplicate=False)
+    for mname, mod in walk:
         entries = table.setdefault(id(mod), [])
         owner = module_display_name(mname, root)  # once per module (issue 19)
-        prefix = f"{mname}." if mname else ""
         for kind, store in (("param", mod._parameters), ("buffer", mod._buffers)):
-            for local in [k for k, _ in store.items()]:
-                qname = prefix + local
-                # read_own's test, inline (TorchScript's store has no .get): a slot holding
-                # None has no tensor
-                value = store[local] if local in store else None  # noqa: SIM401
-                if qname in seen or value is None:
+            if not store:
+                continue
+            # the slot's value as read_own reads it (TorchScript's store lists its values
+            # through items() too); a slot holding None has no tensor
+            for local, value in list(store.items()):
+                qname = f"{mname}.{local}" if mname else local
+                if value is None or qname in seen:
                     continue
                 seen.add(qname)
                 entries.append((qname, owner, local, kind))
-        for local in packed_names(mod):
-            qname = prefix + local
+        for local in packed_names(mod, classes):
+            qname = f"{mname}.{local}" if mname else local
             if qname not in seen:
                 seen.add(qname)
                 entries.append((qname, owner, local, PACKED))
@@ -230,21 +259,22 @@ def own_tensors(
 PACKED = "packed"
 
 
-def packed_names(mod: torch.nn.Module) -> list[str]:
+def packed_names(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> list[str]:
     """``["weight", "bias"]`` for a packed quantized module, else ``[]``.
 
     Packed modules (``torch.ao.nn.quantized`` and ``.dynamic`` Linear/Conv*, quantized
     Embedding) keep their weight in a ``_packed_params`` object with no tensor attribute; they
     expose it through the methods ``weight()`` / ``bias()`` (``torch/ao/nn/quantized/modules``).
     Only modules whose class defines those as methods count, so the ``LinearPackedParams``
-    holder inside a quantized Linear is not reported twice.
+    holder inside a quantized Linear is not reported twice. ``classes``: see
+    :func:`has_packed_params`.
     """
-    if not has_packed_params(mod):
+    if not has_packed_params(mod, classes):
         return []
     return [n for n in ("weight", "bias") if callable(getattr(type(mod), n, None))]
 
 
-def has_packed_params(mod: torch.nn.Module) -> bool:
+def has_packed_params(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
     """``hasattr(mod, "_packed_params")`` without raising inside ``nn.Module.__getattr__``.
 
     For a module class with the standard attribute lookup, the attribute can only live in the
@@ -252,16 +282,28 @@ def has_packed_params(mod: torch.nn.Module) -> bool:
     of them the answer is False (≈ 0.5 µs instead of the ≈ 1.3 µs of building the
     AttributeError; asked twice per module per side when hooks are installed). Any other case
     asks ``hasattr``.
+
+    Args:
+        mod: the module.
+        classes: a memo of the class's part of the test (standard lookup, no class attribute
+            ``_packed_params``) for one walk over a model (issue 19: ≈ 0.3 µs per module).
     """
     cls = type(mod)
+    plain = None if classes is None else classes.get(cls)
+    if plain is None:
+        plain = (
+            cls.__getattr__ is torch.nn.Module.__getattr__
+            and cls.__getattribute__ is object.__getattribute__
+            and not hasattr(cls, "_packed_params")
+        )
+        if classes is not None:
+            classes[cls] = plain
     if (
-        cls.__getattr__ is torch.nn.Module.__getattr__
-        and cls.__getattribute__ is object.__getattribute__
+        plain
         and "_packed_params" not in mod.__dict__
         and "_packed_params" not in mod._modules
         and "_packed_params" not in mod._parameters
         and "_packed_params" not in mod._buffers
-        and not hasattr(cls, "_packed_params")
     ):
         return False
     return hasattr(mod, "_packed_params")

@@ -3,45 +3,43 @@
 :class:`CaptureLog` is the bookkeeping of one TensorChecker: the groups of captures by
 ``(tag, step)`` (:class:`Group`, :class:`Capture`), execution order per side, module calls per
 step, the call stack of the forwards in progress, cache-hit marks and the live hook handles.
-:func:`install` adds the forward hooks of one model (:class:`HookHandle`); each call records its
-inputs, outputs and (first call) the module's own weights under the tags of
-:mod:`parity_tracker.capture.tags`. Every tensor captured is handed to ``on_tensor`` (the
+:func:`parity_tracker.capture.hooks.install` adds the forward hooks of one model
+(:class:`~parity_tracker.capture.hooks.HookHandle`), each module with its :class:`ModuleSite`;
+each call records its inputs, outputs and (first call) the module's own weights under the tags
+of :mod:`parity_tracker.capture.tags`. Every tensor captured is handed to ``on_tensor`` (the
 checker keeps a snapshot, or compares it at once on the eager path).
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from parity_tracker.capture.hook_marks import mark_capture_hook
+from parity_tracker.capture.hook_marks import MARK
 from parity_tracker.capture.leaves import (
     PACKED,
     NonTensor,
-    has_packed_params,
-    input_leaves,
+    input_names,
     output_leaves,
-    own_tensors,
-    packed_names,
     read_own,
+    value_leaves,
 )
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import (
     ROOT_NAME,
     call_base,
-    module_display_name,
     output_tag,
     param_tag,
-    root_name,
 )
-from parity_tracker.capture.training import training_mode_dependent
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.hashing import dtype_name
+
+if TYPE_CHECKING:
+    from parity_tracker.capture.hooks import HookHandle
 
 
 @dataclass(slots=True)  # issue 19: no per-capture __dict__
@@ -75,10 +73,14 @@ class Group:
 def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
     """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
     dtype = t.dtype
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
     return tuple(t.shape), name, "cpu" if t.is_cpu else _device_name(t.device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``dtype_name(dtype)``, kept in ``_DTYPE_NAMES``."""
+    name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
 
 
 #: ``dtype_name`` per dtype, filled on first use (``str(dtype)`` costs ≈ 0.4 µs a call)
@@ -122,7 +124,11 @@ class CaptureLog:
         self.sides: set[int] = set()
         self.explicit_manual = False
         self.weights_done: set[tuple[int, str]] = set()
-        self.frames: dict[tuple[int, int], list[tuple[int, list[Group]]]] = {}
+        #: a new number per reset: the calls in progress (``ModuleSite.frames``) and the "own
+        #: tensors all captured" marks (``ModuleSite.own_done``) of an older epoch are stale
+        self.epoch = getattr(self, "epoch", 0) + 1
+        #: ``(side, id(module), name) -> ModuleSite`` of the modules :meth:`pre_call` saw
+        self._sites: dict[tuple[int, int, str], ModuleSite] = {}
         self.stack: list[tuple[int, str]] = []  # (side, module) of the calls in progress
         self.cache_hits: set[tuple[str, int, int | None]] = set()
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
@@ -166,16 +172,19 @@ class CaptureLog:
     def _record(self, tag, value, side, kind, module, slot, call_index, step) -> Group:
         """:meth:`capture` with every argument given by position (the hooks' path, issue 19)."""
         key = (tag, step)
-        group = self.groups.get(key)
+        groups = self.groups
+        group = groups.get(key)
         if group is None:
-            group = Group(tag, step, kind, module, slot, call_index, self.created)
+            group = groups[key] = Group(tag, step, kind, module, slot, call_index, self.created)
             self.created += 1
-            self.groups[key] = group
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
         if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
-            cap = Capture(side, None, order, True, meta(value))
+            dtype = value.dtype  # meta(value), inline
+            dtype_str = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+            device = "cpu" if value.is_cpu else _device_name(value.device)
+            cap = Capture(side, None, order, True, (tuple(value.shape), dtype_str, device))
             group.captures.append(cap)
             self.on_tensor(group, cap, value, kind == "param")
             return group
@@ -219,56 +228,102 @@ class CaptureLog:
         return next(i for i in range(len(used) + 1) if i not in used)
 
     def pre_call(self, side, name, mod, args, kwargs, own, root_handle) -> None:
-        """Forward pre-hook: open the call, capture its inputs and (first call) weights."""
-        if root_handle is not None:
-            self.stack.append((side, name))
-            self.ran.add(side)
-            self.called.setdefault(side, set())
-            root_handle.warn_training(mod)
-        else:
-            self.stack.append((side, name))
-        key = (side, self.step, name)
-        k = self.calls.get(key, 0)
-        self.calls[key] = k + 1
-        self.called.setdefault(side, set()).add(name)
-        base, record, step = call_base(name, k), self._record, self.step
-        groups = [
-            record(tag, leaf, side, "input", name, slot, k, step)
-            for tag, slot, leaf in input_leaves(base, args, kwargs)
-        ]
-        groups += self._capture_own(side, mod, own)
-        self.frames.setdefault((side, id(mod)), []).append((k, groups))
+        """Forward pre-hook: open the call, capture its inputs and (first call) weights.
 
-    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> list[Group]:
-        groups = []
-        for qname, owner, local, kind in own:
-            if (side, qname) in self.weights_done:
-                continue
-            value = read_own(mod, local, kind)
-            if value is None:
-                continue
-            self.weights_done.add((side, qname))
-            kind = "param" if kind == PACKED else kind
-            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
-        return groups
+        The generic entry (``capture.compiled`` replays its calls through it); the module
+        hooks of :func:`install` call :meth:`enter` with the module's :class:`ModuleSite`.
+        """
+        key = (side, id(mod), name)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = ModuleSite(side, name, own, root_handle, None)
+        site.own, site.root = own, root_handle
+        self.enter(site, mod, args, kwargs)
 
     def post_call(self, side, name, mod, output, all_own) -> None:
         """Forward hook: capture the outputs; the root also captures never-called weights."""
-        frames = self.frames.get((side, id(mod)))
+        site = self._sites.get((side, id(mod), name))
+        if site is not None:
+            site.all_own = all_own
+            self.leave(site, mod, output)
+
+    def enter(
+        self, site: ModuleSite, mod: torch.nn.Module, args: tuple, kwargs: dict | None
+    ) -> None:
+        """A hooked module's call starts: capture its inputs and (first call) own tensors."""
+        side, name, step = site.side, site.name, self.step
+        self.stack.append(site.key)
+        if site.root is not None:
+            self.ran.add(side)
+            site.root.warn_training(mod)
+        key = (side, step, name)
+        k = self.calls.get(key, 0)
+        self.calls[key] = k + 1
+        called = self.called.get(side)
+        if called is None:
+            called = self.called[side] = set()
+        called.add(name)
+        names = _input_names(site, k, args, kwargs)
+        values = (*args, *kwargs.values()) if kwargs else args
+        record, groups = self._record, []
+        for (arg, tag, slot), value in zip(names, values, strict=True):
+            if value is None or isinstance(value, torch.Tensor):  # value_leaves' one leaf
+                groups.append(record(tag, value, side, "input", name, slot, k, step))
+                continue
+            leaves: list[tuple[str, str, Any]] = []
+            value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
+            for leaf_tag, leaf_slot, leaf in leaves:
+                groups.append(record(leaf_tag, leaf, side, "input", name, leaf_slot, k, step))
+        if site.own and site.own_done != self.epoch:
+            own, done = self._capture_own(side, mod, site.own)
+            groups += own
+            if done:  # every own tensor captured: later calls skip the lookups
+                site.own_done = self.epoch
+        site.frames.append((self.epoch, k, groups))
+
+    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> tuple[list[Group], bool]:
+        """Capture ``mod``'s own tensors not captured yet; also whether all now are."""
+        groups, done, all_done = [], self.weights_done, True
+        for qname, owner, local, kind in own:
+            if (side, qname) in done:
+                continue
+            value = read_own(mod, local, kind)
+            if value is None:
+                all_done = False
+                continue
+            done.add((side, qname))
+            kind = "param" if kind == PACKED else kind
+            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
+        return groups, all_done
+
+    def leave(self, site: ModuleSite, mod: torch.nn.Module, output: Any) -> None:
+        """A hooked module's call returned: capture its outputs (the root: unused weights)."""
+        frames = site.frames
         if not frames:
             return  # hooked in the middle of this call
-        k, groups = frames.pop()
-        if all_own is None and self.stack and self.stack[-1] == (side, name):
+        epoch, k, groups = frames.pop()
+        if epoch != self.epoch:
+            return  # opened before a reset
+        side, name, step = site.side, site.name, self.step
+        if site.all_own is None and self.stack and self.stack[-1] == site.key:
             self.stack.pop()
-        base, record, step = call_base(name, k), self._record, self.step
-        outs = [
-            record(tag, leaf, side, "output", name, slot, k, step)
-            for tag, slot, leaf in output_leaves(base, output)
-        ]
+        if output is None or isinstance(output, torch.Tensor):  # output_leaves' one leaf
+            tags = site.tags
+            tag = tags.get(k) if tags else None
+            if tag is None:
+                tag = output_tag(call_base(name, k))
+                if isinstance(tags, dict) and len(tags) < _SIGNATURES:
+                    site.tags[k] = tag
+            outs = [self._record(tag, output, side, "output", name, "output", k, step)]
+        else:
+            outs = [
+                self._record(tag, leaf, side, "output", name, slot, k, step)
+                for tag, slot, leaf in output_leaves(call_base(name, k), output)
+            ]
         self.commit(outs + groups)
-        if all_own is not None:  # root: weights of modules the forward never called
-            for sub, own in all_own:
-                self.commit(self._capture_own(side, sub, own))
+        if site.all_own is not None:  # root: weights of modules the forward never called
+            for sub, own in site.all_own:
+                self.commit(self._capture_own(side, sub, own)[0])
 
     def root_done(self, side: int, name: str) -> None:
         """Always-called root hook: unwind the call stack, even after an exception."""
@@ -279,161 +334,98 @@ class CaptureLog:
             del self.stack[i:]
 
 
-class HookHandle:
-    """The hooks one ``module_register_tensor_checker`` call added.
+_PRE_HOOK = object()  # ModuleSite.__call__'s output when called as the pre-hook
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
-    ``remove()`` (or leaving a ``with`` block) removes every one of them; the captures already
-    made stay in the checker until its ``clear()``.
+
+class ModuleSite:
+    """One hooked module on one side: what its calls need, computed once (issue 19).
+
+    The site is also the module's forward pre-hook (called with 3 arguments) and forward hook
+    (4): one object per module and side instead of two closures, marked as a capture hook
+    (:mod:`parity_tracker.capture.hook_marks`) by its class. A copy of the module (``deepcopy``)
+    keeps the same site, as it kept the same closures. Outside any dispatch mode no op recorder
+    can see the capture's own tensor work, so it enters
+    :class:`~parity_tracker.capture.ops.suspended` only inside one (≈ 0.5 µs per hook).
 
     Attributes:
-        side: the side this model's captures carry (0 reference, 1 candidate, ...).
-        module_names: the hooked modules' display names.
-        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
-            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
+        log: the :class:`CaptureLog` the calls are recorded in (None: not a hook).
+        side, name: the side and the module's display name; ``key`` is ``(side, name)``.
+        own: the module's :func:`~parity_tracker.capture.leaves.own_tensors` entries.
+        root: the ``HookHandle`` when this is the hooked root, else None.
+        all_own: the root's ``(module, own entries)`` of every module (else None).
+        frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
+        tags: ``(call index, positional count, keywords) -> input_names(...)`` and call index
+            -> the tag of a single-tensor output; None before the first call, False after it
+            (a module called once per install keeps nothing: no dict to make and collect).
+        own_done: the log epoch in which every own tensor was captured.
     """
 
-    def __init__(self, log: CaptureLog, side: int, model: torch.nn.Module) -> None:
-        self.log = log
-        self.side = side
-        self.module_names: list[str] = []
-        #: modules that exist but take no hooks: display name -> the reason, a clause
-        #: ("is a TorchScript ...", "refused a forward hook (...)")
-        self.unhooked: dict[str, str] = {}
-        self.root_name = ROOT_NAME
-        self.explicit = False
-        self._handles: list[Any] = []
-        self._warned = False
-        self._model_name = type(model).__name__
+    __slots__ = ("all_own", "frames", "key", "log", "name", "own", "own_done", "root", "side")
+    __slots__ += ("tags",)
 
-    def warn_training(self, model: torch.nn.Module) -> None:
-        """Warn once when the hooked model runs mode-dependent modules in training mode."""
-        if self._warned:
-            return
-        found = training_mode_dependent(model)
-        if not found:
-            return
-        self._warned = True
-        role = "reference" if self.side == 0 else f"candidate (side {self.side})"
-        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
-        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-        warnings.warn(
-            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
-            f"modules that compute differently in it ({shown}{more}); the comparison is "
-            "meaningless. Call model.eval() before the forward.",
-            UserWarning,
-            stacklevel=4,
-        )
+    def __init__(
+        self, side: int, name: str, own: list, root: Any, all_own: list | None, log: Any = None
+    ) -> None:
+        self.side, self.name, self.key = side, name, (side, name)
+        self.own, self.root, self.all_own, self.log = own, root, all_own, log
+        self.frames: list[tuple[int, int, list[Group]]] = []
+        self.tags: dict[Any, Any] | bool | None = None
+        self.own_done = 0  # epochs start at 1
 
-    @property
-    def removed(self) -> bool:
-        """True once ``remove()`` ran."""
-        return self not in self.log.handles
+    def __call__(self, module, args, kwargs, output=_PRE_HOOK) -> None:
+        """The forward pre-hook (``output`` not given) and forward hook of the module."""
+        if output is _PRE_HOOK:
+            if _dispatch_modes():
+                with suspended():
+                    self.log.enter(self, module, args, kwargs)
+            else:
+                self.log.enter(self, module, args, kwargs)
+        elif _dispatch_modes():
+            with suspended():
+                self.log.leave(self, module, output)
+        else:
+            self.log.leave(self, module, output)
 
-    def remove(self) -> None:
-        """Remove every hook this handle added (idempotent)."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self in self.log.handles:
-            self.log.handles.remove(self)
+    def __deepcopy__(self, memo: dict) -> ModuleSite:
+        return self  # a copied hook records into the same checker (capture.hook_marks)
 
-    def __enter__(self) -> HookHandle:
+    def __copy__(self) -> ModuleSite:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def _has_forward(mod: torch.nn.Module) -> bool:
-    """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
-
-    Also False for the holder of a packed quantized module's parameters
-    (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
-    ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
-    """
-    if isinstance(mod, torch.jit.ScriptModule):
-        return True
-    if has_packed_params(mod) and not packed_names(mod):
-        return False
-    return type(mod).forward is not torch.nn.Module.forward
-
-
-def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
-    """Add the pre/post hooks of every module with a forward to ``handle``.
-
-    Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
-    are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
-    (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
-    (taps traced into its graph, tags without ``_orig_mod``).
-    """
-    from parity_tracker.capture.compiled import install_compiled, is_compiled
-
-    if is_compiled(model):
-        install_compiled(model, log, handle)
-        return
-    root = root_name(model)
-    handle.root_name = root
-    own = own_tensors(model, root)
-    named = list(model.named_modules())  # each module once, as model.modules() lists them
-    all_own = [(m, own.get(id(m), [])) for _, m in named]
-    names: list[str] = []
-    scripted: list[str] = []
-    for raw_name, mod in named:
-        is_root = mod is model
-        if not is_root and not _has_forward(mod):
-            continue
-        name = module_display_name(raw_name, root)
-        if isinstance(mod, torch.jit.ScriptModule):
-            scripted.append(name)
-            handle.unhooked[name] = (
-                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
-            )
-            continue
-        try:
-            _hook_one(mod, name, is_root, log, handle, own.get(id(mod), []), all_own)
-        except Exception as exc:  # a module that refuses hooks: reported, never absent
-            handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
-            continue
-        names.append(name)
-    handle.module_names = names
-    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
-    if top:
-        warnings.warn(
-            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
-            f"{', '.join(top)} (their weights are still compared)",
-            UserWarning,
-            stacklevel=3,
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "parity_tracker's capture hooks cannot be pickled: remove them (HookHandle.remove()) "
+            "before saving the model"
         )
 
 
-def _hook_one(mod, name, is_root, log, handle, entries, all_own) -> None:
-    """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
+setattr(ModuleSite, MARK, True)
 
-    A module that refuses a hook raises here; the hooks already added for it are removed.
+
+def _input_names(site: ModuleSite, k: int, args: tuple, kwargs: dict | None) -> list:
+    """``input_names`` of call ``k`` of ``site``'s module, kept per call signature.
+
+    The first call of a module keeps nothing (most modules are called once per forward);
+    from the second on, each signature (call index, positional count, keywords) is formatted
+    once (issue 19).
     """
-    s = handle.side
+    keys = tuple(kwargs) if kwargs else ()
+    tags = site.tags
+    if tags is None:
+        site.tags = False
+        return input_names(call_base(site.name, k), len(args), keys)
+    if tags is False:
+        tags = site.tags = {}
+    signature = (k, len(args), keys)
+    names = tags.get(signature)
+    if names is None:
+        names = input_names(call_base(site.name, k), len(args), keys)
+        if len(tags) < _SIGNATURES:
+            tags[signature] = names
+    return names
 
-    def pre(m, args, kwargs, _n=name, _e=entries, _r=is_root):
-        with suspended():
-            log.pre_call(s, _n, m, args, kwargs, _e, handle if _r else None)
 
-    def post(m, args, kwargs, output, _n=name, _r=is_root):
-        with suspended():
-            log.post_call(s, _n, m, output, all_own if _r else None)
-
-    def done(m, args, kwargs, output, _n=name):
-        log.root_done(s, _n)
-
-    for fn in (pre, post, done):  # a golden/twin copy drops them (capture.hook_marks)
-        mark_capture_hook(fn)
-    added = []
-    try:
-        added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-        added.append(mod.register_forward_hook(post, with_kwargs=True))
-        if is_root:
-            added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
-    except Exception:
-        for h in added:  # no half-hooked module
-            h.remove()
-        raise
-    handle._handles.extend(added)
+#: At most this many call signatures and output tags kept per module: a module called with
+#: ever new keyword names, or a thousand times per step, formats the rest each call.
+_SIGNATURES = 64

@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
+from parity_tracker.compare.hashing import content_hash_in_place, digestible, storage_digest
 
 
 def _capturable(t: Any) -> bool:
@@ -62,6 +63,37 @@ def _own(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if is_traceable_wrapper_subclass(t) else t
 
 
+def guarded(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+    """What the recorder holds of an op output ``t``, and its content hash (or None).
+
+    Captures are references, so a write that bypasses dispatch after the op ran (through a
+    ``.numpy()`` or DLPack view, ctypes, ``data_ptr()``) changes them unseen by
+    :meth:`OpStore.before_write`. So a CPU output is held with its
+    :func:`~parity_tracker.compare.hashing.content_hash` taken now (xxh3-64, read in place),
+    which ``localize.op_compare`` checks against the hash its comparison computes: bytes that
+    changed are reported as an ``error``, never compared (issue 13's rule). An output on
+    another device (hashing it would copy it to the CPU) or a wrapper subclass (no storage of
+    its own) is held as a private copy instead, which nobody else can write: no hash.
+
+    A dense CPU output that is not contiguous (an elementwise op on a transposed input keeps
+    its strides) is hashed in storage order instead
+    (:func:`~parity_tracker.compare.hashing.storage_digest`, an ``int``, no contiguous copy),
+    and checked by hashing it again the same way.
+
+    Returns:
+        ``(tensor, digest)``: ``t`` detached with its hash (``str``: the comparison's
+        ``content_hash``; ``int``: a storage digest), or a private copy and None.
+    """
+    if type(t) is not _TENSOR and is_traceable_wrapper_subclass(t):
+        return t.detach().clone(), None
+    t = t.detach()
+    if not t.is_cpu:
+        return _flat_span(t).clone().as_strided(tuple(t.shape), t.stride(), 0), None
+    if not t.is_contiguous() and digestible(t):
+        return t, storage_digest(t)
+    return t, content_hash_in_place(t)
+
+
 def _nbytes(t: torch.Tensor) -> int:
     """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
     if is_traceable_wrapper_subclass(t):
@@ -86,12 +118,15 @@ class Held:
     """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
 
     __slots__ = (
-        "counted", "device", "dtype", "id", "nbytes", "ptr", "size", "spilled", "stride",
-        "tensor",
+        "counted", "device", "digest", "dtype", "id", "nbytes", "ptr", "size", "spilled",
+        "stride", "tensor",
     )  # fmt: skip
 
     def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
         self.id = hid
+        #: the tensor's hash when it was held (:func:`guarded`: ``str`` its ``content_hash``,
+        #: ``int`` its ``storage_digest``); None: a private copy nobody else can write
+        self.digest: str | int | None = None
         self.tensor: torch.Tensor | None = tensor
         self.counted = counted
         self.spilled: Spilled | None = None
@@ -123,15 +158,24 @@ class OpStore(BoundedStore):
         #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
         self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
 
-    def hold(self, tensor: torch.Tensor, *, counted: bool = True, ptr: int | None = None) -> Held:
+    def hold(
+        self,
+        tensor: torch.Tensor,
+        *,
+        counted: bool = True,
+        ptr: int | None = None,
+        digest: str | int | None = None,
+    ) -> Held:
         """Keep a reference to ``tensor`` (counted captures may later be spilled).
 
         A wrapper subclass (``DTensor``) is never spilled: kept resident, outside the budget.
         ``ptr``: ``_ptr(tensor)`` when the caller has it already (issue 19: read once).
+        ``digest``: ``tensor``'s content hash now (:func:`guarded`), kept on ``Held.digest``.
         """
         plain = type(tensor) is _TENSOR  # no subclass, so no wrapper subclass
         counted = counted and (plain or not is_traceable_wrapper_subclass(tensor))
         h = Held(next(self._ids), tensor, counted)
+        h.digest = digest
         self._index(h, ptr)
         if counted:
             self.admit(h.id, h.nbytes, h)

@@ -22,11 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import (
-    TorchDispatchMode,
-    _get_current_dispatch_mode,
-    _pop_mode_temporarily,
-)
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity_tracker.capture.op_store import (
     Held,
@@ -34,11 +30,26 @@ from parity_tracker.capture.op_store import (
     _capturable,
     _own,
     _ptr,
+    guarded,
 )
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 
 _SUSPEND = threading.local()
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
+_dispatch_stack_at = torch._C._get_dispatch_stack_at
+_pop_dispatch_stack = torch._C._pop_torch_dispatch_stack
+_push_dispatch_stack = torch._C._push_on_torch_dispatch_stack
+_EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+#: this torch lets the recorder check for a Dynamo frame callback itself (``DispatchRecorder``)
+_OWN_DYNAMO_CHECK = all(
+    hasattr(_EVAL_FRAME, name)
+    for name in (
+        "get_eval_frame_callback",
+        "set_code_exec_strategy",
+        "_FrameExecStrategy",
+        "_FrameAction",
+    )
+)
 
 
 class suspended:  # lower case: used as ``with suspended():`` (a function before issue 19)
@@ -57,11 +68,12 @@ class suspended:  # lower case: used as ``with suspended():`` (a function before
         self._popped = None
         try:
             # issue 19: no dispatch mode at all (a module-level run) is answered in C
-            if _len_dispatch_stack() and isinstance(_get_current_dispatch_mode(), DispatchRecorder):
-                # Step out of the recorder entirely: the suspended work then costs nothing extra.
-                popped = _pop_mode_temporarily()
-                popped.__enter__()
-                self._popped = popped
+            n = _len_dispatch_stack()
+            if n and isinstance(_dispatch_stack_at(n - 1), DispatchRecorder):
+                # Step out of the recorder entirely: the suspended work then costs nothing
+                # extra. What ``_pop_mode_temporarily()`` does for a mode without a dispatch
+                # key, without its generator context manager (issue 19: ≈ 2 µs a call).
+                self._popped = _pop_dispatch_stack(None)
         except BaseException:
             _SUSPEND.depth -= 1
             raise
@@ -69,7 +81,7 @@ class suspended:  # lower case: used as ``with suspended():`` (a function before
     def __exit__(self, *exc: object) -> bool:
         try:
             if self._popped is not None:
-                self._popped.__exit__(*exc)
+                _push_dispatch_stack(self._popped)
         finally:
             _SUSPEND.depth -= 1
         return False
@@ -263,7 +275,24 @@ class DispatchRecorder(TorchDispatchMode):
         self.failure = failure if failure is not None else CaptureFailure()
         self._on_op = self.failure.guard(side.on_op)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo`` here.
+
+        Issue 19: that wrapper (two Python frames and three ``set_eval_frame`` calls per op)
+        only matters while a Dynamo frame callback is installed (a ``torch.compile``d region
+        running); ``__torch_dispatch__`` checks for one itself (one C call, ≈ 30 ns) and only
+        then goes through the wrapped form (``_dynamo_off``). A torch without those entry
+        points keeps its own wrapper.
+        """
+        return False if _OWN_DYNAMO_CHECK else super()._should_skip_dynamo()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _eval_frame_callback() is not None:  # inside a compiled region: as torch does
+            return _dynamo_off(self, func, types, args, kwargs)
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
         kwargs = kwargs or {}
         if _is_suspended() or self.failure.error is not None:
             return func(*args, **kwargs)
@@ -276,7 +305,9 @@ class DispatchRecorder(TorchDispatchMode):
                 before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
                 for pos, name in info.written_args:
                     target = args[pos] if pos < len(args) else kwargs.get(name)
-                    self.side.store.before_write(target)
+                    # a written ``Tensor(a!)[]`` (``_foreach_add_``): each of its tensors
+                    for t in target if isinstance(target, (list, tuple)) else (target,):
+                        self.side.store.before_write(t)
         except Exception as exc:  # the recorder's own failure never fails the forward
             self.failure.fail(exc)
             return func(*args, **kwargs)
@@ -286,6 +317,28 @@ class DispatchRecorder(TorchDispatchMode):
         if not (info.view_only and isinstance(out, torch.Tensor)):
             self._on_op(info, args, kwargs, out, before)
         return out
+
+
+def _raw_dispatch(self: DispatchRecorder, func, types, args=(), kwargs=None):
+    return self._dispatch(func, args, kwargs)
+
+
+#: what ``TorchDispatchMode.__init_subclass__`` would have installed (torch's own wrapper)
+_dynamo_off = torch._disable_dynamo(_raw_dispatch, recursive=True)
+if _OWN_DYNAMO_CHECK:
+    _eval_frame_callback = _EVAL_FRAME.get_eval_frame_callback
+    # Dynamo never converts the checking frame itself (``torch._dynamo.eval_frame.skip_code``,
+    # without importing ``torch._dynamo``); the frames it calls run with Dynamo off.
+    _EVAL_FRAME.set_code_exec_strategy(
+        DispatchRecorder.__torch_dispatch__.__code__,
+        _EVAL_FRAME._FrameExecStrategy(
+            _EVAL_FRAME._FrameAction.SKIP, _EVAL_FRAME._FrameAction.DEFAULT
+        ),
+    )
+else:  # torch wraps ``__torch_dispatch__`` itself
+
+    def _eval_frame_callback() -> None:
+        return None
 
 
 class SideRecorder:
@@ -409,8 +462,10 @@ class SideRecorder:
             if _capturable(t) and not (i < len(views) and views[i])
         ]
         tensors = _tensors_in(args, kwargs) if new else ()
+        ptrs: list[int | None] = [None] * len(tensors)
         if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
-            shared = {_ptr(t) for t in tensors}
+            ptrs = [_ptr(t) for t in tensors]  # issue 19: read once, for describe too
+            shared = set(ptrs)
             new = [(i, t, p) for i, t, p in new if p not in shared or p == 0]
         if not new:
             for d in before or ():
@@ -418,23 +473,35 @@ class SideRecorder:
                     self.store.release(d.held)
             return
         frame = self.frame()
-        inputs = before if before is not None else [self.describe(t) for t in tensors]
+        inputs = (
+            before
+            if before is not None
+            else [self.describe(t, p) for t, p in zip(tensors, ptrs, strict=True)]
+        )
         seq = next(self.seq)
         held = []
         for i, t, p in new:
-            t = _own(t)  # same storage (a wrapper subclass's copy: 0 like its original)
-            held.append((i, self.store.hold(t, ptr=p), t.storage_offset()))
+            # the output itself with its content hash (checked when compared), or a private
+            # copy (another device, a wrapper subclass: no storage address, ``_ptr`` 0)
+            kept, digest = guarded(t)
+            off = t.storage_offset()
+            h = self.store.hold(kept, ptr=p if digest is not None else None, digest=digest)
+            held.append((i, h, off))
             if p:
-                self.producers[p] = (seq, i, t.storage_offset())
+                self.producers[p] = (seq, i, off)
         k = frame.counts.get(info.name, 0)
         frame.counts[info.name] = k + 1
         spec = arg_spec(args, kwargs)
         frame.events.append(OpEvent(seq, info.name, k, held, inputs, None, info.overload, spec))
 
-    def describe(self, t: torch.Tensor) -> OpInput:
-        """Where an op input comes from (producer or external) and its layout; pins it."""
+    def describe(self, t: torch.Tensor, ptr: int | None = None) -> OpInput:
+        """Where an op input comes from (producer or external) and its layout; pins it.
+
+        ``ptr``: ``_ptr(t)`` when the caller has read it already (issue 19: read once).
+        """
         src, rel = None, 0
-        ptr = _ptr(t)  # issue 19: read once
+        if ptr is None:
+            ptr = _ptr(t)
         if ptr:
             prod = self.producers.get(ptr)
             if prod is not None:

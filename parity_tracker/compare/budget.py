@@ -58,7 +58,7 @@ import torch
 from parity_tracker.compare.budget_k import DEFAULT_K as DEFAULT_K
 from parity_tracker.compare.budget_scan import fast_scan
 from parity_tracker.compare.budget_scan import loaded as scan_loaded
-from parity_tracker.compare.convert import to_tensor
+from parity_tracker.compare.convert import _plain, to_tensor
 from parity_tracker.compare.core import Comparison, compare_tensors
 from parity_tracker.compare.hashing import content_hash, dtype_name
 from parity_tracker.compare.metrics import flat
@@ -288,6 +288,8 @@ def _non_finite(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
 
 def _golden64(golden: Any) -> torch.Tensor | str:
     """The golden as a dense CPU float64 (complex128) tensor, or why it cannot be used."""
+    if type(golden) is torch.Tensor and golden.dtype == torch.float64 and _plain(golden):
+        return golden.detach() if golden.requires_grad else golden  # to_tensor's own answer
     g = to_tensor(golden, "golden")
     if g.status:
         return f"golden: {g.message or g.status}"

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from parity_tracker.capture.op_store import OpStore
+from parity_tracker.capture.op_store import Held, OpStore
 from parity_tracker.capture.ops import OpEvent, OpFrame, suspended
 from parity_tracker.capture.tags import op_call_base, op_output_tag, op_tag
 from parity_tracker.compare import Comparison, compare_tensors
+from parity_tracker.compare.hashing import content_hash_in_place, storage_digest
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
@@ -290,7 +291,7 @@ class OpComparer:
             if ref_t.device != cand_t.device:
                 ref_t = ref_t.to(cand_t.device)
             with suspended():
-                cmp = self._compare(ref_t, cand_t, tag)
+                cmp = _intact(self._compare(ref_t, cand_t, tag), rh, ch, tag)
             results.append((ri, cmp))
             self._cand_status[(c.seq, ci)] = (cmp.status, r.seq, ri)
             self._ref_status[(r.seq, ri)] = cmp.status
@@ -320,6 +321,42 @@ class OpComparer:
                 with suspended():
                     cmp = self._compare(r.outs[0][1].get(), h.get(), ev.tag)
             self.rows.append(_manual_row(frame, ev, cmp, ev.seq, None))
+
+
+def _intact(cmp: Comparison, rh: Held, ch: Held, tag: str) -> Comparison:
+    """``cmp``, or an ``error`` when a side's bytes are not those its op produced.
+
+    Each CPU op output is held by reference with its content hash taken when the op ran
+    (``capture.op_store.guarded``); a write that bypassed dispatch since (a ``.numpy()`` or
+    DLPack view, ctypes) changed it unseen. The comparison hashed what it compared
+    (``Comparison.ref_hash``/``cand_hash``, the same ``content_hash``); only when that hash is
+    missing or differs (a path that hashed converted values), or the held hash is a storage
+    digest (a dense non-contiguous output), is the held tensor hashed again.
+    Issue 13: never report equal for contents that differ.
+    """
+    for side, h, hashed in (("reference", rh, cmp.ref_hash), ("candidate", ch, cmp.cand_hash)):
+        held = h.digest
+        if held is None or hashed == held:
+            continue
+        if isinstance(held, int):  # a dense non-contiguous output: hashed in storage order
+            if storage_digest(h.get()) == held:
+                continue
+        elif content_hash_in_place(h.get()) == held:
+            continue
+        return Comparison(
+            status="error",
+            mode=cmp.mode,
+            ref_shape=cmp.ref_shape,
+            cand_shape=cmp.cand_shape,
+            ref_dtype=cmp.ref_dtype,
+            cand_dtype=cmp.cand_dtype,
+            message=(
+                f"{tag}: the {side}'s op output changed after the op ran (a write that "
+                "bypassed dispatch: a .numpy()/DLPack view, ctypes, data_ptr()); its content "
+                "hash differs from the one taken when the op ran; not compared"
+            ),
+        )
+    return cmp
 
 
 def _align_key(ev: OpEvent) -> tuple:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +56,11 @@ def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     one = _git_status_v2(cwd)
-    if one is not None:
-        return one
+    return one if one is not None else _git_three(cwd)
+
+
+def _git_three(cwd: Path) -> dict[str, Any]:
+    """:func:`git_info` by three questions (when one ``git status`` could not answer)."""
     commit = _git(["rev-parse", "HEAD"], cwd)
     if commit is None:
         return {"git_commit": None, "git_branch": None, "git_dirty": None}
@@ -68,6 +73,9 @@ def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     }
 
 
+_STATUS_V2 = ["status", "--porcelain=v2", "--branch", "--untracked-files=no"]
+
+
 def _git_status_v2(cwd: Path) -> dict[str, Any] | None:
     """:func:`git_info` from one ``git status --porcelain=v2 --branch`` call, or None.
 
@@ -77,7 +85,11 @@ def _git_status_v2(cwd: Path) -> dict[str, Any] | None:
     says), any other line a tracked change. None (the caller asks the three questions) when
     git fails, or before the first commit (``(initial)``).
     """
-    out = _git(["status", "--porcelain=v2", "--branch", "--untracked-files=no"], cwd)
+    return _parse_status_v2(_git(_STATUS_V2, cwd))
+
+
+def _parse_status_v2(out: str | None) -> dict[str, Any] | None:
+    """The facts of ``git status --porcelain=v2 --branch`` output (see :func:`_git_status_v2`)."""
     if out is None:
         return None
     heads = dict(
@@ -116,6 +128,63 @@ def _tf32(torch: Any) -> bool | None:
     if not torch.cuda.is_available():
         return None
     return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
+
+
+def start_environment(cwd: str | os.PathLike[str] | None = None) -> Callable[[], dict[str, Any]]:
+    """:func:`collect_environment` (no overrides), with git read while the caller works.
+
+    ``git status`` is started now, in the background (``subprocess.Popen``; with
+    ``GIT_OPTIONAL_LOCKS=0``, as editors run it, so it never takes the index lock a user's own
+    git command may need), and the torch flags are read now: the returned function waits for
+    git (at most 10 s, then it is killed and the git keys are None) and gives the same dict
+    :func:`collect_environment` would have given at this moment. ``run_parity`` starts it
+    before the forwards and reads it after them: a small model's run no longer waits 2–5 ms
+    of wall time for git (issue 19).
+    """
+    from parity_tracker import __version__
+
+    work = Path(cwd) if cwd is not None else Path.cwd()
+    flags = torch_flags()
+    try:
+        proc: subprocess.Popen[str] | None = subprocess.Popen(
+            ["git", *_STATUS_V2], cwd=work, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )  # fmt: skip
+    except OSError:
+        proc = None
+
+    def finish() -> dict[str, Any]:
+        env = _parse_status_v2(_answer(proc))
+        if env is None:  # no git, no tree, before the first commit: the three questions
+            env = _git_three(work)
+        env.update(flags)
+        env["parity_tracker_version"] = __version__
+        return {k: env.get(k) for k in ENV_KEYS}
+
+    if proc is not None:  # never read (the caller raised first): killed and reaped, no zombie
+        weakref.finalize(finish, _reap, proc)
+    return finish
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    if proc.returncode is None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _answer(proc: subprocess.Popen[str] | None) -> str | None:
+    """A started git's stripped stdout, or None (not started, failed, or past 10 s: killed)."""
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    return out.strip() if proc.returncode == 0 else None
 
 
 def collect_environment(

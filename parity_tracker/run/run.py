@@ -361,7 +361,8 @@ def run_parity(
         tolerances: per-tag ``{glob: (rtol, atol)}`` for allclose.
         align: ``align(tag, reference, candidate)`` applied before each comparison.
         seed: the fixed seed.
-        environment: the recorded environment (default: ``env.collect_environment()`` now).
+        environment: the recorded environment (default: ``env.start_environment()``: read
+            at the start, git's answer collected after the forwards).
         twin: budget mode: the caller's twin (PyTorch at the candidate's precision, e.g. a
             fake-quantized reference); default: the reference cast to the candidate's
             compute dtype (``capture.twin.make_twin``), or the reference itself.
@@ -385,7 +386,7 @@ def run_parity(
     """
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
-    from parity_tracker.run.environment import collect_environment
+    from parity_tracker.run.environment import start_environment
     from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
 
     settings = dict(settings or {})
@@ -403,7 +404,8 @@ def run_parity(
     if dump_mode is not DumpMode.NOT and dump_path is None:
         dump_path = default_dump_root() / run_id
         _log.info("parity run %s: dumped tensors go to %s", run_id, dump_path)
-    env = dict(environment) if environment is not None else collect_environment()
+    # git is read in the background while the forwards run (read back for the summary)
+    env = (lambda: dict(environment)) if environment is not None else start_environment()
     plans = [
         _Plan(0, reference, drive, inputs),
         _Plan(1, candidate, candidate_drive, inputs),
@@ -477,7 +479,7 @@ def run_parity(
     modules, ops_table = rows.table(), rows_to_table(op_rows, OPS_SCHEMA)
     summary = build_summary(
         modules, ops_table, run_id=run_id, status=status, mode=chosen, mode_reason=reason,
-        requested_mode=requested or "auto", settings=settings, environment=env, error=error,
+        requested_mode=requested or "auto", settings=settings, environment=env(), error=error,
         root_causes=[_root_cause_record(r) for r in root_causes], durations_s=durations,
         start_time_ms=start_ms, root=root_name(reference), worst_tensor_histogram=hist,
     )  # fmt: skip

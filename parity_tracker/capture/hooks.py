@@ -1,0 +1,268 @@
+"""Installing the capture hooks of one model: :func:`install`, :class:`HookHandle`.
+
+Each module with a forward gets a forward pre-hook and a forward hook (with keyword
+arguments) that hand its calls to the checker's :class:`~parity_tracker.capture.modules.CaptureLog`
+(``enter`` / ``leave``) with the module's :class:`~parity_tracker.capture.modules.ModuleSite`, the
+facts its calls need, computed here once (issue 19). The root also gets an always-called hook
+that unwinds the log's call stack after an exception.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from parity_tracker.capture.hook_marks import mark_capture_hook
+from parity_tracker.capture.leaves import has_packed_params, own_tensors, packed_names
+from parity_tracker.capture.modules import CaptureLog, ModuleSite
+from parity_tracker.capture.tags import ROOT_NAME, module_display_name, root_name
+from parity_tracker.capture.training import mode_dependence, training_mode_dependent
+
+
+class HookHandle:
+    """The hooks one ``module_register_tensor_checker`` call added.
+
+    ``remove()`` (or leaving a ``with`` block) removes every one of them; the captures already
+    made stay in the checker until its ``clear()``.
+
+    Attributes:
+        side: the side this model's captures carry (0 reference, 1 candidate, ...).
+        module_names: the hooked modules' display names.
+        root_name: the root module's display name: ``"model"``, or ``"root"`` when the model
+            has a child named ``model`` (Hugging Face ``*ForCausalLM``).
+    """
+
+    def __init__(self, log: CaptureLog, side: int, model: torch.nn.Module) -> None:
+        self.log = log
+        self.side = side
+        self.module_names: list[str] = []
+        #: modules that exist but take no hooks: display name -> the reason, a clause
+        #: ("is a TorchScript ...", "refused a forward hook (...)")
+        self.unhooked: dict[str, str] = {}
+        self.root_name = ROOT_NAME
+        self.explicit = False
+        self._handles: list[Any] = []
+        #: the hooks :func:`install` wrote into a module's hook dictionaries itself, five
+        #: entries per module: ``_forward_pre_hooks``, its ``_with_kwargs``,
+        #: ``_forward_hooks``, its ``_with_kwargs`` and the pre hook's id (the forward hook's
+        #: is ``id + 1``); flat, no tuple per module
+        self._direct: list[Any] = []
+        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
+        self._named: list[tuple[str, torch.nn.Module]] | None = None
+        self._warned = False
+        self._model_name = type(model).__name__
+
+    def warn_training(self, model: torch.nn.Module) -> None:
+        """Warn once when the hooked model runs mode-dependent modules in training mode."""
+        if self._warned:
+            return
+        if self._named is None:
+            found = training_mode_dependent(model)
+        else:  # training_mode_dependent over the modules listed at install (issue 19)
+            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
+        if not found:
+            return
+        self._warned = True
+        role = "reference" if self.side == 0 else f"candidate (side {self.side})"
+        shown = ", ".join(f"{n or ROOT_NAME}: {why}" for n, why in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        warnings.warn(
+            f"TensorChecker: the {role} model {self._model_name} is in training mode and has "
+            f"modules that compute differently in it ({shown}{more}); the comparison is "
+            "meaningless. Call model.eval() before the forward.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+    @property
+    def removed(self) -> bool:
+        """True once ``remove()`` ran."""
+        return self not in self.log.handles
+
+    def remove(self) -> None:
+        """Remove every hook this handle added (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        d = self._direct
+        for j in range(0, len(d), 5):  # RemovableHandle.remove's work
+            i = d[j + 4]
+            d[j].pop(i, None)
+            d[j + 1].pop(i, None)
+            d[j + 2].pop(i + 1, None)
+            d[j + 3].pop(i + 1, None)
+        self._direct.clear()
+        self._named = None  # the hooked model's modules are not kept alive by a removed handle
+        if self in self.log.handles:
+            self.log.handles.remove(self)
+
+    def __enter__(self) -> HookHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
+    """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
+
+    Also False for the holder of a packed quantized module's parameters
+    (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
+    ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
+    ``classes``: the memo of :func:`parity_tracker.capture.leaves.has_packed_params`.
+    """
+    if isinstance(mod, torch.jit.ScriptModule):
+        return True
+    if type(mod).forward is torch.nn.Module.forward:
+        return False
+    return _not_packed_holder(mod, classes)
+
+
+def _not_packed_holder(mod: torch.nn.Module, classes: dict[type, bool] | None) -> bool:
+    """False for the holder of a packed quantized module's parameters (:func:`_has_forward`)."""
+    return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
+
+
+def _class_facts(cls: type, memo: dict[type, tuple[bool, bool, bool]]) -> tuple[bool, bool, bool]:
+    """``(TorchScript, defines a forward, nn.Module's hook registration)`` of a module class.
+
+    Kept per class for one install (``isinstance(mod, torch.jit.ScriptModule)`` alone costs
+    ≈ 0.2 µs per module, issue 19).
+    """
+    found = memo.get(cls)
+    if found is None:
+        scripted = issubclass(cls, torch.jit.ScriptModule)  # its class's forward is not read
+        found = memo[cls] = (
+            scripted,
+            scripted or cls.forward is not torch.nn.Module.forward,
+            cls.register_forward_pre_hook is _PRE and cls.register_forward_hook is _POST,
+        )
+    return found
+
+
+def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
+    """Add the pre/post hooks of every module with a forward to ``handle``.
+
+    Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
+    are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
+    (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
+    (taps traced into its graph, tags without ``_orig_mod``).
+    """
+    from parity_tracker.capture.compiled import install_compiled, is_compiled
+
+    if is_compiled(model):
+        install_compiled(model, log, handle)
+        return
+    root = root_name(model)
+    handle.root_name = root
+    # one walk: named_modules() lists each module at its first name in the full walk (a module
+    # met again is skipped with all it holds, and everything it holds was met with it)
+    walk = list(model.named_modules(remove_duplicate=False))
+    classes: dict[type, bool] = {}
+    facts: dict[type, tuple[bool, bool, bool]] = {}
+    own = own_tensors(model, root, walk, classes)
+    first: dict[int, tuple[str, torch.nn.Module]] = {}
+    for n, m in walk:
+        first.setdefault(id(m), (n, m))
+    named = list(first.values())
+    handle._named = named
+    all_own = [(m, entries) for _, m in named if (entries := own.get(id(m)))]
+    names: list[str] = []
+    scripted: list[str] = []
+    for raw_name, mod in named:
+        is_root = mod is model
+        scripted_mod, forward, plain_hooks = _class_facts(type(mod), facts)
+        if not (is_root or scripted_mod or (forward and _not_packed_holder(mod, classes))):
+            continue  # _has_forward, from the class's facts
+        name = module_display_name(raw_name, root)
+        if scripted_mod:
+            scripted.append(name)
+            handle.unhooked[name] = (
+                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
+            )
+            continue
+        site = ModuleSite(
+            handle.side, name, own.get(id(mod), []), handle if is_root else None, None
+        )
+        if is_root:
+            site.all_own = all_own
+        try:
+            _hook_one(mod, site, log, handle, plain_hooks)
+        except Exception as exc:  # a module that refuses hooks: reported, never absent
+            handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
+            continue
+        names.append(name)
+    handle.module_names = names
+    top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
+    if top:
+        warnings.warn(
+            f"TensorChecker: TorchScript submodules take no Python hooks and are not captured: "
+            f"{', '.join(top)} (their weights are still compared)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
+    """The root's always-called forward hook: unwind the log's call stack."""
+
+    def done(m, args, kwargs, output):
+        log.root_done(side, name)
+
+    return mark_capture_hook(done)  # a golden/twin copy drops it (capture.hook_marks)
+
+
+_DICT_TYPES = frozenset((dict, OrderedDict))
+_PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
+
+
+def _hook_one(
+    mod: torch.nn.Module, site: ModuleSite, log: CaptureLog, handle: HookHandle, plain: bool
+) -> None:
+    """Add one module's pre/post hooks (and the root's always-called hook) to ``handle``.
+
+    A module that refuses a hook raises here; the hooks already added for it are removed. A
+    module whose class keeps ``nn.Module``'s registration (``plain``) gets its hooks written
+    into its hook dictionaries as ``register_forward_pre_hook(with_kwargs=True)`` and
+    ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``;
+    ids from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module
+    to add and remove, issue 19); :meth:`HookHandle.remove` deletes them as
+    ``RemovableHandle.remove`` would.
+    """
+    site.log = log
+    pre = post = site  # ModuleSite.__call__: the pre-hook and the forward hook
+    if plain and site.root is None:
+        d = mod.__dict__
+        pre_d, pre_kw = d.get("_forward_pre_hooks"), d.get("_forward_pre_hooks_with_kwargs")
+        post_d, post_kw = d.get("_forward_hooks"), d.get("_forward_hooks_with_kwargs")
+        if (  # as nn.Module.__init__ sets them up; anything else takes the public way below
+            type(pre_d) in _DICT_TYPES
+            and type(pre_kw) in _DICT_TYPES
+            and type(post_d) in _DICT_TYPES
+            and type(post_kw) in _DICT_TYPES
+        ):
+            i = RemovableHandle.next_id
+            RemovableHandle.next_id = i + 2
+            pre_d[i] = pre
+            pre_kw[i] = True
+            post_d[i + 1] = post
+            post_kw[i + 1] = True
+            handle._direct.extend((pre_d, pre_kw, post_d, post_kw, i))
+            return
+    added = []
+    try:
+        added.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        added.append(mod.register_forward_hook(post, with_kwargs=True))
+        if site.root is not None:
+            done = _root_done(log, site.side, site.name)
+            added.append(mod.register_forward_hook(done, with_kwargs=True, always_call=True))
+    except Exception:
+        for h in added:  # no half-hooked module
+            h.remove()
+        raise
+    handle._handles.extend(added)
