@@ -81,15 +81,24 @@ def _data_ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if _DATA_ADDRESS is None else _DATA_ADDRESS(t)
 
 
-def _keyed_by_id(table: dict, obj: Any, value: Any) -> None:
-    """``table[id(obj)] = (weak reference to obj, value)``, removed when ``obj`` dies."""
+def _dropper(table: dict) -> Callable[[_KeyRef], None]:
+    """The callback removing ``table[ref.key]`` when its object dies (not a newer entry)."""
+
+    def dropped(ref: _KeyRef) -> None:
+        entry = table.get(ref.key)
+        if entry is not None and entry[0] is ref:
+            del table[ref.key]
+
+    return dropped
+
+
+def _keyed_by_id(table: dict, dropped: Callable, obj: Any, value: Any) -> None:
+    """``table[id(obj)] = (weak reference to obj, value)``, removed when ``obj`` dies.
+
+    ``dropped``: the table's :func:`_dropper`.
+    """
     key = id(obj)
-
-    def dropped(ref: weakref.ref) -> None:
-        if key in table and table[key][0] is ref:
-            del table[key]
-
-    table[key] = (weakref.ref(obj, dropped), value)
+    table[key] = (_key_ref(obj, dropped, key), value)
 
 
 def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
@@ -123,7 +132,7 @@ def _small_plain(t: torch.Tensor) -> bool:
         and t.dtype in _NUMPY_DTYPES
         and t.layout == torch.strided
         and t.is_contiguous()
-        and 0 < t.numel() * t.element_size() < COW_MIN_BYTES
+        and 0 < t.nbytes < COW_MIN_BYTES
         and not t.is_conj()
         and not t.is_neg()
     )
@@ -192,6 +201,7 @@ class Snapshotter:
         #: id(lazy clone of a parameter) -> (weak reference to it, the parameter's detached alias)
         self._pins: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self._forget = _forgetter(self._seen)
+        self._drop_pin, self._drop_pinned = _dropper(self._pins), _dropper(self._pinned)
         self._gone = _copy_gone(self._copies, self._hashes)
 
     def owns(self, value: object) -> bool:
@@ -278,11 +288,11 @@ class Snapshotter:
             except RuntimeError:  # an inference tensor or a storage torch will not share
                 copy = None
             if copy is not None:
-                _keyed_by_id(self._pins, copy, d)
+                _keyed_by_id(self._pins, self._drop_pin, copy, d)
                 return copy
         version = tensor_version(d)
         if version is not None:
-            _keyed_by_id(self._pinned, d, version)
+            _keyed_by_id(self._pinned, self._drop_pinned, d, version)
         return d
 
     def unpin(self, value: Any) -> Any:
