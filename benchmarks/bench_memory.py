@@ -38,9 +38,11 @@ FLAT_MIB = 32.0
 CAP_GIB = 8.0
 GIB = 1 << 30
 MIB = 1 << 20
-#: op-level children per depth (median taken): glibc's heap layout moves a child's peak by
-#: ±10 MiB from run to run at these sizes
-CHILDREN = {False: 3, True: 1}
+#: op-level children per depth (median taken): glibc's heap layout (set by ASLR) moves a
+#: child's peak by tens of MiB from run to run at these sizes (README, "Where every issue-19
+#: figure stands"); at both sizes, as the quick rows are judged too (one child each gave a
+#: quick spread of 2–57 MiB on one commit)
+CHILDREN = {False: 3, True: 3}
 
 CHILD = r"""
 import json, os, sys, torch
