@@ -20,9 +20,10 @@ from parity_tracker.compare.batch import BULK_MAX_BYTES, PENDING_BYTES, PENDING_
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
-from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing
+from parity_tracker.statuses import BUDGET, RUN_MODES, WEIGHT_KINDS, is_failing
 
-_BULK_MODES = ("equal", "allclose")
+#: the run modes whose small pairs may be compared in bulk (all but the error budget)
+_BULK_MODES = frozenset(RUN_MODES) - {BUDGET}
 
 
 class Holder:
