@@ -36,7 +36,16 @@ def _record(ref: nn.Module, cand: nn.Module, x: torch.Tensor, mode: str, budget:
 
 
 class _Double(nn.Module):
+    """``mul`` by 2; ``transposed``: of the input seen as (rows, n // rows) transposed, so the
+    output is dense but not contiguous (mul keeps its input's strides)."""
+
+    def __init__(self, rows: int | None = None) -> None:
+        super().__init__()
+        self.rows = rows
+
     def forward(self, x):
+        if self.rows is not None:
+            x = x.view(self.rows, -1).t()
         return torch.mul(x, 2.0)
 
 
@@ -62,23 +71,56 @@ def settled(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["equal", "allclose"])
-@pytest.mark.parametrize("n", [64, (1 << 20) + 5])  # the small path and the chunked one
-def test_spilled_identical_pair_gets_the_comparison_cores_record(tmp_path, settled, mode, n):
+@pytest.mark.parametrize("budget", [0, 1 << 30])  # everything spilled (sealed) / resident
+@pytest.mark.parametrize(
+    ("n", "rows"),
+    [(64, None), ((1 << 20) + 5, None), (64, 8), (1 << 20, 512)],
+    ids=["small", "chunked", "small-transposed", "transposed"],
+)
+def test_identical_pair_gets_the_comparison_cores_record(tmp_path, settled, mode, budget, n, rows):
+    """The record settled from the digests is ``compare_tensors``' own, field by field; the
+    hash is xxh3-64 of the C-order bytes (numpy), NaN/inf counted with numpy."""
     x = _with_nonfinite(n)
-    s = _record(_Double(), _Double(), x, mode, 0, tmp_path)  # budget 0: everything spills
-    assert s.spilled_bytes > 0
+    s = _record(_Double(rows), _Double(rows), x, mode, budget, tmp_path)
+    assert (s.spilled_bytes > 0) == (budget == 0)
     (row,) = s.rows()
-    assert settled == [True]  # the reference's file was not read back
+    assert settled == [True]  # no read-back of a spilled reference; one copy if transposed
     y = x.numpy().astype(np.float64) * 2.0
     assert row["status"] == "equal"
     assert row["ref_nan"] == row["cand_nan"] == int(np.isnan(y).sum()) == 1
     assert row["ref_inf"] == row["cand_inf"] == int(np.isinf(y).sum()) == 2
     assert row["mismatch_count"] == 0 and row["max_abs_diff"] == 0.0
-    header = f"float32|({n},)|".encode()
-    digest = xxhash.xxh3_64(header + (x * 2.0).numpy().tobytes()).hexdigest()
-    assert row["ref_hash"] == row["cand_hash"] == digest
-    core = compare_tensors(x * 2.0, x * 2.0, mode=mode, tag=row["tag"]).to_dict()
+    expected = x * 2.0 if rows is None else (x * 2.0).view(rows, -1).t()
+    shape = tuple(expected.shape)
+    header = f"float32|{shape}|".encode()
+    c_order = np.ascontiguousarray(expected.numpy()).tobytes()
+    assert row["ref_hash"] == row["cand_hash"] == xxhash.xxh3_64(header + c_order).hexdigest()
+    core = compare_tensors(expected, expected.clone(), mode=mode, tag=row["tag"]).to_dict()
     assert {k: row[k] for k in core} == core
+    s.close()
+
+
+class _Layout(nn.Module):
+    """``mul`` by 2 of the input, or of a column-major copy of it: the same values."""
+
+    def __init__(self, column_major: bool) -> None:
+        super().__init__()
+        self.column_major = column_major
+
+    def forward(self, x):
+        if self.column_major:  # (8, 16) with strides (1, 8); mul keeps them
+            x = x.t().contiguous().t()
+        return torch.mul(x, 2.0)
+
+
+def test_pair_of_different_layouts_is_compared_not_settled(tmp_path, settled):
+    """A contiguous reference output and a transposed candidate one with the same values: the
+    digests are of two kinds (content hash / storage digest), so the pair is compared: equal."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+    s = _record(_Layout(False), _Layout(True), x, "equal", 1 << 30, tmp_path)
+    mul = next(r for r in s.rows() if r["op"] == "mul")
+    assert settled == [False]  # mul, the one aligned pair
+    assert mul["status"] == "equal" and mul["max_abs_diff"] == 0.0
     s.close()
 
 
@@ -87,30 +129,35 @@ class _SubWrite(nn.Module):
     (or not), then ``mul``. The written side's sub output is resident when written and spilled
     by the captures after it (budget: one output)."""
 
-    def __init__(self, write: bool) -> None:
+    def __init__(self, write: bool, transposed: bool) -> None:
         super().__init__()
         self.register_buffer("offset", torch.full((N,), 0.5))
-        self.write = write
+        self.write, self.transposed = write, transposed
 
     def forward(self, x):
-        y = torch.sub(x, self.offset)
-        if self.write:
-            y.numpy()[0] += 1.0  # bypasses dispatch: no version bump, no copy-on-write
+        if self.transposed:  # a dense, non-contiguous output (held with a storage digest)
+            y = torch.sub(x.view(64, -1).t(), self.offset.view(64, -1).t())
+        else:
+            y = torch.sub(x, self.offset)
+        if self.write:  # bypasses dispatch: no version bump, no copy-on-write
+            y.numpy()[(0,) * y.dim()] += 1.0
         z = torch.mul(y, 2.0)
         return torch.add(z, 1.0)
 
 
+@pytest.mark.parametrize("budget", [N * 4, 1 << 30])  # spilled after the write / resident
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("side", ["reference", "candidate"])
-def test_op_output_written_behind_dispatch_then_spilled_is_an_error(tmp_path, side):
+def test_op_output_written_behind_dispatch_is_an_error(tmp_path, side, transposed, budget):
     """Both subs produced x − 0.5, so their digests taken when the ops ran agree; then one side's
     output is written through numpy. Equal digests must not settle the pair: the reference's
     bytes no longer hash as its op's output when spilled (not sealed), the candidate's no longer
     when compared, so the row is the ``error`` naming that side (main's rule), never ``equal``."""
     x = torch.randn(N, generator=torch.Generator().manual_seed(5))
-    written, plain = _SubWrite(True), _SubWrite(False)
+    written, plain = _SubWrite(True, transposed), _SubWrite(False, transposed)
     ref, cand = (written, plain) if side == "reference" else (plain, written)
-    s = _record(ref, cand, x, "equal", N * 4, tmp_path)
-    assert s.spilled_bytes > 0
+    s = _record(ref, cand, x, "equal", budget, tmp_path)
+    assert (s.spilled_bytes > 0) == (budget == N * 4)
     rows = {r["tag"]: r for r in s.rows()}
     sub = rows["model@0::sub#0"]
     assert sub["status"] == "error", sub
@@ -119,6 +166,32 @@ def test_op_output_written_behind_dispatch_then_spilled_is_an_error(tmp_path, si
     mul = rows["model@0::mul#0"]
     assert mul["status"] == "mismatch" and mul["mismatch_count"] == 1
     assert mul["max_abs_diff"] == pytest.approx(2.0, abs=1e-5)
+    s.close()
+
+
+class _Permuted(nn.Module):
+    """``mul`` by 2 of the input seen as (2, 2, 2) through a permutation (dense, not
+    contiguous): two permutations give outputs with the same bytes in storage order."""
+
+    def __init__(self, dims: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x):
+        return torch.mul(x.view(2, 2, 2).permute(*self.dims), 2.0)
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_same_bytes_under_other_strides_is_a_mismatch(tmp_path, budget):
+    """Strides (1, 2, 4) vs (2, 1, 4): equal storage digests, other values at the same index."""
+    x = torch.arange(8.0)
+    s = _record(_Permuted((2, 1, 0)), _Permuted((1, 2, 0)), x, "equal", budget, tmp_path)
+    (row,) = s.rows()
+    grid = x.numpy().reshape(2, 2, 2) * 2.0
+    ref, cand = grid.transpose(2, 1, 0), grid.transpose(1, 2, 0)
+    assert row["status"] == "mismatch"
+    assert row["mismatch_count"] == int((ref != cand).sum()) == 4
+    assert row["max_abs_diff"] == float(np.abs(ref - cand).max()) == 2.0
     s.close()
 
 

@@ -95,23 +95,22 @@ def guarded(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
 
 
 def _seal(t: torch.Tensor, digest: str | int | None) -> bool:
-    """Whether ``t``, about to be spilled, is a plain contiguous CPU tensor hashing to ``digest``.
+    """Whether ``t``, about to be spilled, still hashes to ``digest`` (taken when its op ran).
 
-    ``digest``: the ``content_hash`` taken when its op ran (:func:`guarded`). A contiguous
-    tensor's spilled span (``capture.store``: its ``numel`` elements from its storage offset)
-    is its C-order bytes, the bytes that hash covers; the file is written right after this
-    check, in this thread, so it holds bytes whose content hash is ``digest`` (up to an
-    xxh3-64 collision, the risk ``compare_tensors`` accepts for every ``equal``). A storage
-    digest (``int``), a private copy (``None``) or any other tensor: False.
+    ``digest`` (:func:`guarded`): a ``content_hash`` (``str``) checked on a plain contiguous CPU
+    tensor, whose spilled span (``capture.store``: its ``numel`` elements from its storage
+    offset) is its C-order bytes; or a ``storage_digest`` (``int``) of a dense non-contiguous
+    one, whose spilled span is exactly the bytes that digest reads. The file is written right
+    after this check, in this thread, so a sealed file holds the bytes the op produced (up to
+    an xxh3-64 collision, the risk ``compare_tensors`` accepts for every ``equal``):
+    ``localize.settle`` may then settle the pair without reading the file back. A private copy
+    (``None``) or any other tensor: False.
     """
-    return (
-        isinstance(digest, str)
-        and type(t) is _TENSOR
-        and t.is_cpu
-        and t.numel() > 0
-        and t.is_contiguous()
-        and content_hash_in_place(t) == digest
-    )
+    if type(t) is not _TENSOR or not t.is_cpu or t.numel() == 0:
+        return False
+    if isinstance(digest, str):
+        return t.is_contiguous() and content_hash_in_place(t) == digest
+    return isinstance(digest, int) and storage_digest(t) == digest
 
 
 def _nbytes(t: torch.Tensor) -> int:

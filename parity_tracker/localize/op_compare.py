@@ -25,9 +25,7 @@ from parity_tracker.capture.op_store import Held, OpStore
 from parity_tracker.capture.ops import OpEvent, OpFrame, suspended
 from parity_tracker.capture.tags import op_call_base, op_output_tag, op_tag
 from parity_tracker.compare import Comparison, compare_tensors
-from parity_tracker.compare.core import identical_record
-from parity_tracker.compare.finite import side_counts
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, content_hash_in_place, storage_digest
+from parity_tracker.compare.hashing import content_hash_in_place, storage_digest
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import align_ops
 from parity_tracker.localize.inputs import InputJudge
@@ -41,6 +39,7 @@ from parity_tracker.localize.root_cause import (
     explain,
     op_root_cause,
 )
+from parity_tracker.localize.settle import settled as _settled
 from parity_tracker.localize.views import view_entry
 from parity_tracker.statuses import is_failing, is_passing
 
@@ -325,47 +324,6 @@ class OpComparer:
                 with suspended():
                     cmp = self._compare(r.outs[0][1].get(), h.get(), ev.tag)
             self.rows.append(_manual_row(frame, ev, cmp, ev.seq, None))
-
-
-def _settled(rh: Held, ch: Held, mode: str, tolerances: Tolerances, tag: str) -> Comparison | None:
-    """The ``equal`` record of a sealed spilled reference and an intact identical candidate.
-
-    Issue 19: the reference is not read back. ``rh`` is sealed (``capture.op_store``: the
-    bytes written to its spill file hashed, right before the write, to the content hash taken
-    when its op ran) and its file is intact; the candidate output hashes NOW to the digest
-    taken when its op ran, and that digest equals the reference's. Equal content hashes mean
-    the same dtype, shape and bitwise contents — the evidence on which ``compare_tensors``
-    itself settles every ``equal`` pair (``_identical_small``, ``_identical_prefix``), with the
-    same accepted risk (an xxh3-64 collision, 2**-64) — so the record is
-    ``compare.core.identical_record``, the one ``compare_tensors`` gives, NaN/inf counted on
-    the candidate (the same bytes). Anything else (a digest that differs, a storage digest, a
-    resident reference, a candidate whose bytes changed since its op ran, a dtype numpy does
-    not read): None, and the pair is compared (and checked by :func:`_intact`) as before.
-    """
-    held = rh.digest
-    if not (rh.sealed and isinstance(held, str) and held == ch.digest):
-        return None
-    spilled = rh.spilled
-    if spilled is None or spilled.pack is None or not spilled.pack.intact():
-        return None  # a lost file stays the error its read-back gives
-    cand_t = ch.get()
-    if not (
-        type(cand_t) is torch.Tensor
-        and cand_t.is_cpu
-        and cand_t.dtype in _NUMPY_DTYPES
-        and cand_t.dtype == rh.dtype
-        and tuple(cand_t.shape) == rh.size
-        and cand_t.is_contiguous()
-        and cand_t.numel() > 0
-        and content_hash_in_place(cand_t) == held
-    ):
-        return None
-    dtype = cand_t.dtype
-    tol = (None, None)
-    if mode != "equal":  # as ``compare_tensors`` resolves it for this pair
-        tol = (tolerances or Tolerances()).resolve(tag, dtype, dtype)
-    nonfinite = side_counts(cand_t, cand_t.numpy())
-    return identical_record(mode, tuple(cand_t.shape), dtype, tol, held, nonfinite)
 
 
 def _intact(cmp: Comparison, rh: Held, ch: Held, tag: str) -> Comparison:
