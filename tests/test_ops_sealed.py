@@ -217,3 +217,65 @@ def test_spilled_reference_of_a_differing_pair_is_compared(tmp_path, settled):
     assert row["status"] == "mismatch"
     assert row["max_abs_diff"] == pytest.approx(float(np.abs(cand - ref).max()), rel=1e-6)
     s.close()
+
+
+class _Twice(nn.Module):
+    def forward(self, x):
+        return torch.mul(x, 2.0)
+
+
+class _Moved(nn.Module):
+    """A module output of 128 KiB (the reference's module snapshot shares its buffer,
+    copy-on-write), a child fed its transposed view (the child's input snapshot digests that
+    view), then an in-place write into the output: the recorder must copy its capture of the
+    output before the write wherever the buffer lives by then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.child = _Twice(), _Twice()
+
+    def forward(self, x):
+        y = self.a(x)
+        z = self.child(y.t())
+        y.add_(1.0)
+        return z.sum() + y.sum()
+
+
+def test_digest_of_a_shared_buffer_does_not_move_it_under_the_recorder():
+    """Main: ``storage_digest`` read a copy-on-write view through ``numpy()``, which gave the
+    shared buffer a private copy at a new address; the op recorder's index still named the old
+    one, so ``add_`` overwrote the reference's capture of ``a``'s mul and its row was an
+    ``error`` for ops that computed the same values (2·x, numpy). Now ``equal``."""
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(4))
+    result = run_parity(
+        _Moved(), _Moved(), inputs=(x,), mode="equal", dump_mode=DumpMode.NOT, capture_ops=True
+    )
+    rows = {r["tag"]: r for r in result.ops.to_pylist()}
+    mul = rows["a@0::mul#0"]
+    assert mul["status"] == "equal", mul
+    expected = (x.numpy().astype(np.float64) * 2.0).astype(np.float32)
+    header = f"float32|{tuple(x.shape)}|".encode()
+    assert mul["ref_hash"] == xxhash.xxh3_64(header + expected.tobytes()).hexdigest()
+    assert all(r["status"] == "equal" for r in rows.values()), rows
+
+
+def test_storage_digest_reads_a_copy_on_write_view_in_place():
+    """The digest of a lazily cloned tensor's transposed view: the bytes in storage order
+    (numpy on a private copy), and the buffer stays where it was (shared, not copied)."""
+    from parity_tracker.compare.hashing import storage_digest
+
+    lazy_clone = getattr(torch, "_lazy_clone", None)
+    if lazy_clone is None:
+        pytest.skip("torch has no _lazy_clone")
+    t = torch.randn(64, 32, generator=torch.Generator().manual_seed(8))
+    keep = lazy_clone(t)
+    address = torch._C._data_address(t)
+    view = t.t()
+    assert storage_digest(view) == xxhash.xxh3_64_intdigest(t.clone().numpy().tobytes())
+    assert torch._C._data_address(t) == address and torch._C._is_cow_tensor(t)
+    assert storage_digest(t) == xxhash.xxh3_64_intdigest(t.clone().numpy().tobytes())
+    assert torch._C._data_address(t) == address
+    del keep

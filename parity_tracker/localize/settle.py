@@ -34,6 +34,7 @@ from parity_tracker.compare.core import identical_record
 from parity_tracker.compare.finite import side_counts
 from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
+    _is_cow,
     content_hash,
     content_hash_in_place,
     flat_view,
@@ -93,7 +94,14 @@ def _sealed_file(h: Held) -> bool:
 
 
 def _plain(t: torch.Tensor) -> bool:
-    return type(t) is torch.Tensor and t.is_cpu and t.numel() > 0 and not t.requires_grad
+    """A plain CPU tensor numpy may read without copying a shared (copy-on-write) buffer."""
+    return (
+        type(t) is torch.Tensor
+        and t.is_cpu
+        and t.numel() > 0
+        and not t.requires_grad
+        and not _is_cow(t)
+    )
 
 
 def _unchanged(t: torch.Tensor, held: str | int) -> bool:
