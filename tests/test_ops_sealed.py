@@ -279,3 +279,36 @@ def test_storage_digest_reads_a_copy_on_write_view_in_place():
     assert storage_digest(t) == xxhash.xxh3_64_intdigest(t.clone().numpy().tobytes())
     assert torch._C._data_address(t) == address
     del keep
+
+
+def _views() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 4, 5, generator=g)
+    return [
+        torch.randn(1, 6, 4, 5, generator=g).permute(0, 2, 3, 1),  # channels-last, batch 1
+        x.permute(0, 2, 3, 1),
+        x.permute(3, 1, 0, 2),
+        x[:, 1:, ::2],  # gaps
+        x[:1].transpose(1, 3),
+        torch.randn(3, 1, generator=g).expand(3, 4).t(),  # stride 0
+        torch.randn(5, 1, 7, generator=g).transpose(0, 2),
+        (torch.randn(4, 6, generator=g) > 0).t(),  # bool
+        torch.randn(4, 6, generator=g).to(torch.bfloat16).t(),
+    ]
+
+
+@pytest.mark.parametrize("i", range(9))
+def test_content_hash_of_a_view_hashes_its_c_order_bytes(i):
+    """xxh3-64 of the header and the C-order bytes numpy gives for the view, whatever the view
+    (``hashing._c_order`` merges dimensions before copying)."""
+    from parity_tracker.compare.hashing import content_hash
+
+    t = _views()[i]
+    shape = tuple(t.shape)
+    dtype = str(t.dtype).removeprefix("torch.")
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its 16-bit patterns, C order
+        data = np.ascontiguousarray(t.view(torch.int16).numpy()).tobytes()
+    else:
+        data = np.ascontiguousarray(t.numpy()).tobytes()
+    expected = xxhash.xxh3_64(f"{dtype}|{shape}|".encode() + data).hexdigest()
+    assert content_hash(t) == expected

@@ -255,8 +255,43 @@ def content_hash(tensor: torch.Tensor) -> str:
         hasher.update(tensor.numpy())
         return hasher.hexdigest()
     hasher = StreamHasher(tensor.dtype, shape)
-    hasher.update(tensor.contiguous())
+    hasher.update(_c_order(tensor))
     return hasher.hexdigest()
+
+
+def _c_order(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements in C order, contiguous: ``t.contiguous()``'s bytes, copied faster.
+
+    Issue 19: size-1 dimensions are dropped and neighbours that address consecutive runs
+    (``stride[i] == stride[i + 1] * size[i + 1]``, the rule under which ``view`` merges them)
+    merged first, so a channels-last ``(1, C, H, W)`` activation is copied as the transpose of
+    a ``(H·W, C)`` matrix: 2–4× faster than ``contiguous()`` of the 4-D view (w7ops, 1 thread).
+    Merging keeps the C-order sequence of elements, so the bytes are the same.
+    """
+    if (
+        t.dim() < 2
+        or t.is_contiguous()
+        or type(t) not in _PLAIN_TYPES
+        or t.layout != torch.strided
+        or t.is_conj()
+        or t.is_neg()
+        or t.numel() == 0
+    ):
+        return t.contiguous()
+    sizes: list[int] = []
+    strides: list[int] = []
+    for n, st in zip(t.shape, t.stride(), strict=True):
+        if n == 1:
+            continue
+        if sizes and strides[-1] == st * n:
+            sizes[-1] *= n
+            strides[-1] = st
+        else:
+            sizes.append(n)
+            strides.append(st)
+    if len(sizes) == t.dim():
+        return t.contiguous()
+    return torch.as_strided(t, sizes, strides, t.storage_offset()).contiguous()
 
 
 def content_hash_in_place(tensor: torch.Tensor) -> str:
