@@ -300,7 +300,7 @@ def _views() -> list[torch.Tensor]:
 @pytest.mark.parametrize("i", range(9))
 def test_content_hash_of_a_view_hashes_its_c_order_bytes(i):
     """xxh3-64 of the header and the C-order bytes numpy gives for the view, whatever the view
-    (``hashing._c_order`` merges dimensions before copying)."""
+    (``hashing.c_order`` merges dimensions before copying)."""
     from parity_tracker.compare.hashing import content_hash
 
     t = _views()[i]
@@ -312,3 +312,15 @@ def test_content_hash_of_a_view_hashes_its_c_order_bytes(i):
         data = np.ascontiguousarray(t.numpy()).tobytes()
     expected = xxhash.xxh3_64(f"{dtype}|{shape}|".encode() + data).hexdigest()
     assert content_hash(t) == expected
+
+
+@pytest.mark.parametrize("i", range(9))
+def test_c_order_is_the_contiguous_copy(i):
+    """Same shape, strides of a contiguous tensor, and the values numpy reads in C order."""
+    from parity_tracker.compare.hashing import c_order
+
+    t = _views()[i]
+    out = c_order(t)
+    assert out.is_contiguous() and tuple(out.shape) == tuple(t.shape) and out.dtype == t.dtype
+    as_int = (lambda v: v.view(torch.int16)) if t.dtype == torch.bfloat16 else (lambda v: v)
+    assert np.array_equal(as_int(out).numpy(), np.ascontiguousarray(as_int(t).numpy()))

@@ -255,12 +255,12 @@ def content_hash(tensor: torch.Tensor) -> str:
         hasher.update(tensor.numpy())
         return hasher.hexdigest()
     hasher = StreamHasher(tensor.dtype, shape)
-    hasher.update(_c_order(tensor))
+    hasher.update(c_order(tensor))
     return hasher.hexdigest()
 
 
-def _c_order(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements in C order, contiguous: ``t.contiguous()``'s bytes, copied faster.
+def c_order(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``: the same shape, dtype and bytes, copied faster when it is a view.
 
     Issue 19: size-1 dimensions are dropped and neighbours that address consecutive runs
     (``stride[i] == stride[i + 1] * size[i + 1]``, the rule under which ``view`` merges them)
@@ -291,7 +291,7 @@ def _c_order(t: torch.Tensor) -> torch.Tensor:
             strides.append(st)
     if len(sizes) == t.dim():
         return t.contiguous()
-    return torch.as_strided(t, sizes, strides, t.storage_offset()).contiguous()
+    return torch.as_strided(t, sizes, strides, t.storage_offset()).contiguous().view(t.shape)
 
 
 def content_hash_in_place(tensor: torch.Tensor) -> str:
