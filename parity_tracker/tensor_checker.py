@@ -487,7 +487,7 @@ def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):
 
 def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison, int]]:
     """Every group with a value, resolved to its comparison (eager verdicts reused)."""
-    self._hold.flush()  # the small eager pairs held for the bulk comparison (compare.batch)
+    self._hold.settle()  # small eager pairs compared in bulk; held bytes made tensors again
     ref_side = self._log.reference_side()
     out = []
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked
