@@ -11,6 +11,7 @@ the code under test.
 from __future__ import annotations
 
 import ctypes
+import gc
 import math
 
 import numpy as np
@@ -240,11 +241,68 @@ def test_held_bytes_spill_past_the_budget_with_identical_results():
     assert by_tag["checker_blocks.31"]["status"] == "mismatch"
 
 
-def test_resident_bytes_count_each_held_activation_once():
-    """6 Linear(16, 16) on a (4, 16) input: 7 distinct activations of 256 bytes are held."""
+def test_resident_bytes_count_each_held_value_once():
+    """6 Linear(16, 16) on a (4, 16) input: 7 distinct activations of 256 bytes, 6 weights of
+    1,024 bytes and 6 biases of 64 bytes are held, each counted once; none after the pairs."""
     torch.manual_seed(0)
     ref = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)]).eval()
+    cand = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)]).eval()
+    cand.load_state_dict(ref.state_dict())
     checker = TensorChecker(verbose=False, eager_mode="equal")
-    with module_register_tensor_checker(ref, checker), torch.no_grad():
-        ref(torch.randn(4, 16))
-    assert checker.resident_bytes == 7 * 4 * 16 * 4
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
+        x = torch.randn(4, 16)
+        ref(x)
+        assert checker.resident_bytes == 7 * 256 + 6 * (1024 + 64)
+        cand(x)
+    gc.collect()
+    assert checker.resident_bytes == 0
+    assert checker.check("equal").passed
+
+
+class _Lin(nn.Module):
+    """``x @ weight.T``; ``extra`` adds a parameter the other side lacks."""
+
+    def __init__(self, weight: torch.Tensor, update: str | None = None, extra: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone())
+        if extra:
+            self.extra = nn.Parameter(torch.tensor([1.0, -2.0]))
+        self.update = update
+
+    def forward(self, x):
+        out = x @ self.weight.t()
+        if self.update == "no_grad":
+            with torch.no_grad():
+                self.weight.add_(1.0)
+        elif self.update == "numpy":
+            self.weight.detach().numpy()[...] += 1.0
+        elif self.update == "ctypes":
+            _ctypes_write(self.weight.detach(), self.weight.detach() + 1.0)
+        if hasattr(self, "extra"):
+            self.extra.data.fill_(0.0)  # after capture, uncounted
+        return out
+
+
+@pytest.mark.parametrize("update", ["no_grad", "numpy", "ctypes"])
+def test_parameter_held_as_bytes_keeps_its_capture_time_values(update, tmp_path):
+    """Ref weight w, written to w + 1 after capture; cand weight w + 1: a mismatch of 1."""
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+    x = torch.ones(1, 4)
+    checker, held = _eager_pair(_Lin(w, update, extra=True), _Lin(w + 1.0), x)
+    assert isinstance(held["checker_weight"], HeldBytes)
+    with pytest.warns(UserWarning, match="already released"):
+        result = checker.check("equal", dump_mode=DumpMode.ALL, dump_path=tmp_path)
+    rows = {r["tag"]: r for r in result.to_rows()}
+    w32 = w.numpy()
+    expected = np.abs((w32 + np.float32(1.0)).astype(np.float64) - w32.astype(np.float64)).max()
+    assert (rows["checker_weight"]["status"], rows["checker_weight"]["max_abs_diff"]) == (
+        "mismatch", expected,
+    )  # fmt: skip
+    assert rows["checker_extra"]["status"] == "missing_candidate"
+    (folder,) = tmp_path.iterdir()
+    dumped = {e["tag"]: t for e, t in load_dump(folder)}
+    assert dumped["checker_extra"].tolist() == [1.0, -2.0]  # its values when captured

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.modules import Capture, Group
+from parity_tracker.capture.snapshot import pinned_whole
 from parity_tracker.capture.store import Spilled
 from parity_tracker.compare.batch import (
     BULK_MAX_BYTES,
@@ -73,15 +74,23 @@ class Holder:
         """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted.
 
         In a round whose small pairs are compared in bulk (:meth:`_bytes_limit`) a small tensor
-        is taken as its bytes (``Snapshotter.take`` with ``bytes_max``: a ``HeldBytes``).
+        is taken as its bytes (``Snapshotter.take`` with ``bytes_max``: a ``HeldBytes``), and so
+        is a small parameter that ``pin`` would hold copy-on-write (the values of capture time
+        either way; a copy of at most ``BULK_MAX_BYTES``, counted in the store); other
+        parameters (views of a larger buffer) stay pinned by reference, as before.
         """
-        if alias:
-            cap.value = self.c._snap.pin(value)
-            return
         snap = self.c._snap
-        if self.bytes_max is None:
-            self.bytes_max = self._bytes_limit()
-        snap.bytes_max = self.bytes_max  # small ones held as their bytes (compare.batch)
+        limit = self.bytes_max
+        if limit is None:
+            limit = self.bytes_max = self._bytes_limit()
+        if alias:
+            if limit and pinned_whole(value, limit):  # what pin would copy-on-write: its bytes
+                cap.value = copy = HeldBytes.of(value)
+                self.c._store.admit(copy, cap)
+            else:
+                cap.value = snap.pin(value)
+            return
+        snap.bytes_max = limit  # small ones held as their bytes (compare.batch)
         cap.value = copy = snap.take(value)
         self.c._store.admit(copy, cap)
 
@@ -124,22 +133,22 @@ class Holder:
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
         held_value = held.value
-        if type(held_value) is HeldBytes:  # a small snapshot's bytes: held with the pair's
-            ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-            if self._hold_for_bulk(g, cand_i, ref, cand):
-                g.ref_index = ref_i
-                new.value = held.value = RELEASED
-                return
+        as_bytes = type(held_value) is HeldBytes  # a small snapshot's bytes (never pinned)
+        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
+        if as_bytes and self._hold_for_bulk(g, cand_i, ref, cand):
+            g.ref_index = ref_i
+            new.value = held.value = RELEASED  # the pair is held (its bytes as they are)
+            return
         try:
             if not isinstance(held_value, torch.Tensor):
                 held_value = load(held_value)  # spilled, or bytes whose pair is not held
         except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
             held_value, comp = None, unreadable(g.tag, self.c.eager_mode, exc)
-        if g.kind == "param" and held_value is not None:  # the weight, not its copy (unpin)
+        pinned = g.kind == "param" and not as_bytes
+        if pinned and held_value is not None:  # the weight, not its copy (unpin)
             held_value = held.value = self.c._snap.unpin(held_value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        tried = type(held.value) is HeldBytes  # its pair was offered to the bulk path above
-        if held_value is not None and not tried and self._hold_for_bulk(g, cand_i, ref, cand):
+        if held_value is not None and not as_bytes and self._hold_for_bulk(g, cand_i, ref, cand):
             g.ref_index = ref_i
             new.value = held.value = RELEASED  # as below without a dump: the pair is held
             return
@@ -152,7 +161,7 @@ class Holder:
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
             self._keep(new, value, alias)
-            if g.kind == "param":  # kept for a dump: its values of now, pinned again
+            if pinned:  # kept for a dump: its values of now, pinned again
                 held.value = self.c._snap.pin(held.value)
         else:
             new.value = held.value = RELEASED

@@ -170,6 +170,23 @@ def _whole_storage(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() == nbytes
 
 
+def pinned_whole(t: torch.Tensor, limit: int) -> bool:
+    """A parameter :meth:`Snapshotter.pin` holds copy-on-write, of at most ``limit`` bytes.
+
+    Such a parameter may be held as its bytes instead (``compare.batch.HeldBytes``: the values
+    of capture time, as the lazy clone keeps them, and also past a write through a raw view
+    taken before the capture); a view of a larger buffer may not (``pin`` holds it by
+    reference, and a counted write after its capture makes its pair an ``error``).
+    """
+    return (
+        _COW
+        and holdable(t, limit)
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
 class Snapshotter:
     """Detach-and-clone snapshots; one copy is shared only while its source provably is unchanged.
 
