@@ -210,7 +210,9 @@ class Holder:
         if c.dump_mode is not DumpMode.NOT:
             return False
         snap = c._snap
-        if snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None:
+        if snap._hashes and (
+            snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None
+        ):  # (no copy-on-write snapshot at all: no recorded hash, nothing to look up)
             return False
         if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
             return False
