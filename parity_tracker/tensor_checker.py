@@ -28,7 +28,8 @@ Two capture paths give identical results:
 The memory bound: on the eager path the reference runs first, so its snapshots wait for the
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot storage
 resident (each snapshot counted once, however many captures share it; parameters are pinned, not
-copied (``Snapshotter.pin``: a lazy clone), and not counted). Past the budget the oldest snapshots
+copied (``Snapshotter.pin``: a lazy clone), and not counted, except a small one held as its bytes,
+``capture.holder``). Past the budget the oldest snapshots
 are written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read
 back memory-mapped when their pair is compared or dumped. After every capture::
 
