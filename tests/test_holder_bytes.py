@@ -306,3 +306,19 @@ def test_parameter_held_as_bytes_keeps_its_capture_time_values(update, tmp_path)
     (folder,) = tmp_path.iterdir()
     dumped = {e["tag"]: t for e, t in load_dump(folder)}
     assert dumped["checker_extra"].tolist() == [1.0, -2.0]  # its values when captured
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # deferred: every snapshot a tensor, as before
+        {"eager_mode": "equal", "dump_mode": DumpMode.NOT_EQUAL},  # a dump reads each verdict
+        {"eager_mode": "equal", "align": lambda tag, r, c: None},
+        {"eager_mode": "equal", "max_resident_bytes": 64 << 10},  # bulk bound under two sides
+    ],
+)
+def test_runs_without_bulk_comparison_hold_tensors(kw):
+    checker = TensorChecker(verbose=False, **kw)
+    checker.register_tensor("t", torch.ones(3), side=0)
+    value = checker._groups[("t", 0)].captures[0].value
+    assert isinstance(value, torch.Tensor) and value.tolist() == [1.0, 1.0, 1.0]
