@@ -98,7 +98,7 @@ class Holder:
         """``BULK_MAX_BYTES`` when this round's small pairs may be compared in bulk, else 0.
 
         The conditions of :meth:`_hold_for_bulk` that do not depend on the pair (issue 19): a
-        small snapshot is then held as its bytes (``HeldBytes``, one ``string_at``), which the
+        small snapshot is then held as its bytes (``HeldBytes``: one copy), which the
         bulk comparison holds as they are when the other side arrives. Only a question of
         cost: a ``HeldBytes`` whose pair is not held (another dtype or shape, the checker's
         settings changed since) is compared as the tensor it loads (the values of capture

@@ -283,7 +283,7 @@ class Snapshotter:
         of the same object (same ``id``) is handed out again when it holds exactly the bytes,
         dtype and shape read now. The whole contents are compared (``bytes ==``), not a digest,
         so the shared copy holds the values of now whatever happened in between (a write
-        counted or not, another object under a reused ``id``). Cost: one ``string_at`` and,
+        counted or not, another object under a reused ``id``). Cost: one byte copy and,
         for an earlier copy of the same object, one ``memcmp``.
         """
         held = HeldBytes.of(t)

@@ -5,10 +5,11 @@ hundred bytes. The per-pair comparison (:func:`~parity_tracker.compare.core.comp
 small path, with the pair comparer's cache and the snapshot check around it) costs ≈ 12–14 µs a
 pair, almost all of it Python and torch call overhead, not bytes. :class:`HeldPairs` instead:
 
-1. :meth:`HeldPairs.add` copies each side's C-order bytes once, when the pair is known
-   (``ctypes.string_at`` on the tensor's ``const_data_ptr``: ≈ 0.4 µs for a small tensor, less
-   than a ``clone`` or a ``numpy()`` view; a copy-on-write storage is not materialized). The
-   copies are the pair's values of that moment, whatever is written to the tensors later.
+1. :meth:`HeldPairs.add` copies each side's C-order bytes once, when the pair is known (a
+   ``ctypes`` char array read at the tensor's ``const_data_ptr``: ≈ 0.35 µs for a small tensor,
+   less than a ``clone`` or a ``numpy()`` view; a copy-on-write storage is not materialized); a
+   side held as :class:`HeldBytes` since its capture is not copied again. The copies are the
+   pair's values of that moment, whatever is written to the tensors later.
 2. :meth:`HeldPairs.compare` settles every held pair at once: a pair is identical exactly when
    its two byte strings are equal (one ``memcmp``); the NaN/inf counts of all identical pairs of
    one dtype are proven zero by one ``isfinite`` pass over their joined bytes (otherwise each
@@ -105,7 +106,7 @@ class HeldBytes:
 
     What the TensorChecker holds, instead of a cloned snapshot, for a small :func:`_readable`
     tensor (at most :data:`BULK_MAX_BYTES`) of a run whose small pairs are compared in bulk
-    (``Snapshotter.take`` with ``bytes_max``): one ``ctypes.string_at`` (:func:`_bytes`), and
+    (``Snapshotter.take`` with ``bytes_max``): one copy of its bytes (:func:`_bytes`), and
     the pair's held bytes when the other side arrives (:meth:`HeldPairs.add`), so those bytes
     are copied once. :meth:`load` rebuilds a new tensor of exactly these values (as
     ``Spilled.load`` does; ``compare.pairing.load`` reads either). Never written.
