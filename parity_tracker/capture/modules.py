@@ -247,26 +247,21 @@ class CaptureLog:
         groups = self.groups
         key = (tag, step)
         group = groups.get(key)
+        if group is None:  # created = len(groups): groups are only ever added
+            group = groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
         if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
+            shape, dtype = value.shape, value.dtype  # meta(value), its shared tuple inline
             try:
-                cap = Capture(side, None, order, True, meta(value))
-            except BaseException:  # as before: the group exists, without this capture
-                if group is None:
-                    groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
-                raise
-            if group is None:  # created = len(groups): groups are only ever added
-                group = groups[key] = Group(
-                    tag, step, kind, module, slot, call_index, len(groups), None, [cap]
-                )
-            else:
-                group.captures.append(cap)
+                found = _METAS.get((shape, dtype) if value.is_cpu else (shape, dtype, value.device))
+            except TypeError:  # a symbolic size: meta formats it
+                found = None
+            cap = Capture(side, None, order, True, found or meta(value))
+            group.captures.append(cap)
             self.on_tensor(group, cap, value, kind == "param")
             return group
-        if group is None:
-            group = groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
         if not (value is None or isinstance(value, NonTensor)):
             value = as_tensor(value, tag)
         self._add(group, side, value, order, alias=kind == "param")
