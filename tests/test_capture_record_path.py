@@ -1,5 +1,5 @@
 """The capture record path of issue 19 (wave 7): shared ``meta`` tuples, names formatted once
-per signature for every install, ``Group`` as a slotted class, weights done per side.
+per signature for every install, weights done per side, the root's unused-weights check.
 
 Every expected value is written out by hand (the tag grammar of design.md, "Public names";
 shapes and dtypes of tensors the test makes), never produced by the code under test. The
@@ -175,7 +175,7 @@ def test_two_sides_record_their_own_weights():
     assert checker._log.weights_done == {0: {"weight", "bias"}, 1: {"weight", "bias"}}
 
 
-def test_group_compares_field_by_field_and_is_unhashable_as_the_dataclass_was():
+def test_group_compares_field_by_field_and_is_unhashable():
     def make(order):
         return Group("checker_x", 0, "output", "x", "output", 0, 3, order)
 
