@@ -138,6 +138,7 @@ class CaptureLog:
         self.ordered = 0
         self.exec: dict[int, int] = {}
         self.calls: dict[tuple[int, int, str], int] = {}
+        self.called: dict[int, set[str]] = {}
         self.ran: set[int] = set()
         self.sides: set[int] = set()
         self.explicit_manual = False
@@ -153,17 +154,6 @@ class CaptureLog:
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
         #: foreign engines, ``parity_tracker.adapters``); such tags are ``skipped``, not missing.
         self.not_observable: dict[tuple[str, int], str] = {}
-
-    @property
-    def called(self) -> dict[int, set[str]]:
-        """Side -> the display names of the modules whose call started (from :attr:`calls`)."""
-        out: dict[int, set[str]] = {}
-        for side, _, name in self.calls:
-            found = out.get(side)
-            if found is None:
-                found = out[side] = set()
-            found.add(name)
-        return out
 
     @property
     def created(self) -> int:
@@ -295,6 +285,10 @@ class CaptureLog:
         key = (side, step, name)
         k = self.calls.get(key, 0)
         self.calls[key] = k + 1
+        called = self.called.get(side)
+        if called is None:
+            called = self.called[side] = set()
+        called.add(name)
         names = _input_names(name, k, len(args), tuple(kwargs) if kwargs else ())
         values = (*args, *kwargs.values()) if kwargs else args
         record, groups = self._record, []
