@@ -20,7 +20,7 @@ import traceback
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -499,11 +499,13 @@ def _unlink(checker: Any) -> None:
     garbage collector after the run, which walks all of it (issue 19, measurement 10). With
     the proxy, it is freed when the checker is (at the run's end, unless a caller keeps it;
     the checker stays usable while it lives). Nothing changes when the checker has no such
-    holder.
+    holder or cannot be weakly referenced.
     """
     hold = getattr(checker, "_hold", None)
     if hold is not None and getattr(hold, "c", None) is checker:
-        hold.c = weakref.proxy(checker)
+        # no weak references to it (TypeError): the cycle stays, the collector frees it
+        with suppress(TypeError):
+            hold.c = weakref.proxy(checker)
 
 
 def _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill, ops, isolate):
