@@ -28,7 +28,8 @@ Two capture paths give identical results:
 The memory bound: on the eager path the reference runs first, so its snapshots wait for the
 candidate's. They are kept in a store that holds at most ``max_resident_bytes`` of snapshot storage
 resident (each snapshot counted once, however many captures share it; parameters are pinned, not
-copied (``Snapshotter.pin``: a lazy clone), and not counted). Past the budget the oldest snapshots
+copied (``Snapshotter.pin``: a lazy clone), and not counted, except a small one held as its bytes,
+``capture.holder``). Past the budget the oldest snapshots
 are written to ``spill_dir`` (``parity_tracker.capture.store``, shared with the op store) and read
 back memory-mapped when their pair is compared or dumped. After every capture::
 
@@ -487,7 +488,7 @@ def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):
 
 def _resolve_all(self: TensorChecker, mode, tol) -> list[tuple[Group, Comparison, int]]:
     """Every group with a value, resolved to its comparison (eager verdicts reused)."""
-    self._hold.flush()  # the small eager pairs held for the bulk comparison (compare.batch)
+    self._hold.settle()  # small eager pairs compared in bulk; held bytes made tensors again
     ref_side = self._log.reference_side()
     out = []
     verified = VerifiedPairs(self._pairs, self._snap)  # copy-on-write snapshots checked

@@ -5,7 +5,9 @@ Deferred path: a counted snapshot (parameters pinned: ``Snapshotter.pin``). Eage
 with the held one and both are released, unless the planned dump needs them (``DumpMode``), so peak
 memory is one side's activations. A small pair is copied and held instead, and all held pairs are
 compared together at ``check`` (:meth:`Holder.flush`, ``compare.batch``: issue 19), within a small
-byte bound. Split out of ``parity_tracker.tensor_checker`` (the seed facade).
+byte bound. In such a run a small snapshot is its bytes from the start (``HeldBytes``: one copy,
+which the held pair reuses; :meth:`Holder.settle` turns those still held at the check into
+tensors). Split out of ``parity_tracker.tensor_checker`` (the seed facade).
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.modules import Capture, Group
+from parity_tracker.capture.snapshot import pinned_whole
 from parity_tracker.capture.store import Spilled
-from parity_tracker.compare.batch import BULK_MAX_BYTES, PENDING_BYTES, PENDING_PAIRS, HeldPairs
+from parity_tracker.compare.batch import (
+    BULK_MAX_BYTES,
+    PENDING_BYTES,
+    PENDING_PAIRS,
+    HeldBytes,
+    HeldPairs,
+)
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import RELEASED, load, unreadable
 from parity_tracker.compare.results import DumpMode
@@ -39,11 +48,14 @@ class Holder:
         self.eager_first: dict[bool, Group] = {}
         #: small eager pairs held for the bulk comparison, keyed (group, candidate index)
         self.held = HeldPairs()
+        #: the largest snapshot held as its bytes this round (``_bytes_limit``; None: not known)
+        self.bytes_max: int | None = None
 
     def reset(self) -> None:
         """Forget the state of a round (held pairs dropped: their captures are being cleared)."""
         self.eager_first = {}
         self.held = HeldPairs()
+        self.bytes_max = None
 
     def on_tensor(self, g: Group, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Take ``value``, just captured as ``cap`` of group ``g``: reduce, hold or compare it."""
@@ -59,12 +71,49 @@ class Holder:
         self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
 
     def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
-        """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted."""
+        """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted.
+
+        In a round whose small pairs are compared in bulk (:meth:`_bytes_limit`) a small tensor
+        is taken as its bytes (``Snapshotter.take`` with ``bytes_max``: a ``HeldBytes``), and so
+        is a small parameter that ``pin`` would hold copy-on-write (the values of capture time
+        either way; a copy of at most ``BULK_MAX_BYTES``, counted in the store); other
+        parameters (views of a larger buffer) stay pinned by reference, as before.
+        """
+        snap = self.c._snap
+        limit = self.bytes_max
+        if limit is None:
+            limit = self.bytes_max = self._bytes_limit()
         if alias:
-            cap.value = self.c._snap.pin(value)
+            if limit and pinned_whole(value, limit):  # what pin would copy-on-write: its bytes
+                cap.value = copy = HeldBytes.of(value)
+                self.c._store.admit(copy, cap)
+            else:
+                cap.value = snap.pin(value)
             return
-        cap.value = copy = self.c._snap.take(value)
+        snap.bytes_max = limit  # small ones held as their bytes (compare.batch)
+        cap.value = copy = snap.take(value)
         self.c._store.admit(copy, cap)
+
+    def _bytes_limit(self) -> int:
+        """``BULK_MAX_BYTES`` when this round's small pairs may be compared in bulk, else 0.
+
+        The conditions of :meth:`_hold_for_bulk` that do not depend on the pair (issue 19): a
+        small snapshot is then held as its bytes (``HeldBytes``: one copy), which the
+        bulk comparison holds as they are when the other side arrives. Only a question of
+        cost: a ``HeldBytes`` whose pair is not held (another dtype or shape, the checker's
+        settings changed since) is compared as the tensor it loads (the values of capture
+        time), and :meth:`settle` turns those still held at the check into tensors.
+        """
+        c = self.c
+        if c.eager_mode not in _BULK_MODES or c.align is not None:
+            return 0
+        if c.dump_mode is not DumpMode.NOT or c.reduce_to is not None:
+            return 0
+        return (
+            BULK_MAX_BYTES
+            if min(PENDING_BYTES, c.max_resident_bytes / 16) >= 2 * BULK_MAX_BYTES
+            else 0
+        )
 
     def _eager_reference(self, g: Group, side: int) -> int | None:
         """Index of the capture the new one is compared against now, or None to hold it."""
@@ -74,7 +123,7 @@ class Holder:
         if len(g.captures) < 2:
             return None
         held = g.captures[i]
-        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled)):
+        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled, HeldBytes)):
             return None
         return i
 
@@ -83,14 +132,23 @@ class Holder:
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
         ref_i, cand_i = (new_i, held_i) if new_is_ref else (held_i, new_i)
+        held_value = held.value
+        as_bytes = type(held_value) is HeldBytes  # a small snapshot's bytes (never pinned)
+        ref, cand = (value, held_value) if new_is_ref else (held_value, value)
+        if as_bytes and self._hold_for_bulk(g, cand_i, ref, cand):
+            g.ref_index = ref_i
+            new.value = held.value = RELEASED  # the pair is held (its bytes as they are)
+            return
         try:
-            held_value = held.value if isinstance(held.value, torch.Tensor) else load(held.value)
+            if not isinstance(held_value, torch.Tensor):
+                held_value = load(held_value)  # spilled, or bytes whose pair is not held
         except (OSError, RuntimeError) as exc:  # a spill file removed or cut during the run
             held_value, comp = None, unreadable(g.tag, self.c.eager_mode, exc)
-        if g.kind == "param" and held_value is not None:  # the weight, not its copy (unpin)
+        pinned = g.kind == "param" and not as_bytes
+        if pinned and held_value is not None:  # the weight, not its copy (unpin)
             held_value = held.value = self.c._snap.unpin(held_value)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        if held_value is not None and self._hold_for_bulk(g, cand_i, ref, cand):
+        if held_value is not None and not as_bytes and self._hold_for_bulk(g, cand_i, ref, cand):
             g.ref_index = ref_i
             new.value = held.value = RELEASED  # as below without a dump: the pair is held
             return
@@ -103,7 +161,7 @@ class Holder:
         g.pairs[cand_i] = comp
         if self._eager_keep(g, comp):
             self._keep(new, value, alias)
-            if g.kind == "param":  # kept for a dump: its values of now, pinned again
+            if pinned:  # kept for a dump: its values of now, pinned again
                 held.value = self.c._snap.pin(held.value)
         else:
             new.value = held.value = RELEASED
@@ -152,7 +210,9 @@ class Holder:
         if c.dump_mode is not DumpMode.NOT:
             return False
         snap = c._snap
-        if snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None:
+        if snap._hashes and (
+            snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None
+        ):  # (no copy-on-write snapshot at all: no recorded hash, nothing to look up)
             return False
         if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
             return False
@@ -165,6 +225,27 @@ class Holder:
             return self.held.add((g, cand_i), g.tag, ref, cand)
         except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it
             return False
+
+    def settle(self) -> None:
+        """:meth:`flush`, then give every capture still held as bytes a tensor of its values.
+
+        Called at the check, before any group is read: one-sided groups, groups of more than
+        two captures and dumps read ``Capture.value`` as a tensor (or a ``Spilled``). Each
+        such tensor is ``HeldBytes.load`` (the values of capture time), counted in the store
+        in place of its bytes.
+        """
+        self.flush()
+        store = self.c._store
+        for entry in store.payloads():
+            held = entry()
+            if type(held) is not HeldBytes:
+                continue
+            caps = [c for c in entry.caps if c.value is held]
+            store.discard(entry.key)
+            t = held.load()
+            for cap in caps:
+                cap.value = t
+                store.admit(t, cap)
 
     def flush(self) -> None:
         """Compare the held pairs in bulk and record each verdict in its group (``g.pairs``).

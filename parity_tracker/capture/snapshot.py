@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from parity_tracker.capture.store import BoundedStore
+from parity_tracker.compare.batch import HeldBytes, holdable
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.hashing import (
@@ -172,6 +170,23 @@ def _whole_storage(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() == nbytes
 
 
+def pinned_whole(t: torch.Tensor, limit: int) -> bool:
+    """A parameter :meth:`Snapshotter.pin` holds copy-on-write, of at most ``limit`` bytes.
+
+    Such a parameter may be held as its bytes instead (``compare.batch.HeldBytes``: the values
+    of capture time, as the lazy clone keeps them, and also past a write through a raw view
+    taken before the capture); a view of a larger buffer may not (``pin`` holds it by
+    reference, and a counted write after its capture makes its pair an ``error``).
+    """
+    return (
+        _COW
+        and holdable(t, limit)
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    )
+
+
 class Snapshotter:
     """Detach-and-clone snapshots; one copy is shared only while its source provably is unchanged.
 
@@ -203,16 +218,27 @@ class Snapshotter:
         self._forget = _forgetter(self._seen)
         self._drop_pin, self._drop_pinned = _dropper(self._pins), _dropper(self._pinned)
         self._gone = _copy_gone(self._copies, self._hashes)
+        #: largest tensor (bytes) :meth:`take` holds as its bytes (``HeldBytes``); 0: none. Set
+        #: by the TensorChecker's holder in runs whose small pairs are compared in bulk.
+        self.bytes_max = 0
+        #: id(source) -> weak reference to the ``HeldBytes`` last taken of it (one copy shared
+        #: by the captures of one unchanged activation, see :meth:`_take_bytes`)
+        self._bytes_seen: dict[int, weakref.ref] = {}
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
         ref = self._copies.get(id(value))
         return ref is not None and ref() is value
 
-    def take(self, t: torch.Tensor) -> torch.Tensor:
+    def take(self, t: torch.Tensor) -> torch.Tensor | HeldBytes:
         """A detached copy of ``t`` that no later write to ``t``, counted or not, can change.
 
-        Three kinds of copy (issue 19, item 3):
+        Four kinds of copy (issue 19, item 3):
+
+        - with :attr:`bytes_max` set (a run comparing small pairs in bulk), a plain CPU
+          tensor of at most that many bytes (and under :data:`COW_MIN_BYTES`): its bytes
+          (``compare.batch.HeldBytes``, :meth:`_take_bytes`), not a tensor;
+          ``HeldBytes.load`` gives the tensor back.
 
         - copy-on-write (``torch._lazy_clone``; a plain contiguous CPU tensor of at least
           :data:`COW_MIN_BYTES` filling its storage): no bytes copied now; torch copies the
@@ -225,6 +251,8 @@ class Snapshotter:
         - a C-order copy of a non-contiguous source (so the comparison need not make one);
         - a clone (the rest).
         """
+        if self.bytes_max and holdable(t, min(self.bytes_max, COW_MIN_BYTES - 1)):
+            return self._take_bytes(t)  # instead of a clone, never of a copy-on-write copy
         version = tensor_version(t)
         key = id(t)
         copy = self._reusable(key, t, version)
@@ -247,6 +275,30 @@ class Snapshotter:
         if version is not None and digestible(t):
             self._remember(key, t, version, copy)
         return copy
+
+    def _take_bytes(self, t: torch.Tensor) -> HeldBytes:
+        """:meth:`take`'s copy of a small tensor as its bytes (``HeldBytes.of``, issue 19).
+
+        A module's input is usually the previous module's output: the ``HeldBytes`` last taken
+        of the same object (same ``id``) is handed out again when it holds exactly the bytes,
+        dtype and shape read now. The whole contents are compared (``bytes ==``), not a digest,
+        so the shared copy holds the values of now whatever happened in between (a write
+        counted or not, another object under a reused ``id``). Cost: one byte copy and,
+        for an earlier copy of the same object, one ``memcmp``.
+        """
+        held = HeldBytes.of(t)
+        key = id(t)
+        ref = self._bytes_seen.get(key)
+        old = None if ref is None else ref()
+        if (
+            old is not None
+            and old.data == held.data
+            and old.dtype == held.dtype
+            and old.shape == held.shape
+        ):
+            return old
+        self._bytes_seen[key] = weakref.ref(held)
+        return held
 
     def _take_small(self, key: int, t: torch.Tensor) -> torch.Tensor:
         """:meth:`take`'s clone of a :func:`_small_plain` ``t`` (no earlier copy to reuse).
@@ -432,6 +484,7 @@ class Snapshotter:
         self._hashes.clear()
         self._pinned.clear()
         self._pins.clear()
+        self._bytes_seen.clear()
 
 
 def _forgetter(seen: dict[int, _Entry]) -> Callable[[_KeyRef], None]:
@@ -456,130 +509,6 @@ def _copy_gone(copies: dict, hashes: dict) -> Callable[[_KeyRef], None]:
     return callback
 
 
-class _Held(_KeyRef):
-    """A snapshot in :class:`SnapshotStore`: a weak reference to the copy, and its captures.
-
-    ``key``: the copy's id; ``caps``: the captures holding it;
-    ``lent``: the op store's capture of the same buffer (``OpStore.lend``), ``address`` the
-    buffer's data address when both were seen on it; ``done``: spilled or borrowed already.
-    One object per snapshot (issue 19: it was a holder, a weak reference and a closure).
-    """
-
-    __slots__ = ("address", "caps", "done", "lent")
-
-
-def _held(copy: torch.Tensor, callback: Callable[[_Held], None], key: int, cap: Any) -> _Held:
-    entry = _Held(copy, callback)
-    entry.key, entry.caps = key, [cap]
-    entry.lent, entry.address, entry.done = None, 0, False
-    return entry
-
-
-class SnapshotStore(BoundedStore):
-    """Module snapshots within ``max_resident_bytes``, the oldest spilled to ``spill_dir``.
-
-    A snapshot is held by one or more captures (objects with a ``value`` attribute). Each
-    snapshot is tracked by a weak reference: it stops counting as soon as no capture holds it
-    (the eager path releasing a pair); spilling swaps every holder's ``value`` for the
-    :class:`~parity_tracker.capture.store.Spilled` record, whose file is deleted once no
-    capture holds the record.
-
-    Borrowing (issue 19, an op-level run: ``lender`` is the op store): a copy-on-write snapshot
-    whose buffer the op store also captured (same data address, both alive: the same bytes)
-    is written to disk once. Whichever store spills first writes it (this one asks the lender
-    to spill its capture now); the snapshot then reads the lender's file
-    (``Spilled.alias``) if, right after that write, the copy still is that buffer (its data
-    address and copy-on-write state), the lender's tensor had the version counter it had when
-    the two were linked, and the copy still hashes as when it was taken (``intact``).
-    Otherwise the snapshot spills on its own, as without a lender.
-    """
-
-    def __init__(self, max_resident_bytes: float, spill_dir: str | os.PathLike[str] | None):
-        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "checker-spill-")
-        self._ids = itertools.count()
-        #: ``intact(copy) -> bool`` (``Snapshotter.intact``): a copy-on-write snapshot that no
-        #: longer holds its captured values is kept in memory (and found by the comparison's
-        #: check), never written to disk as if it did.
-        self.intact: Callable[[Any], bool] = lambda _copy: True
-        #: the op store whose captures snapshots may borrow (``OpStore``), or None
-        self.lender: Any = None
-        #: bytes of snapshots that read a lender's file instead of writing their own
-        self.borrowed_bytes = 0
-
-    def clear(self) -> None:
-        """Forget every snapshot, reset the counters and delete the spill folder."""
-        self.close(reset_counters=True)
-        self.borrowed_bytes = 0
-
-    def admit(self, copy: torch.Tensor, cap: Any) -> None:  # type: ignore[override]
-        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget."""
-        key = id(copy)
-        held = self._resident.get(key)  # (nbytes, _Held): one look-up (issue 19)
-        if held is not None:
-            if held[1]() is copy:
-                held[1].caps.append(cap)  # a snapshot shared with an earlier capture counts once
-                return
-            self.discard(key)  # a stale entry under a reused id
-        entry = _held(copy, self._gone, key, cap)
-        nbytes = copy.untyped_storage().nbytes()
-        if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
-            address = _DATA_ADDRESS(copy)
-            lent = self.lender.lend(address, nbytes, copy.dtype)
-            if lent is not None:
-                entry.lent, entry.address = (lent, lent.tensor._version), address
-                self.lender.watch(lent, self._watcher(key, entry))
-        super().admit(key, nbytes, entry)
-
-    def _gone(self, ref: _Held) -> None:
-        """A snapshot died: stop counting it (not a newer one under its id)."""
-        if self.get(ref.key) is ref:
-            self.discard(ref.key)
-
-    def _watcher(self, key: int, entry: _Held) -> Callable[[Any, int, int], None]:
-        def watcher(lent: Any, address: int, version: int) -> None:
-            borrowed = not entry.done and self._borrow(entry, lent, address, version)
-            if borrowed and self.get(key) is entry:
-                self.discard(key)
-
-        return watcher
-
-    def _borrow(self, entry: _Held, lent: Any, address: int, version: int) -> bool:
-        """Point ``entry``'s captures at ``lent``'s file if it holds the copy's bytes."""
-        copy = entry()
-        if (
-            copy is None
-            or lent.spilled is None
-            or (lent, version) != entry.lent
-            or address != entry.address
-            or not _IS_COW(copy)
-            or _DATA_ADDRESS(copy) != address
-            or not self.intact(copy)
-        ):
-            return False
-        spilled = lent.spilled.alias(copy)
-        for c in entry.caps:
-            if c.value is copy:
-                c.value = spilled
-        entry.done = True
-        self.borrowed_bytes += spilled.nbytes
-        return True
-
-    def _spill_entry(self, _key: int, entry: _Held) -> bool:
-        if entry.lent is not None and not entry.done:
-            self.lender.spill(entry.lent[0].id)  # its watcher borrows the file if it can
-        if entry.done:
-            return False  # borrowed: nothing written here
-        entry.done = True
-        copy = entry()
-        if copy is None or not self.intact(copy):
-            return False
-        spilled = self.write(copy)  # freed when no capture holds the record
-        for c in entry.caps:
-            if c.value is copy:
-                c.value = spilled
-        return True
-
-
 class VerifiedPairs:
     """A pair comparer whose verdicts pass through :meth:`Snapshotter.verified`.
 
@@ -596,3 +525,12 @@ class VerifiedPairs:
         """``pairs.compare(...)``, turned into an ``error`` if a snapshot side changed."""
         comp = self.pairs.compare(tag, ref, cand, mode, tol, step)
         return self.snap.verified(tag, ref, cand, comp)
+
+
+def __getattr__(name: str) -> Any:
+    """``SnapshotStore`` lives in ``capture.snapshot_store`` (split out); still importable here."""
+    if name == "SnapshotStore":
+        from parity_tracker.capture.snapshot_store import SnapshotStore
+
+        return SnapshotStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from parity_tracker.capture import heap_trim
+
 __all__ = ["BoundedStore", "SpillCounters", "SpillDir", "Spilled", "span_elements"]
 
 
@@ -312,7 +314,11 @@ class BoundedStore:
         self.spilled_bytes = self.spilled_count = 0
 
     def admit(self, key: Hashable, nbytes: int, payload: Any = None) -> None:
-        """Count ``nbytes`` resident under ``key``; spill the oldest entries past the budget."""
+        """Count ``nbytes`` resident under ``key``; spill the oldest entries past the budget.
+
+        Also counts ``nbytes`` into :data:`parity_tracker.capture.heap_trim.trimmer` (freed heap
+        memory returned to the OS every few MiB admitted).
+        """
         self._resident[key] = (nbytes, payload)
         self.resident_bytes += nbytes
         while self.resident_bytes > self.max_resident_bytes and self._resident:
@@ -322,6 +328,7 @@ class BoundedStore:
                 self.spilled_bytes += n
                 self.spilled_count += 1
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        heap_trim.trimmer.admitted(nbytes)  # freed heap pages back to the OS (issue 19)
 
     def spill(self, key: Hashable) -> bool:
         """Spill the resident entry ``key`` now (before the budget asks); whether it was written."""

@@ -5,10 +5,11 @@ hundred bytes. The per-pair comparison (:func:`~parity_tracker.compare.core.comp
 small path, with the pair comparer's cache and the snapshot check around it) costs ≈ 12–14 µs a
 pair, almost all of it Python and torch call overhead, not bytes. :class:`HeldPairs` instead:
 
-1. :meth:`HeldPairs.add` copies each side's C-order bytes once, when the pair is known
-   (``ctypes.string_at`` on the tensor's ``const_data_ptr``: ≈ 0.4 µs for a small tensor, less
-   than a ``clone`` or a ``numpy()`` view; a copy-on-write storage is not materialized). The
-   copies are the pair's values of that moment, whatever is written to the tensors later.
+1. :meth:`HeldPairs.add` copies each side's C-order bytes once, when the pair is known (a
+   ``ctypes`` char array read at the tensor's ``const_data_ptr``: ≈ 0.35 µs for a small tensor,
+   less than a ``clone`` or a ``numpy()`` view; a copy-on-write storage is not materialized); a
+   side held as :class:`HeldBytes` since its capture is not copied again. The copies are the
+   pair's values of that moment, whatever is written to the tensors later.
 2. :meth:`HeldPairs.compare` settles every held pair at once: a pair is identical exactly when
    its two byte strings are equal (one ``memcmp``); the NaN/inf counts of all identical pairs of
    one dtype are proven zero by one ``isfinite`` pass over their joined bytes (otherwise each
@@ -86,8 +87,55 @@ def _bytes(t: torch.Tensor) -> bytes:
     """
     if not t.is_contiguous():
         t = t.contiguous()
-    n = t.numel() * t.element_size()
-    return ctypes.string_at(t.const_data_ptr(), n) if n else b""
+    n = t.nbytes
+    if not n:
+        return b""
+    array = _CHARS.get(n)
+    if array is None:
+        array = _CHARS[n] = ctypes.c_char * n
+    return array.from_address(t.const_data_ptr()).raw  # a copy (≈ 0.2 µs less than string_at)
+
+
+#: ``ctypes.c_char * n`` per byte count ``n`` read by :func:`_bytes` (at most one type per size
+#: up to ``BULK_MAX_BYTES``: a few KiB each, a handful of sizes in a model)
+_CHARS: dict[int, type] = {}
+
+
+class HeldBytes:
+    """A small tensor's values at one moment: its C-order bytes, dtype and shape (issue 19).
+
+    What the TensorChecker holds, instead of a cloned snapshot, for a small :func:`_readable`
+    tensor (at most :data:`BULK_MAX_BYTES`) of a run whose small pairs are compared in bulk
+    (``Snapshotter.take`` with ``bytes_max``): one copy of its bytes (:func:`_bytes`), and
+    the pair's held bytes when the other side arrives (:meth:`HeldPairs.add`), so those bytes
+    are copied once. :meth:`load` rebuilds a new tensor of exactly these values (as
+    ``Spilled.load`` does; ``compare.pairing.load`` reads either). Never written.
+
+    Attributes:
+        data: the values' bytes, C order (``numel * itemsize`` bytes).
+        dtype: the tensor's dtype (one of ``compare.hashing``'s numpy dtypes).
+        shape: the tensor's shape.
+    """
+
+    __slots__ = ("__weakref__", "data", "dtype", "shape")
+
+    def __init__(self, data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.data, self.dtype, self.shape = data, dtype, shape
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> HeldBytes:
+        """The values of a :func:`_readable` tensor ``t`` now (its bytes copied)."""
+        return cls(_bytes(t), t.dtype, tuple(t.shape))
+
+    def load(self, *, to_device: bool = False) -> torch.Tensor:
+        """A new contiguous CPU tensor holding these values (``to_device``: CPU already)."""
+        array = np.frombuffer(self.data, _numpy_dtype(self.dtype)).reshape(self.shape)
+        return torch.from_numpy(array.copy())
+
+
+def holdable(t: Any, limit: int) -> bool:
+    """A :func:`_readable` tensor of at most ``limit`` bytes (``HeldBytes.of`` can hold it)."""
+    return _readable(t) and t.numel() * t.element_size() <= limit
 
 
 class HeldPairs:
@@ -110,7 +158,8 @@ class HeldPairs:
         """Hold a copy of both sides' values of now; False (nothing held) for other pairs.
 
         Held: two :func:`_readable` tensors of one dtype and one shape (any strides), at most
-        :data:`BULK_MAX_BYTES` bytes each.
+        :data:`BULK_MAX_BYTES` bytes each; either side may instead be a :class:`HeldBytes`
+        (its bytes are held as they are, not copied again).
 
         Args:
             key: anything; returned in :attr:`keys` (the checker's group and capture index).
@@ -118,6 +167,8 @@ class HeldPairs:
             ref: the reference value.
             cand: the candidate value.
         """
+        if type(ref) is HeldBytes or type(cand) is HeldBytes:
+            return self._add_held(key, tag, ref, cand)
         if not (_readable(ref) and _readable(cand)):
             return False
         dtype, shape = ref.dtype, ref.shape
@@ -127,6 +178,41 @@ class HeldPairs:
             return False
         rb, cb = _bytes(ref), _bytes(cand)
         self._items.append((tag, dtype, tuple(shape), rb, cb))
+        self.keys.append(key)
+        self.nbytes += len(rb) + len(cb)
+        return True
+
+    def _add_held(self, key: Any, tag: str | None, ref: Any, cand: Any) -> bool:
+        """:meth:`add` of a pair with a :class:`HeldBytes` side (or two)."""
+        held, live = (ref, cand) if type(ref) is HeldBytes else (cand, ref)
+        if type(live) is not HeldBytes:  # the common case: one side held, the other live
+            if (
+                len(held.data) > BULK_MAX_BYTES
+                or not _readable(live)
+                or live.dtype != held.dtype
+                or live.shape != held.shape
+            ):
+                return False
+            data = _bytes(live)  # as many bytes as held's: one dtype, one shape
+            rb, cb = (held.data, data) if live is cand else (data, held.data)
+            self._items.append((tag, held.dtype, held.shape, rb, cb))
+            self.keys.append(key)
+            self.nbytes += 2 * len(data)
+            return True
+        sides = []
+        for v in (ref, cand):
+            if type(v) is HeldBytes and len(v.data) <= BULK_MAX_BYTES:
+                sides.append((v.dtype, v.shape, v.data))
+            elif holdable(v, BULK_MAX_BYTES):
+                sides.append((v.dtype, tuple(v.shape), None))
+            else:
+                return False
+        (dtype, shape, rb), (cdtype, cshape, cb) = sides
+        if cdtype != dtype or cshape != shape:
+            return False
+        rb = _bytes(ref) if rb is None else rb
+        cb = _bytes(cand) if cb is None else cb
+        self._items.append((tag, dtype, shape, rb, cb))
         self.keys.append(key)
         self.nbytes += len(rb) + len(cb)
         return True

@@ -1,0 +1,151 @@
+"""The TensorChecker's bounded, spilling store of module snapshots (split from ``snapshot``).
+
+:class:`SnapshotStore` counts every snapshot a capture holds (a cloned or copy-on-write tensor
+of :class:`~parity_tracker.capture.snapshot.Snapshotter`, or a small tensor's bytes,
+:class:`~parity_tracker.compare.batch.HeldBytes`) within ``max_resident_bytes`` and spills the
+oldest to disk past it. ``parity_tracker.capture.snapshot`` still exports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from parity_tracker.capture.snapshot import _COW, _DATA_ADDRESS, _IS_COW, _KeyRef
+from parity_tracker.capture.store import BoundedStore
+from parity_tracker.compare.batch import HeldBytes
+
+
+class _Held(_KeyRef):
+    """A snapshot in :class:`SnapshotStore`: a weak reference to the copy, and its captures.
+
+    ``key``: the copy's id; ``caps``: the captures holding it;
+    ``lent``: the op store's capture of the same buffer (``OpStore.lend``), ``address`` the
+    buffer's data address when both were seen on it; ``done``: spilled or borrowed already.
+    One object per snapshot (issue 19: it was a holder, a weak reference and a closure).
+    """
+
+    __slots__ = ("address", "caps", "done", "lent")
+
+
+def _held(copy: torch.Tensor, callback: Callable[[_Held], None], key: int, cap: Any) -> _Held:
+    entry = _Held(copy, callback)
+    entry.key, entry.caps = key, [cap]
+    entry.lent, entry.address, entry.done = None, 0, False
+    return entry
+
+
+class SnapshotStore(BoundedStore):
+    """Module snapshots within ``max_resident_bytes``, the oldest spilled to ``spill_dir``.
+
+    A snapshot is held by one or more captures (objects with a ``value`` attribute). Each
+    snapshot is tracked by a weak reference: it stops counting as soon as no capture holds it
+    (the eager path releasing a pair); spilling swaps every holder's ``value`` for the
+    :class:`~parity_tracker.capture.store.Spilled` record, whose file is deleted once no
+    capture holds the record.
+
+    Borrowing (issue 19, an op-level run: ``lender`` is the op store): a copy-on-write snapshot
+    whose buffer the op store also captured (same data address, both alive: the same bytes)
+    is written to disk once. Whichever store spills first writes it (this one asks the lender
+    to spill its capture now); the snapshot then reads the lender's file
+    (``Spilled.alias``) if, right after that write, the copy still is that buffer (its data
+    address and copy-on-write state), the lender's tensor had the version counter it had when
+    the two were linked, and the copy still hashes as when it was taken (``intact``).
+    Otherwise the snapshot spills on its own, as without a lender.
+    """
+
+    def __init__(self, max_resident_bytes: float, spill_dir: str | os.PathLike[str] | None):
+        super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "checker-spill-")
+        self._ids = itertools.count()
+        #: ``intact(copy) -> bool`` (``Snapshotter.intact``): a copy-on-write snapshot that no
+        #: longer holds its captured values is kept in memory (and found by the comparison's
+        #: check), never written to disk as if it did.
+        self.intact: Callable[[Any], bool] = lambda _copy: True
+        #: the op store whose captures snapshots may borrow (``OpStore``), or None
+        self.lender: Any = None
+        #: bytes of snapshots that read a lender's file instead of writing their own
+        self.borrowed_bytes = 0
+
+    def clear(self) -> None:
+        """Forget every snapshot, reset the counters and delete the spill folder."""
+        self.close(reset_counters=True)
+        self.borrowed_bytes = 0
+
+    def admit(self, copy: torch.Tensor | HeldBytes, cap: Any) -> None:  # type: ignore[override]
+        """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget.
+
+        A tensor counts its storage's bytes, a ``HeldBytes`` its ``data``.
+        """
+        key = id(copy)
+        held = self._resident.get(key)  # (nbytes, _Held): one look-up (issue 19)
+        if held is not None:
+            if held[1]() is copy:
+                held[1].caps.append(cap)  # a snapshot shared with an earlier capture counts once
+                return
+            self.discard(key)  # a stale entry under a reused id
+        entry = _held(copy, self._gone, key, cap)
+        if type(copy) is HeldBytes:  # a small tensor's bytes (issue 19): never copy-on-write
+            super().admit(key, len(copy.data), entry)
+            return
+        nbytes = copy.untyped_storage().nbytes()
+        if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
+            address = _DATA_ADDRESS(copy)
+            lent = self.lender.lend(address, nbytes, copy.dtype)
+            if lent is not None:
+                entry.lent, entry.address = (lent, lent.tensor._version), address
+                self.lender.watch(lent, self._watcher(key, entry))
+        super().admit(key, nbytes, entry)
+
+    def _gone(self, ref: _Held) -> None:
+        """A snapshot died: stop counting it (not a newer one under its id)."""
+        if self.get(ref.key) is ref:
+            self.discard(ref.key)
+
+    def _watcher(self, key: int, entry: _Held) -> Callable[[Any, int, int], None]:
+        def watcher(lent: Any, address: int, version: int) -> None:
+            borrowed = not entry.done and self._borrow(entry, lent, address, version)
+            if borrowed and self.get(key) is entry:
+                self.discard(key)
+
+        return watcher
+
+    def _borrow(self, entry: _Held, lent: Any, address: int, version: int) -> bool:
+        """Point ``entry``'s captures at ``lent``'s file if it holds the copy's bytes."""
+        copy = entry()
+        if (
+            copy is None
+            or lent.spilled is None
+            or (lent, version) != entry.lent
+            or address != entry.address
+            or not _IS_COW(copy)
+            or _DATA_ADDRESS(copy) != address
+            or not self.intact(copy)
+        ):
+            return False
+        spilled = lent.spilled.alias(copy)
+        for c in entry.caps:
+            if c.value is copy:
+                c.value = spilled
+        entry.done = True
+        self.borrowed_bytes += spilled.nbytes
+        return True
+
+    def _spill_entry(self, _key: int, entry: _Held) -> bool:
+        if entry.lent is not None and not entry.done:
+            self.lender.spill(entry.lent[0].id)  # its watcher borrows the file if it can
+        if entry.done:
+            return False  # borrowed: nothing written here
+        entry.done = True
+        copy = entry()
+        if copy is None or not self.intact(copy):
+            return False
+        spilled = self.write(copy.load() if type(copy) is HeldBytes else copy)  # freed when
+        # no capture holds the record
+        for c in entry.caps:
+            if c.value is copy:
+                c.value = spilled
+        return True
