@@ -11,6 +11,13 @@ and the candidate, all hooked.
   the plain twin forward and the plain candidate forward.
 - **÷ two plain forwards** (information): the plain reference and candidate forwards, the
   denominator of measurement 1.
+- **fresh memory per budget run** (information, issue 19 wave 7): the minor page faults of each
+  timed budget call (``getrusage`` ``ru_minflt`` before and after it) times the page size, in
+  MiB, median over the repeats, with the plain forwards' in the detail. A budget run keeps the
+  golden's float64 activations and weights, the twin's weights and the reference's activations
+  until the candidate is judged; the allocator hands most of that back to the system between
+  runs, so each run writes it into fresh pages again (the kernel zeroes each one): a cost on
+  the CPU clock that the plain forwards, whose memory is reused, do not pay.
 
 Time spent building the golden and twin copies (``deepcopy``) is inside the run's time.
 """
@@ -18,6 +25,7 @@ Time spent building the golden and twin copies (``deepcopy``) is inside the run'
 from __future__ import annotations
 
 import copy
+import mmap
 from typing import Any
 
 import torch
@@ -43,6 +51,44 @@ def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         lambda _m, args: tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
     )
     return model
+
+
+def _minor_faults() -> int | None:
+    """This process's minor page faults so far (``ru_minflt``), or None without ``resource``."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _counting_faults(call: Any, faults: list[int]) -> Any:
+    """``call`` that also appends the minor page faults it caused to ``faults``."""
+
+    def counted() -> None:
+        before = _minor_faults()
+        call()
+        after = _minor_faults()
+        if before is not None and after is not None:
+            faults.append(after - before)
+
+    return counted
+
+
+def _fresh_row(pair: Any, faults: dict[str, list[int]], quick: bool) -> Row:
+    """The information row: MiB of fresh pages per budget run (median), plain's in the detail."""
+    mib = {
+        k: sorted(v)[len(v) // 2] * mmap.PAGESIZE / 2**20 if v else None for k, v in faults.items()
+    }
+    plain = "n/a" if mib["plain3"] is None else f"{mib['plain3']:.0f} MiB"
+    detail = (
+        f"{pair.label}: minor page faults × {mmap.PAGESIZE} B per timed call, median of "
+        f"{REPEATS[quick]}; the 3 plain forwards: {plain}"
+    )
+    extra = {"minor_faults": faults, "page_bytes": mmap.PAGESIZE}
+    return Row(
+        NAME, "fresh memory per budget run", mib["budget"], "MiB", detail=detail, extra=extra
+    )
 
 
 def _contenders(pair: Any) -> dict[str, Any]:
@@ -75,7 +121,13 @@ def run(quick: bool) -> list[Row]:
     try:
         pair = cases.transformer(quick)
         torch.backends.mha.set_fastpath_enabled(False)
-        times = alternate(_contenders(pair), REPEATS[quick])
+        faults: dict[str, list[int]] = {"budget": [], "plain3": []}
+        contenders = _contenders(pair)
+        for name, found in faults.items():
+            contenders[name] = _counting_faults(contenders[name], found)
+        times = alternate(contenders, REPEATS[quick])
+        for found in faults.values():
+            del found[: len(found) - REPEATS[quick]]  # the timed repeats, not the warm-up
     except Exception as exc:
         return [failed(NAME, "transformer bf16 cast", exc, f"≤ {TARGET:g}")]
     med = medians(times)
@@ -95,4 +147,5 @@ def run(quick: bool) -> list[Row]:
     return [
         row3,
         Row(NAME, f"{pair.label} ÷ 2 plain forwards", two, "×", detail=detail, extra=extra),
+        _fresh_row(pair, faults, quick),
     ]

@@ -71,10 +71,30 @@ class Group:
 
 
 def meta(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
-    """``(shape, dtype, device)`` of a tensor (kept when its value is released)."""
-    dtype = t.dtype
-    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
-    return tuple(t.shape), name, "cpu" if t.is_cpu else _device_name(t.device)
+    """``(shape, dtype, device)`` of a tensor (kept when its value is released).
+
+    The tuple is shared by every tensor of the same shape, dtype and device (``_METAS``,
+    issue 19: one live tuple instead of two per capture, and no ``tuple(shape)`` copy); a
+    shape whose sizes cannot be hashed (symbolic) is formatted each time.
+    """
+    shape, dtype, cpu = t.shape, t.dtype, t.is_cpu
+    key = (shape, dtype) if cpu else (shape, dtype, t.device)
+    try:
+        found = _METAS.get(key)
+    except TypeError:  # a symbolic size: not hashable
+        found = key = None
+    if found is None:
+        name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+        found = (tuple(shape), name, "cpu" if cpu else _device_name(t.device))
+        if key is not None and len(_METAS) < _METAS_KEPT:
+            _METAS[key] = found
+    return found
+
+
+#: ``meta`` per ``(shape, dtype)`` (CPU) or ``(shape, dtype, device)``; at most
+#: ``_METAS_KEPT`` entries (≈ 0.3 KiB each), later shapes are formatted each time
+_METAS: dict[tuple, tuple[tuple[int, ...], str, str]] = {}
+_METAS_KEPT = 4096
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -115,7 +135,6 @@ class CaptureLog:
         """Forget every capture (hooks and hooked names stay)."""
         self.step = 0
         self.groups: dict[tuple[str, int], Group] = {}
-        self.created = 0
         self.ordered = 0
         self.exec: dict[int, int] = {}
         self.calls: dict[tuple[int, int, str], int] = {}
@@ -123,7 +142,8 @@ class CaptureLog:
         self.ran: set[int] = set()
         self.sides: set[int] = set()
         self.explicit_manual = False
-        self.weights_done: set[tuple[int, str]] = set()
+        #: side -> qualified names of the own tensors captured (one set per side, issue 19)
+        self.weights_done: dict[int, set[str]] = {}
         #: a new number per reset: the calls in progress (``ModuleSite.frames``) and the "own
         #: tensors all captured" marks (``ModuleSite.own_done``) of an older epoch are stale
         self.epoch = getattr(self, "epoch", 0) + 1
@@ -134,6 +154,11 @@ class CaptureLog:
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
         #: foreign engines, ``parity_tracker.adapters``); such tags are ``skipped``, not missing.
         self.not_observable: dict[tuple[str, int], str] = {}
+
+    @property
+    def created(self) -> int:
+        """How many groups were created (groups are only added, until :meth:`reset`)."""
+        return len(self.groups)
 
     @property
     def roots(self) -> set[str]:
@@ -171,20 +196,21 @@ class CaptureLog:
 
     def _record(self, tag, value, side, kind, module, slot, call_index, step) -> Group:
         """:meth:`capture` with every argument given by position (the hooks' path, issue 19)."""
-        key = (tag, step)
         groups = self.groups
+        key = (tag, step)
         group = groups.get(key)
-        if group is None:
-            group = groups[key] = Group(tag, step, kind, module, slot, call_index, self.created)
-            self.created += 1
+        if group is None:  # created = len(groups): groups are only ever added
+            group = groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
         order = self.exec.get(side, 0)
         self.exec[side] = order + 1
         self.sides.add(side)
         if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
-            dtype = value.dtype  # meta(value), inline
-            dtype_str = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
-            device = "cpu" if value.is_cpu else _device_name(value.device)
-            cap = Capture(side, None, order, True, (tuple(value.shape), dtype_str, device))
+            shape, dtype = value.shape, value.dtype  # meta(value), its shared tuple inline
+            try:
+                found = _METAS.get((shape, dtype) if value.is_cpu else (shape, dtype, value.device))
+            except TypeError:  # a symbolic size: meta formats it
+                found = None
+            cap = Capture(side, None, order, True, found or meta(value))
             group.captures.append(cap)
             self.on_tensor(group, cap, value, kind == "param")
             return group
@@ -263,7 +289,7 @@ class CaptureLog:
         if called is None:
             called = self.called[side] = set()
         called.add(name)
-        names = _input_names(site, k, args, kwargs)
+        names = _input_names(name, k, len(args), tuple(kwargs) if kwargs else ())
         values = (*args, *kwargs.values()) if kwargs else args
         record, groups = self._record, []
         for (arg, tag, slot), value in zip(names, values, strict=True):
@@ -274,27 +300,32 @@ class CaptureLog:
             value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
             for leaf_tag, leaf_slot, leaf in leaves:
                 groups.append(record(leaf_tag, leaf, side, "input", name, leaf_slot, k, step))
-        if site.own and site.own_done != self.epoch:
-            own, done = self._capture_own(side, mod, site.own)
-            groups += own
-            if done:  # every own tensor captured: later calls skip the lookups
-                site.own_done = self.epoch
+        own = site.own and site.own_done != self.epoch
+        if own and self._capture_own(side, mod, site.own, groups):
+            site.own_done = self.epoch  # every own tensor captured: later calls skip them
         site.frames.append((self.epoch, k, groups))
 
-    def _capture_own(self, side: int, mod: torch.nn.Module, own) -> tuple[list[Group], bool]:
-        """Capture ``mod``'s own tensors not captured yet; also whether all now are."""
-        groups, done, all_done = [], self.weights_done, True
+    def _capture_own(self, side: int, mod: torch.nn.Module, own, groups: list[Group]) -> bool:
+        """Capture ``mod``'s own tensors not captured yet into ``groups``; whether all now are."""
+        done = self.weights_done.get(side)
+        if done is None:
+            done = self.weights_done[side] = set()
+        all_done = True
         for qname, owner, local, kind in own:
-            if (side, qname) in done:
+            if qname in done:
                 continue
-            value = read_own(mod, local, kind)
+            if kind == PACKED:
+                value = read_own(mod, local, kind)
+            else:  # read_own's param/buffer branch, inline
+                store = mod._parameters if kind == "param" else mod._buffers
+                value = store[local] if local in store else None  # noqa: SIM401
             if value is None:
                 all_done = False
                 continue
-            done.add((side, qname))
+            done.add(qname)
             kind = "param" if kind == PACKED else kind
-            groups.append(self._record(param_tag(qname), value, side, kind, owner, local, 0, 0))
-        return groups, all_done
+            groups.append(self._record(_param_tag(qname), value, side, kind, owner, local, 0, 0))
+        return all_done
 
     def leave(self, site: ModuleSite, mod: torch.nn.Module, output: Any) -> None:
         """A hooked module's call returned: capture its outputs (the root: unused weights)."""
@@ -308,22 +339,35 @@ class CaptureLog:
         if site.all_own is None and self.stack and self.stack[-1] == site.key:
             self.stack.pop()
         if output is None or isinstance(output, torch.Tensor):  # output_leaves' one leaf
-            tags = site.tags
-            tag = tags.get(k) if tags else None
-            if tag is None:
-                tag = output_tag(call_base(name, k))
-                if isinstance(tags, dict) and len(tags) < _SIGNATURES:
-                    site.tags[k] = tag
+            tag = _output_tag(name, k)
             outs = [self._record(tag, output, side, "output", name, "output", k, step)]
         else:
             outs = [
                 self._record(tag, leaf, side, "output", name, slot, k, step)
                 for tag, slot, leaf in output_leaves(call_base(name, k), output)
             ]
-        self.commit(outs + groups)
+        ordered = self.ordered  # commit(outs + groups), inline
+        for gs in (outs, groups):
+            for g in gs:
+                if g.order is None:
+                    g.order = ordered
+                    ordered += 1
+        self.ordered = ordered
         if site.all_own is not None:  # root: weights of modules the forward never called
-            for sub, own in site.all_own:
-                self.commit(self._capture_own(side, sub, own)[0])
+            self._capture_unused(site, side)
+
+    def _capture_unused(self, site: ModuleSite, side: int) -> None:
+        """The root's call returned: capture (and order) the own tensors not captured yet."""
+        all_own, known = site.all_own, site.all_names
+        if known is None or known[0] is not all_own:  # every qualified name, once per list
+            known = site.all_names = (all_own, frozenset(e[0] for _, own in all_own for e in own))
+        done = self.weights_done.get(side)
+        if done is not None and done.issuperset(known[1]):
+            return  # the usual case: the forward called every module with own tensors
+        for sub, own in all_own:
+            found: list[Group] = []
+            self._capture_own(side, sub, own, found)
+            self.commit(found)
 
     def root_done(self, side: int, name: str) -> None:
         """Always-called root hook: unwind the call stack, even after an exception."""
@@ -354,23 +398,21 @@ class ModuleSite:
         own: the module's :func:`~parity_tracker.capture.leaves.own_tensors` entries.
         root: the ``HookHandle`` when this is the hooked root, else None.
         all_own: the root's ``(module, own entries)`` of every module (else None).
+        all_names: ``(all_own, the qualified names it lists)``, made at the root's first call.
         frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
-        tags: ``(call index, positional count, keywords) -> input_names(...)`` and call index
-            -> the tag of a single-tensor output; None before the first call, False after it
-            (a module called once per install keeps nothing: no dict to make and collect).
         own_done: the log epoch in which every own tensor was captured.
     """
 
-    __slots__ = ("all_own", "frames", "key", "log", "name", "own", "own_done", "root", "side")
-    __slots__ += ("tags",)
+    __slots__ = ("all_names", "all_own", "frames", "key", "log", "name", "own", "own_done")
+    __slots__ += ("root", "side")
 
     def __init__(
         self, side: int, name: str, own: list, root: Any, all_own: list | None, log: Any = None
     ) -> None:
         self.side, self.name, self.key = side, name, (side, name)
         self.own, self.root, self.all_own, self.log = own, root, all_own, log
+        self.all_names: tuple[list, frozenset[str]] | None = None  # all_own and its names
         self.frames: list[tuple[int, int, list[Group]]] = []
-        self.tags: dict[Any, Any] | bool | None = None
         self.own_done = 0  # epochs start at 1
 
     def __call__(self, module, args, kwargs, output=_PRE_HOOK) -> None:
@@ -403,29 +445,25 @@ class ModuleSite:
 setattr(ModuleSite, MARK, True)
 
 
-def _input_names(site: ModuleSite, k: int, args: tuple, kwargs: dict | None) -> list:
-    """``input_names`` of call ``k`` of ``site``'s module, kept per call signature.
+#: At most this many formatted signatures, output tags and parameter tags kept (each cache;
+#: ≈ 0.2–0.5 KiB an entry): past it the least recently used is formatted again.
+_NAMES_KEPT = 8192
 
-    The first call of a module keeps nothing (most modules are called once per forward);
-    from the second on, each signature (call index, positional count, keywords) is formatted
-    once (issue 19).
+
+@functools.lru_cache(maxsize=_NAMES_KEPT)
+def _input_names(name: str, k: int, nargs: int, keys: tuple[str, ...]) -> tuple:
+    """``input_names`` of call ``k`` of module ``name``, ``nargs`` positional inputs, ``keys``.
+
+    Formatted once per signature for every site, side and install (issue 19: a pure function
+    of its arguments; a tuple, never changed by its users).
     """
-    keys = tuple(kwargs) if kwargs else ()
-    tags = site.tags
-    if tags is None:
-        site.tags = False
-        return input_names(call_base(site.name, k), len(args), keys)
-    if tags is False:
-        tags = site.tags = {}
-    signature = (k, len(args), keys)
-    names = tags.get(signature)
-    if names is None:
-        names = input_names(call_base(site.name, k), len(args), keys)
-        if len(tags) < _SIGNATURES:
-            tags[signature] = names
-    return names
+    return tuple(input_names(call_base(name, k), nargs, keys))
 
 
-#: At most this many call signatures and output tags kept per module: a module called with
-#: ever new keyword names, or a thousand times per step, formats the rest each call.
-_SIGNATURES = 64
+@functools.lru_cache(maxsize=_NAMES_KEPT)
+def _output_tag(name: str, k: int) -> str:
+    """The tag of call ``k`` of module ``name``'s single output (formatted once, issue 19)."""
+    return output_tag(call_base(name, k))
+
+
+_param_tag = functools.lru_cache(maxsize=_NAMES_KEPT)(param_tag)  # the same, for weights
