@@ -17,7 +17,8 @@ longer. A module-level run (no op recording) raises it further, to ``MODULE_YOUN
 (:func:`raise_young`): the run's own records live until its end, so collecting them early only
 walks live objects, and a module-level run makes almost no cyclic garbage of its own (≈ 15
 objects in a 16-step llama-tiny decode, against ≈ 20,000 in the same run recording ops); its
-checker is cleared at its end (``run_parity``), so its records are freed without the collector.
+checker's holder refers to it weakly once it is done (``run.run._unlink``), so its records are
+freed without the collector.
 
 It does nothing when the collector is disabled or when something else already froze objects
 (``gc.get_freeze_count() > 0``: unfreezing would thaw them too).
