@@ -732,15 +732,6 @@ def test_trimmer_high_mark_is_the_largest_after_a_trim(monkeypatch):
     assert calls == [0, 0] and t.trims == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "w7break finding: Snapshotter._take_bytes keeps weakref.ref(held) in _bytes_seen with "
-        "no callback, so every small capture of a round leaves a dead entry until clear() "
-        "(3,000 steps x 10 modules: 29,976 entries, ~4.7 MB); the clone path's _seen drops "
-        "its entry when the source dies (_forgetter)"
-    ),
-)
 def test_reuse_table_of_held_bytes_does_not_grow_with_the_captures_of_a_long_drive():
     """A 300-step loop over 10 small modules: 3,000 small reference captures, each released once
     its pair is compared. A reuse table keyed by source should hold about one entry per live
