@@ -121,13 +121,16 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
     Yields:
         ``(path, leaf)`` with the path's keys joined by ``.`` (``""`` for ``obj`` itself).
     """
-    key = ".".join(path)
     kind = type(obj)
     # exactly a tuple or list is never a dataclass or a Mapping: no ABC check (issue 19)
     if (kind is tuple or kind is list) and depth < _MAX_DEPTH:
         for i, v in enumerate(obj):
-            yield from flatten(v, (*path, str(i)), depth + 1)
+            if v is None or isinstance(v, torch.Tensor):  # the child's one leaf, directly
+                yield ".".join((*path, str(i))), v
+            else:
+                yield from flatten(v, (*path, str(i)), depth + 1)
         return
+    key = ".".join(path)
     if obj is None or is_tensor_like(obj):
         yield key, obj
     elif is_scalar(obj):
@@ -135,8 +138,12 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
     elif depth >= _MAX_DEPTH:
         yield key, NonTensor(type(obj).__name__)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from flatten(getattr(obj, f.name, None), (*path, f.name), depth + 1)
+        for name in field_names(obj):
+            v = getattr(obj, name, None)
+            if v is None or isinstance(v, torch.Tensor):  # the child's one leaf, directly
+                yield ".".join((*path, name)), v
+            else:
+                yield from flatten(v, (*path, name), depth + 1)
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
             yield from flatten(v, (*path, str(k)), depth + 1)
@@ -145,6 +152,28 @@ def flatten(obj: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tu
             yield from flatten(v, (*path, str(i)), depth + 1)
     else:
         yield key, NonTensor(type(obj).__name__)
+
+
+#: ``id(__dataclass_fields__) -> (that dict, its length, field names)``, see :func:`field_names`
+_FIELD_NAMES: dict[int, tuple[dict, int, tuple[str, ...]]] = {}
+
+
+def field_names(obj: Any) -> tuple[str, ...]:
+    """The names of ``dataclasses.fields(obj)``, in order, listed once per dataclass.
+
+    ``dataclasses.fields`` filters the class's ``__dataclass_fields__`` on every call (≈ 1 µs
+    for a Hugging Face ``ModelOutput``, met at every decoding step, issue 19); the names are
+    kept by that dict's identity and length (the entry holds the dict, so its id is never
+    reused while kept). At most 256 classes are kept.
+    """
+    fields = obj.__dataclass_fields__  # what dataclasses.fields reads
+    got = _FIELD_NAMES.get(id(fields))
+    if got is None or got[0] is not fields or got[1] != len(fields):
+        if len(_FIELD_NAMES) >= 256:
+            _FIELD_NAMES.clear()
+        names = tuple(f.name for f in dataclasses.fields(obj))
+        got = _FIELD_NAMES[id(fields)] = (fields, len(fields), names)
+    return got[2]
 
 
 def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
@@ -157,6 +186,17 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
         return [(output_tag(base), "output", output)]
     if is_scalar(output):
         return [(output_tag(base), "output", scalar_leaf(output))]
+    kind = type(output)
+    if kind is tuple or kind is list:  # flatten's leaves, its tensor children directly
+        out = []
+        for i, v in enumerate(output):
+            if v is None or isinstance(v, torch.Tensor):
+                p = str(i)
+                out.append((output_tag(base, p), f"output.{p}", v))
+            else:
+                nested = flatten(v, (str(i),), 1)
+                out += [(output_tag(base, p), f"output.{p}", x) for p, x in nested]
+        return out
     return [(output_tag(base, p), f"output.{p}", leaf) for p, leaf in flatten(output)]
 
 
@@ -201,8 +241,19 @@ def value_leaves(base: str, name: str, tag: str, slot: str, value: Any, out: lis
     if value is None or isinstance(value, torch.Tensor):  # flatten's one leaf, directly
         out.append((tag, slot, value))
         return
-    if type(value) in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
+    kind = type(value)
+    if kind in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
         out.append((tag, slot, scalar_leaf(value)))
+        return
+    if kind is tuple or kind is list:  # flatten's leaves, its tensor children directly
+        for i, v in enumerate(value):
+            if v is None or isinstance(v, torch.Tensor):  # position_embeddings (cos, sin)
+                suffix = f"{name}.{i}"
+                out.append((input_tag(base, suffix), f"input.{suffix}", v))
+            else:
+                for p, leaf in flatten(v, (str(i),), 1):
+                    suffix = f"{name}.{p}"
+                    out.append((input_tag(base, suffix), f"input.{suffix}", leaf))
         return
     for p, leaf in flatten(value):
         suffix = f"{name}.{p}" if p else name

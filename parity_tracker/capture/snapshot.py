@@ -223,7 +223,8 @@ class Snapshotter:
         self.bytes_max = 0
         #: id(source) -> weak reference to the ``HeldBytes`` last taken of it (one copy shared
         #: by the captures of one unchanged activation, see :meth:`_take_bytes`)
-        self._bytes_seen: dict[int, weakref.ref] = {}
+        self._bytes_seen: dict[int, _KeyRef] = {}
+        self._bytes_gone = _ref_gone(self._bytes_seen)
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
@@ -297,7 +298,7 @@ class Snapshotter:
             and old.shape == held.shape
         ):
             return old
-        self._bytes_seen[key] = weakref.ref(held)
+        self._bytes_seen[key] = _key_ref(held, self._bytes_gone, key)  # dropped when it dies
         return held
 
     def _take_small(self, key: int, t: torch.Tensor) -> torch.Tensor:
@@ -494,6 +495,16 @@ def _forgetter(seen: dict[int, _Entry]) -> Callable[[_KeyRef], None]:
         entry = seen.get(ref.key)
         if entry is not None and entry.source is ref:
             del seen[ref.key]
+
+    return callback
+
+
+def _ref_gone(table: dict) -> Callable[[_KeyRef], None]:
+    """The callback removing ``table[ref.key]`` when it is still ``ref`` (not a newer one)."""
+
+    def callback(ref: _KeyRef) -> None:
+        if table.get(ref.key) is ref:
+            del table[ref.key]
 
     return callback
 
