@@ -94,6 +94,25 @@ def guarded(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     return t, content_hash_in_place(t)
 
 
+def _seal(t: torch.Tensor, digest: str | int | None) -> bool:
+    """Whether ``t``, about to be spilled, still hashes to ``digest`` (taken when its op ran).
+
+    ``digest`` (:func:`guarded`): a ``content_hash`` (``str``) checked on a plain contiguous CPU
+    tensor, whose spilled span (``capture.store``: its ``numel`` elements from its storage
+    offset) is its C-order bytes; or a ``storage_digest`` (``int``) of a dense non-contiguous
+    one, whose spilled span is exactly the bytes that digest reads. The file is written right
+    after this check, in this thread, so a sealed file holds the bytes the op produced (up to
+    an xxh3-64 collision, the risk ``compare_tensors`` accepts for every ``equal``):
+    ``localize.settle`` may then settle the pair without reading the file back. A private copy
+    (``None``) or any other tensor: False.
+    """
+    if type(t) is not _TENSOR or not t.is_cpu or t.numel() == 0:
+        return False
+    if isinstance(digest, str):
+        return t.is_contiguous() and content_hash_in_place(t) == digest
+    return isinstance(digest, int) and storage_digest(t) == digest
+
+
 def _nbytes(t: torch.Tensor) -> int:
     """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
     if is_traceable_wrapper_subclass(t):
@@ -118,8 +137,8 @@ class Held:
     """One captured tensor: resident (a reference or a private copy) or spilled to disk."""
 
     __slots__ = (
-        "counted", "device", "digest", "dtype", "id", "nbytes", "ptr", "size", "spilled",
-        "stride", "tensor",
+        "counted", "device", "digest", "dtype", "id", "nbytes", "ptr", "sealed", "size",
+        "spilled", "stride", "tensor",
     )  # fmt: skip
 
     def __init__(self, hid: int, tensor: torch.Tensor, counted: bool):
@@ -130,6 +149,9 @@ class Held:
         self.tensor: torch.Tensor | None = tensor
         self.counted = counted
         self.spilled: Spilled | None = None
+        #: spilled, and the bytes written hashed to ``digest`` (a ``content_hash``) right
+        #: before the write (:meth:`OpStore._spill_entry`): the file holds the op's output
+        self.sealed = False
         self.ptr = 0  # ``_ptr(tensor)`` while resident and indexed (``OpStore._index``)
         self.size, self.stride = tuple(tensor.shape), tensor.stride()
         self.dtype, self.device = tensor.dtype, tensor.device
@@ -259,8 +281,12 @@ class OpStore(BoundedStore):
         if t is None:
             return False
         self._unindex(h)
+        # issue 19: a capture whose bytes still hash as when its op ran is sealed: its file
+        # then holds exactly the op's output, which ``localize.op_compare`` may settle from
+        # the digest without reading the file back (``sealed``)
+        sealed = _seal(t, h.digest)
         # freed with the last record reading it (``Spilled.alias``: a borrower's)
-        h.spilled, h.tensor = self.write(t), None
+        h.spilled, h.tensor, h.sealed = self.write(t), None, sealed
         watchers = self._lent.pop(h.id, None)
         if watchers:
             address, version = _DATA_ADDRESS(t), t._version  # t is alive: the written buffer

@@ -152,7 +152,8 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
     The "same bytes as before?" check of ``capture.snapshot.Snapshotter`` and
     ``compare.pairing.PairComparer`` (writes through ``.data``, numpy or DLPack views bump no
     version counter). The bytes are the ``numel`` storage slots from the storage offset on, in
-    storage order, read without a copy; two reads of tensors with one dtype, shape and strides
+    storage order, read without a copy (a copy-on-write buffer through ``const_data_ptr``, so
+    it stays shared and where it was); two reads of tensors with one dtype, shape and strides
     give equal digests exactly when their bytes are equal (up to a 2**-64 collision). No
     dtype/shape header: not a :func:`content_hash`.
 
@@ -168,6 +169,7 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
     t = tensor
     if (  # issue 19: the common case (a plain contiguous CPU tensor numpy reads) in one step
         type(t) is torch.Tensor
+        and not _is_cow(t)
         and t.dtype in _NUMPY_DTYPES
         and t.is_cpu
         and not t.requires_grad
@@ -185,7 +187,25 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
     if t.requires_grad:  # numpy() refuses these; a detached alias has the same bytes
         t = t.detach()
     flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
+    if _is_cow(flat):  # numpy() would give the shared buffer a private copy at a new address
+        nbytes = flat.numel() * flat.element_size()
+        return xxhash.xxh3_64_intdigest(
+            (ctypes.c_char * nbytes).from_address(flat.const_data_ptr())
+        )
     return xxhash.xxh3_64_intdigest(raw_buffer(flat))
+
+
+_IS_COW_TENSOR = getattr(torch._C, "_is_cow_tensor", None)
+
+
+def _is_cow(t: torch.Tensor) -> bool:
+    """Whether ``t`` shares a copy-on-write buffer (``torch._lazy_clone``; ≈ 0.1 µs).
+
+    Reading such a tensor through ``numpy()`` (or ``data_ptr()``) makes torch give it a
+    private copy of the buffer at a new address first (≈ 0.3–0.5 ms per MiB), which also
+    moves it away from every index keyed by data address (``capture.op_store``).
+    """
+    return _IS_COW_TENSOR is not None and _IS_COW_TENSOR(t)
 
 
 class StreamHasher:
@@ -235,8 +255,43 @@ def content_hash(tensor: torch.Tensor) -> str:
         hasher.update(tensor.numpy())
         return hasher.hexdigest()
     hasher = StreamHasher(tensor.dtype, shape)
-    hasher.update(tensor.contiguous())
+    hasher.update(c_order(tensor))
     return hasher.hexdigest()
+
+
+def c_order(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``: the same shape, dtype and bytes, copied faster when it is a view.
+
+    Issue 19: size-1 dimensions are dropped and neighbours that address consecutive runs
+    (``stride[i] == stride[i + 1] * size[i + 1]``, the rule under which ``view`` merges them)
+    merged first, so a channels-last ``(1, C, H, W)`` activation is copied as the transpose of
+    a ``(H·W, C)`` matrix: 2–4× faster than ``contiguous()`` of the 4-D view (w7ops, 1 thread).
+    Merging keeps the C-order sequence of elements, so the bytes are the same.
+    """
+    if (
+        t.dim() < 2
+        or t.is_contiguous()
+        or type(t) not in _PLAIN_TYPES
+        or t.layout != torch.strided
+        or t.is_conj()
+        or t.is_neg()
+        or t.numel() == 0
+    ):
+        return t.contiguous()
+    sizes: list[int] = []
+    strides: list[int] = []
+    for n, st in zip(t.shape, t.stride(), strict=True):
+        if n == 1:
+            continue
+        if sizes and strides[-1] == st * n:
+            sizes[-1] *= n
+            strides[-1] = st
+        else:
+            sizes.append(n)
+            strides.append(st)
+    if len(sizes) == t.dim():
+        return t.contiguous()
+    return torch.as_strided(t, sizes, strides, t.storage_offset()).contiguous().view(t.shape)
 
 
 def content_hash_in_place(tensor: torch.Tensor) -> str:

@@ -39,6 +39,7 @@ from parity_tracker.localize.root_cause import (
     explain,
     op_root_cause,
 )
+from parity_tracker.localize.settle import settled as _settled
 from parity_tracker.localize.views import view_entry
 from parity_tracker.statuses import is_failing, is_passing
 
@@ -287,11 +288,13 @@ class OpComparer:
             return results
         for (ri, rh, _), (ci, ch, _) in zip(r.outs, c.outs, strict=False):
             tag = op_output_tag(base, ri)
-            ref_t, cand_t = rh.get(), ch.get()
-            if ref_t.device != cand_t.device:
-                ref_t = ref_t.to(cand_t.device)
             with suspended():
-                cmp = _intact(self._compare(ref_t, cand_t, tag), rh, ch, tag)
+                cmp = _settled(rh, ch, self.mode, self.tolerances, tag)
+                if cmp is None:
+                    ref_t, cand_t = rh.get(), ch.get()
+                    if ref_t.device != cand_t.device:
+                        ref_t = ref_t.to(cand_t.device)
+                    cmp = _intact(self._compare(ref_t, cand_t, tag), rh, ch, tag)
             results.append((ri, cmp))
             self._cand_status[(c.seq, ci)] = (cmp.status, r.seq, ri)
             self._ref_status[(r.seq, ri)] = cmp.status
