@@ -33,6 +33,7 @@ that was not there before (``git status --porcelain --ignored``, tool caches asi
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import shutil
 import signal
@@ -307,3 +308,13 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+@pytest.fixture
+def gc_state():
+    """Restore the garbage collector's state whatever a test does to it."""
+    enabled, thresholds = gc.isenabled(), gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+    (gc.enable if enabled else gc.disable)()

@@ -623,6 +623,19 @@ class _Stage(nn.Module):
         return y
 
 
+def _random_chains(rnd: random.Random) -> tuple[nn.Module, nn.Module]:
+    """A reference chain of 1–6 random stages and its candidate (each stage's k bumped with
+    probability 0.3)."""
+    kinds = [rnd.choice(_KINDS) for _ in range(rnd.randint(1, 6))]
+    k_ref = [rnd.choice([1, 2, 3]) for _ in kinds]
+    k_cand = [k if rnd.random() < 0.7 else k + 1 for k in k_ref]
+    kept_r: list = []
+    kept_c: list = []
+    ref = _Chain(*[_Stage(kd, k, kept_r) for kd, k in zip(kinds, k_ref, strict=True)])
+    cand = _Chain(*[_Stage(kd, k, kept_c) for kd, k in zip(kinds, k_cand, strict=True)])
+    return ref, cand
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_chains_of_in_place_writes(seed):
     """Random chains of 1–6 stages (in-place writes counted or not, ``set_``, ``resize_``,
@@ -631,13 +644,7 @@ def test_random_chains_of_in_place_writes(seed):
     dtype = rnd.choice([torch.float32, torch.float16, torch.float64, torch.int32, torch.int8])
     n = rnd.choice([1, 2, 7, 512, 1023, 1024, 1025, 2048, 4096, 4097])
     shape = (2, n // 2) if n % 2 == 0 and rnd.random() < 0.5 else (n,)
-    kinds = [rnd.choice(_KINDS) for _ in range(rnd.randint(1, 6))]
-    k_ref = [rnd.choice([1, 2, 3]) for _ in kinds]
-    k_cand = [k if rnd.random() < 0.7 else k + 1 for k in k_ref]
-    kept_r: list = []
-    kept_c: list = []
-    ref = _Chain(*[_Stage(kd, k, kept_r) for kd, k in zip(kinds, k_ref, strict=True)])
-    cand = _Chain(*[_Stage(kd, k, kept_c) for kd, k in zip(kinds, k_cand, strict=True)])
+    ref, cand = _random_chains(rnd)
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 4).to(dtype)
     mode = "equal" if seed % 2 else "allclose"
     rows, tr, tc = _run_pair(ref, cand, x, mode)
@@ -667,13 +674,7 @@ def test_random_chains_through_run_parity(seed, in_tmp_cwd):
     rnd = random.Random(1000 + seed)
     dtype = rnd.choice([torch.float32, torch.float16, torch.float64, torch.int32])
     n = rnd.choice([2, 7, 512, 1024, 1025, 4096])
-    kinds = [rnd.choice(_KINDS) for _ in range(rnd.randint(1, 6))]
-    k_ref = [rnd.choice([1, 2, 3]) for _ in kinds]
-    k_cand = [k if rnd.random() < 0.7 else k + 1 for k in k_ref]
-    kept_r: list = []
-    kept_c: list = []
-    ref = _Chain(*[_Stage(kd, k, kept_r) for kd, k in zip(kinds, k_ref, strict=True)])
-    cand = _Chain(*[_Stage(kd, k, kept_c) for kd, k in zip(kinds, k_cand, strict=True)])
+    ref, cand = _random_chains(rnd)
     x = (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 4).to(dtype)
     tr: dict = {}
     tc: dict = {}

@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import gc
 
-import pytest
 import torch
 from torch import nn
 
 from parity_tracker.run import run_parity
-
-
-@pytest.fixture
-def gc_state():
-    """Restore the collector's state whatever a test does to it."""
-    enabled, thresholds = gc.isenabled(), gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-    (gc.enable if enabled else gc.disable)()
 
 
 def _pair(depth: int = 30) -> tuple[nn.Module, nn.Module]:

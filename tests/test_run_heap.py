@@ -11,16 +11,6 @@ from torch import nn
 from parity_tracker.run.heap import YOUNG_THRESHOLD, frozen_heap
 
 
-@pytest.fixture
-def gc_state():
-    """Restore the collector's state whatever a test does to it."""
-    enabled, thresholds = gc.isenabled(), gc.get_threshold()
-    yield
-    gc.unfreeze()
-    gc.set_threshold(*thresholds)
-    (gc.enable if enabled else gc.disable)()
-
-
 def test_heap_frozen_inside_and_restored_after(gc_state):
     gc.enable()
     gc.set_threshold(700, 10, 10)
