@@ -42,6 +42,7 @@ class _Truth(TorchDispatchMode):
         super().__init__()
         self.outs: dict[tuple[str, int], list] = {}
         self.counts: dict[str, int] = {}
+        self.by_ptr: dict[int, tuple[str, int]] = {}  # data address -> last op writing it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -52,7 +53,22 @@ class _Truth(TorchDispatchMode):
         self.outs[(name, k)] = [
             t.detach().clone() if isinstance(t, torch.Tensor) else None for t in flat
         ]
+        for t in flat if not func.is_view else ():
+            if isinstance(t, torch.Tensor) and t.numel():
+                self.by_ptr[t.data_ptr()] = (name, k)
         return out
+
+
+#: the truth run in progress, and the ops whose outputs its forward rewrote bypassing dispatch
+_ACTIVE: list[_Truth] = []
+_HIT: set[tuple[str, int]] = set()
+
+
+def _bypass(kind: str, t: torch.Tensor) -> None:
+    """Rewrite ``t`` through ``_WRITES[kind]``; in a truth run, note the op that made it."""
+    if _ACTIVE:
+        _HIT.add(_ACTIVE[-1].by_ptr[t.data_ptr()])
+    _WRITES[kind](t)
 
 
 class Fn(nn.Module):
@@ -70,8 +86,14 @@ def _inputs(xs):
 
 def _truth(fn, xs, side, grad_mode):
     mode, inputs = _Truth(), _inputs(xs)
-    with grad_mode(), mode:
-        Fn(fn, side)(*inputs)
+    _HIT.clear()
+    _ACTIVE.append(mode)
+    try:
+        with grad_mode(), mode:
+            Fn(fn, side)(*inputs)
+    finally:
+        _ACTIVE.pop()
+    mode.outs["_hit"] = set(_HIT)
     return mode.outs
 
 
@@ -109,6 +131,7 @@ def check(fn, xs, budget=1 << 30, written=(), grad_mode=torch.no_grad, min_rows=
     Returns the rows by tag.
     """
     truth = [_truth(fn, xs, side, grad_mode) for side in (0, 1)]
+    written = set(written) | truth[0].pop("_hit") | truth[1].pop("_hit")
     rows = _run(fn, xs, budget, grad_mode)
     assert len(rows) >= min_rows
     out = {}
@@ -121,8 +144,12 @@ def check(fn, xs, budget=1 << 30, written=(), grad_mode=torch.no_grad, min_rows=
             there = truth[1 - side].get(key)
             other = truth[side].get(key)
             assert there is not None, (r["tag"], r["status"])
-            # unaligned: no such op on the other side, or one of another shape
-            assert other is None or other[i].shape != there[i].shape, (r["tag"], r["status"])
+            # unaligned: no such op on the other side, one of another shape, or the sides ran
+            # this op a different number of times
+            runs = [sum(1 for k in t if k[0] == key[0]) for t in truth]
+            assert (
+                other is None or other[i].shape != there[i].shape or runs[0] != runs[1]
+            ), (r["tag"], r["status"])
             continue
         a, b = truth[0][key][i], truth[1][key][i]
         expected = "equal" if _same(a, b) else "mismatch"
@@ -483,3 +510,73 @@ def test_output_rewritten_after_the_op_is_not_a_kernel_root_cause(write):
     # difference to report
     assert not (mul["root_cause"] and mul["cause"] == "A"), mul["message"]
     assert rows["model@0::add#0"]["status"] == "equal"
+
+
+# ---------------------------------------------------------------------------------------------
+# fuzz: random chains of ops, random post-capture writes, both budgets
+
+_CHAIN_OPS = {
+    "mul": lambda y: y * 1.5,
+    "perm": lambda y: y.t() * 1,  # dense permuted output
+    "sin": torch.sin,
+    "cl": lambda y: y.reshape(1, 2, 3, 4).contiguous(memory_format=torch.channels_last) + 0,
+    "cumsum": lambda y: torch.cumsum(y.reshape(-1), 0),
+    "topk": lambda y: y.reshape(-1).topk(24).values,
+    "half": lambda y: y.half().float(),
+    "neg0": lambda y: y * 0,  # -0.0 where y < 0
+}
+_BYPASS = ("numpy", "ctypes")
+_DISPATCHED = ("alias_view", "foreach", "data", "narrow")
+
+
+def _chain(seed):
+    rng = random.Random(seed)
+    steps = [rng.choice(sorted(_CHAIN_OPS)) for _ in range(rng.randint(3, 8))]
+    writes = {}  # step -> (kind, which sides)
+    for s in range(len(steps)):
+        if rng.random() < 0.4:
+            kind = rng.choice(_BYPASS + _DISPATCHED)  # dispatched: on both sides (same ops)
+            writes[s] = (kind, rng.choice([(0,), (1,), (0, 1)]) if kind in _BYPASS else (0, 1))
+    diff_at = rng.randrange(len(steps)) if rng.random() < 0.6 else None
+    return steps, writes, diff_at
+
+
+def _chain_fn(steps, writes, diff_at):
+    def fn(side, x, delta):
+        y = x
+        outs = []
+        for s, name in enumerate(steps):
+            y = _CHAIN_OPS[name](y).reshape(24) + delta[side, s]  # the same ops on both sides
+            outs.append(y)
+            if s in writes and side in writes[s][1]:
+                kind = writes[s][0]
+                target = outs[max(0, s - 1)]  # the previous output (already read) or this one
+                if kind in _BYPASS:
+                    _bypass(kind, target)
+                else:
+                    _WRITES[kind](target)
+        return outs
+
+    return fn
+
+
+def _run_chain(seed, budget):
+    steps, writes, diff_at = _chain(seed)
+    delta = torch.zeros(2, len(steps))
+    if diff_at is not None:
+        delta[1, diff_at] = 0.5
+    x = torch.randn(24, generator=torch.Generator().manual_seed(seed))
+    return check(_chain_fn(steps, writes, diff_at), [x, delta], budget=budget)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("seed", range(25))
+def test_random_chains(seed, budget):
+    _run_chain(seed, budget)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 200, 1 << 30])
+@pytest.mark.parametrize("seed", range(25, 225))
+def test_random_chains_many(seed, budget):
+    _run_chain(seed, budget)
