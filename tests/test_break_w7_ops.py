@@ -27,8 +27,10 @@ from parity_tracker.ops import OpSession
 
 @pytest.fixture(autouse=True)
 def _tmp_spills(tmp_path, monkeypatch):
-    """Spill folders (``tempfile.gettempdir()``) land in this test's ``tmp_path``."""
+    """Spill folders (``tempfile.gettempdir()``) and anything written to the working directory
+    land in this test's ``tmp_path``."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,9 +149,10 @@ def check(fn, xs, budget=1 << 30, written=(), grad_mode=torch.no_grad, min_rows=
             # unaligned: no such op on the other side, one of another shape, or the sides ran
             # this op a different number of times
             runs = [sum(1 for k in t if k[0] == key[0]) for t in truth]
-            assert (
-                other is None or other[i].shape != there[i].shape or runs[0] != runs[1]
-            ), (r["tag"], r["status"])
+            assert other is None or other[i].shape != there[i].shape or runs[0] != runs[1], (
+                r["tag"],
+                r["status"],
+            )
             continue
         a, b = truth[0][key][i], truth[1][key][i]
         expected = "equal" if _same(a, b) else "mismatch"
@@ -250,7 +253,7 @@ _WRITES = {
     "narrow": lambda y: y.narrow(0, 1, 1).mul_(0),
     "as_strided": lambda y: y.as_strided((2,), (3,), 1).add_(1),
     "set_": lambda y: y.set_(torch.zeros(3)),
-    "resize_": lambda y: y.resize_(100),
+    "resize_": lambda y: y.resize_(2, 3),  # shrinks: no uninitialized element
     "foreach": lambda y: torch._foreach_add_([y], 1.0),
     "data": lambda y: y.data.add_(1),
     "restore": lambda y: (y.numpy().__iadd__(1), y.numpy().__isub__(1)),  # ABA: same bytes
@@ -384,10 +387,8 @@ def test_buffer_reused_across_steps(budget):
 def _perm_pair(side, a):
     """Both sides: a (2, 3, 4) dense permuted output whose STORAGE holds the same 24 bytes
     (``arange``); the strides differ, so the logical contents differ."""
-    if side == 0:
-        src = a.reshape(2, 4, 3).permute(0, 2, 1)  # strides (12, 1, 3)
-    else:
-        src = a.reshape(4, 2, 3).permute(1, 2, 0)  # strides (3, 1, 6)
+    first = a.reshape(2, 4, 3).permute(0, 2, 1)  # strides (12, 1, 3)
+    src = first if side == 0 else a.reshape(4, 2, 3).permute(1, 2, 0)  # strides (3, 1, 6)
     return src * 1  # mul keeps the dense permuted layout
 
 
@@ -580,3 +581,86 @@ def test_random_chains(seed, budget):
 @pytest.mark.parametrize("seed", range(25, 225))
 def test_random_chains_many(seed, budget):
     _run_chain(seed, budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# run_parity: module snapshots (copy-on-write, >= 64 KiB) next to the op store
+
+
+@pytest.mark.parametrize("budget", [0, None])
+@pytest.mark.parametrize("when", ["before_read", "after_read"])
+def test_run_parity_candidate_rewrites_a_snapshotted_permuted_output(when, budget, monkeypatch):
+    """``a`` returns a 128 KiB dense permuted output (snapshotted copy-on-write, held by the op
+    store with a storage digest); inside ``b`` the candidate adds 5 to its element [0, 0]
+    through numpy, before or after ``b`` reads it. Hand-worked truth: a's op and a's module
+    output are equal at op time (never a mismatch); when the write comes first, b's ``add``
+    and ``sin``, b's output and the model's output differ, ``add`` by exactly 5 (0 + 5)."""
+    import parity_tracker.ops as ops_mod
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    if budget is not None:
+        monkeypatch.setattr(ops_mod, "DEFAULT_MAX_RESIDENT_BYTES", budget)
+
+    class A(nn.Module):
+        def forward(self, x):
+            return x.reshape(128, 256).t() * 2
+
+    class B(nn.Module):
+        def __init__(self, write: bool) -> None:
+            super().__init__()
+            self.write = write
+
+        def forward(self, y):
+            if self.write and when == "before_read":
+                y.numpy()[0, 0] += 5
+            z = y + 0.0
+            if self.write and when == "after_read":
+                y.numpy()[0, 0] += 5
+            return z.sin()
+
+    class M(nn.Module):
+        def __init__(self, write: bool) -> None:
+            super().__init__()
+            self.a, self.b = A(), B(write)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    x = torch.arange(1 << 15, dtype=torch.float32) / (1 << 15)
+    res = run_parity(M(False), M(True), (x,), mode="equal", capture_ops=True,
+                     dump_mode=DumpMode.NOT)  # fmt: skip
+    ops = {r["tag"]: r for r in res.ops.to_pylist()}
+    mods = {r["tag"]: r for r in res.modules.to_pylist()}
+    differs = when == "before_read"
+    assert ops["a@0::mul#0"]["status"] in ("equal", "error")
+    assert mods["checker_a"]["status"] == "equal"
+    for tag in ("b@0::add#0", "b@0::sin#0"):
+        assert ops[tag]["status"] == ("mismatch" if differs else "equal"), ops[tag]
+    for tag in ("checker_b", "checker_model"):
+        assert mods[tag]["status"] == ("mismatch" if differs else "equal"), mods[tag]
+    if differs:
+        assert ops["b@0::add#0"]["max_abs_diff"] == 5.0
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["equal", "allclose"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.complex64, torch.bool])
+def test_settled_rows_are_the_rows_a_comparison_gives(dtype, mode, budget, monkeypatch):
+    """Every field of a settled row (all spilled; dense permuted pairs too) equals the row the
+    full comparison gives the same pair (``_settled`` patched to settle nothing)."""
+    from parity_tracker.localize import op_compare
+
+    def fn(side, x):
+        y = _unary(x)  # contiguous
+        return _unary(y.t()), _unary(y)[:, :3]  # dense permuted; contiguous
+
+    x = _source(dtype, "contig")
+    if dtype.is_floating_point:
+        x[0, 0], x[1, 1] = float("nan"), float("inf")
+    settled = _run(fn, [x], budget, mode=mode)
+    monkeypatch.setattr(op_compare, "_settled", lambda *a, **k: None)
+    compared = _run(fn, [x], budget, mode=mode)
+    assert len(settled) == len(compared) >= 3
+    for a, b in zip(settled, compared, strict=True):
+        assert a == b or {k: (a[k], b[k]) for k in a if a[k] != b[k]} == {}
