@@ -99,8 +99,8 @@ def _truth(fn, xs, side, grad_mode):
     return mode.outs
 
 
-def _run(fn, xs, budget, grad_mode=torch.no_grad, mode="equal"):
-    s = OpSession(mode=mode, max_resident_bytes=budget)
+def _run(fn, xs, budget, grad_mode=torch.no_grad, mode="equal", tolerances=None):
+    s = OpSession(mode=mode, max_resident_bytes=budget, tolerances=tolerances)
     try:
         for side in (0, 1):
             m, inputs = Fn(fn, side), _inputs(xs)
@@ -643,10 +643,11 @@ def test_run_parity_candidate_rewrites_a_snapshotted_permuted_output(when, budge
         assert ops["b@0::add#0"]["max_abs_diff"] == 5.0
 
 
+@pytest.mark.parametrize("tolerances", [None, {"*mul#1*": (0.5, 0.25), "*": (1e-3, 1e-4)}])
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mode", ["equal", "allclose"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.complex64, torch.bool])
-def test_settled_rows_are_the_rows_a_comparison_gives(dtype, mode, budget, monkeypatch):
+def test_settled_rows_are_the_rows_a_comparison_gives(dtype, mode, budget, tolerances, monkeypatch):
     """Every field of a settled row (all spilled; dense permuted pairs too) equals the row the
     full comparison gives the same pair (``_settled`` patched to settle nothing)."""
     from parity_tracker.localize import op_compare
@@ -658,9 +659,13 @@ def test_settled_rows_are_the_rows_a_comparison_gives(dtype, mode, budget, monke
     x = _source(dtype, "contig")
     if dtype.is_floating_point:
         x[0, 0], x[1, 1] = float("nan"), float("inf")
-    settled = _run(fn, [x], budget, mode=mode)
+    settled = _run(fn, [x], budget, mode=mode, tolerances=tolerances)
     monkeypatch.setattr(op_compare, "_settled", lambda *a, **k: None)
-    compared = _run(fn, [x], budget, mode=mode)
+    compared = _run(fn, [x], budget, mode=mode, tolerances=tolerances)
     assert len(settled) == len(compared) >= 3
     for a, b in zip(settled, compared, strict=True):
         assert a == b or {k: (a[k], b[k]) for k in a if a[k] != b[k]} == {}
+    if mode == "allclose" and tolerances and dtype == torch.float32:  # the override, by hand
+        by_tag = {r["tag"]: (r["rtol"], r["atol"]) for r in settled}
+        assert by_tag["model@0::mul#1"] == (0.5, 0.25)
+        assert by_tag["model@0::mul#0"] == by_tag["model@0::mul#2"] == (1e-3, 1e-4)
