@@ -669,3 +669,37 @@ def test_settled_rows_are_the_rows_a_comparison_gives(dtype, mode, budget, toler
         by_tag = {r["tag"]: (r["rtol"], r["atol"]) for r in settled}
         assert by_tag["model@0::mul#1"] == (0.5, 0.25)
         assert by_tag["model@0::mul#0"] == by_tag["model@0::mul#2"] == (1e-3, 1e-4)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_ops_under_autograd_with_inputs_requiring_grad(budget):
+    """Outputs that require grad (held detached): the truth's rows, all equal."""
+
+    def fn(side, x):
+        x = x.clone().requires_grad_()
+        return ((x * 2).t() * 3).sum()
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    rows = check(fn, [x], budget=budget, grad_mode=torch.enable_grad)
+    assert {r["status"] for r in rows.values()} == {"equal"} and len(rows) == 4
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_sort_into_out_buffers_vs_fresh_outputs(budget):
+    """The reference sorts into preallocated ``out=`` buffers, the candidate into fresh ones:
+    values and indices equal (truth), the reference's ``empty`` one-sided."""
+
+    def fn(side, x):
+        if side:
+            v, i = torch.sort(x, dim=1)
+        else:
+            v, i = torch.empty(3, 4), torch.empty(3, 4, dtype=torch.long)
+            torch.sort(x, dim=1, out=(v, i))
+        return v * 1, i * 1
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    rows = _run(fn, [x], budget)
+    got = {r["tag"]: r["status"] for r in rows}
+    assert got["model@0::sort#0"] == got["model@0::sort#0:1"] == "equal"
+    assert got["model@0::mul#0"] == got["model@0::mul#1"] == "equal"
+    assert got["model@0::empty#0"] == "missing_candidate"
