@@ -703,3 +703,50 @@ def test_sort_into_out_buffers_vs_fresh_outputs(budget):
     assert got["model@0::sort#0"] == got["model@0::sort#0:1"] == "equal"
     assert got["model@0::mul#0"] == got["model@0::mul#1"] == "equal"
     assert got["model@0::empty#0"] == "missing_candidate"
+
+
+# ---------------------------------------------------------------------------------------------
+# hashing.c_order and content_hash on random strided views, against numpy
+
+
+def _random_view(rng: random.Random, base: torch.Tensor) -> torch.Tensor:
+    """A random as_strided view of ``base`` (size-1 dims, stride 0, overlaps, gaps, permuted)."""
+    dims = rng.randint(2, 5)
+    sizes = [rng.choice([1, 1, 2, 3, 4]) for _ in range(dims)]
+    strides = [rng.choice([0, 1, 2, 3, 4, 6, 12, 24]) for _ in range(dims)]
+    if rng.random() < 0.5:  # a dense permuted layout
+        order = list(range(dims))
+        rng.shuffle(order)
+        acc = 1
+        for d in reversed(order):
+            strides[d], acc = acc, acc * sizes[d]
+    span = 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+    offset = rng.randint(0, base.numel() - span)
+    return base.as_strided(sizes, strides, offset)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.complex64])
+def test_c_order_and_content_hash_on_random_views(dtype):
+    import xxhash
+
+    from parity_tracker.compare.hashing import c_order, content_hash
+
+    rng = random.Random(5)
+    base = (torch.arange(400, dtype=torch.float64) * 1.25 - 100).to(dtype)
+    bits = base.view(torch.uint8).numpy().reshape(400, -1)  # each element's bytes
+    for _ in range(300):
+        v = _random_view(rng, base)
+        flat_idx = np.ascontiguousarray(
+            np.lib.stride_tricks.as_strided(
+                np.arange(400, dtype=np.int64)[v.storage_offset() :],
+                tuple(v.shape),
+                tuple(s * 8 for s in v.stride()),
+            )
+        ).reshape(-1)
+        expected = bits[flat_idx].reshape(-1)  # the C-order bytes, by numpy
+        got = c_order(v)
+        assert tuple(got.shape) == tuple(v.shape) and got.is_contiguous()
+        flat = torch.as_strided(got, (got.numel(),), (1,))  # contiguous: consecutive elements
+        assert np.array_equal(flat.view(torch.uint8).numpy(), expected), v.stride()
+        header = f"{str(dtype).removeprefix('torch.')}|{tuple(v.shape)}|".encode()
+        assert content_hash(v) == xxhash.xxh3_64(header + expected.tobytes()).hexdigest()
