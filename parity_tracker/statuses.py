@@ -35,6 +35,10 @@ PASSING: frozenset[str] = frozenset({"equal", "close"})
 NEUTRAL: frozenset[str] = frozenset({"skipped"})
 #: Statuses that are a divergence (every status neither passing nor neutral).
 FAILING: frozenset[str] = frozenset(STATUSES) - PASSING - NEUTRAL
+#: Failing statuses that show the two values differ (the values were compared and are not
+#: the same): what may make an op a root cause. ``error`` fails but proves no difference (the
+#: pair could not be compared, or a held value changed after capture).
+VALUE_DIFFERS: frozenset[str] = frozenset({"mismatch", "shape_mismatch"})
 #: Failing statuses that say a tensor exists on one side only (a structure difference).
 STRUCTURAL: frozenset[str] = frozenset({"missing_reference", "missing_candidate"})
 #: Comparison modes: bitwise ``equal`` or ``allclose`` with rtol/atol.
@@ -78,6 +82,11 @@ def is_neutral(status: str | None) -> bool:
 def is_failing(status: str | None) -> bool:
     """True for a divergence: not passing and not neutral (unknown statuses fail)."""
     return status not in PASSING and status not in NEUTRAL
+
+
+def differs(status: str | None) -> bool:
+    """True when a comparison showed the values differ (:data:`VALUE_DIFFERS`)."""
+    return status in VALUE_DIFFERS
 
 
 def is_weight(kind: str | None) -> bool:

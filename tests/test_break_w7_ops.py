@@ -451,14 +451,11 @@ def test_settle_runs_for_spilled_references_and_permuted_pairs(monkeypatch):
 # findings (pre-existing: main 944f26f, before w7ops, gives the same rows)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="op capture fails under torch.inference_mode: capture/ops.py OpRecorder.describe "
-    "reads t._version ('Inference tensors do not track version counter'): every op row is "
-    "dropped for one 'op_capture' error row",
-)
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_ops_under_inference_mode(budget):
+    """Was a w7break2 finding: ``OpRecorder.describe`` read ``t._version`` ("Inference tensors
+    do not track version counter"): every op row dropped for one 'op_capture' error row."""
+
     def fn(side, x):
         return (x * 2).t() + 1
 
@@ -488,14 +485,11 @@ def test_dispatched_write_through_an_alias_of_a_slice(alias):
     assert rows["model@0::mul#0"]["status"] == "equal"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an 'error' row (op output changed after the op ran) is classified root cause case "
-    "A, 'the op computes another result (the kernel differs)': localize/root_cause.py "
-    "is_root_cause treats every failing status, error included, as a divergence of the op",
-)
 @pytest.mark.parametrize("write", ["numpy", "ctypes"])
 def test_output_rewritten_after_the_op_is_not_a_kernel_root_cause(write):
+    """Was a w7break2 finding: an 'error' row was classified root cause case A ("the kernel
+    differs"): ``is_root_cause`` took every failing status, error included, as a divergence."""
+
     def fn(side, x):
         y = x * 2
         z = y + 1

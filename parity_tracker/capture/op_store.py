@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
+from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.hashing import content_hash_in_place, digestible, storage_digest
 
 
@@ -289,7 +290,7 @@ class OpStore(BoundedStore):
         h.spilled, h.tensor, h.sealed = self.write(t), None, sealed
         watchers = self._lent.pop(h.id, None)
         if watchers:
-            address, version = _DATA_ADDRESS(t), t._version  # t is alive: the written buffer
+            address, version = _DATA_ADDRESS(t), tensor_version(t)  # t alive: the written buffer
             for watcher in watchers:
                 watcher(h, address, version)
         return True

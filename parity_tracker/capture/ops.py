@@ -33,6 +33,7 @@ from parity_tracker.capture.op_store import (
     guarded,
 )
 from parity_tracker.capture.tags import TOP_MODULE, root_name
+from parity_tracker.compare.convert import tensor_version
 
 _SUSPEND = threading.local()
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
@@ -187,7 +188,9 @@ class OpInput:
     stride: tuple[int, ...]
     dtype: torch.dtype
     contiguous: bool
-    version: int = 0  # the tensor's version counter when the op ran (in-place updates)
+    #: the tensor's version counter when the op ran (in-place updates); None for an
+    #: inference tensor, which has none (``compare.convert.tensor_version``)
+    version: int | None = 0
     held: Held | None = None  # the live input (candidate) / external tensor (reference)
 
     def layout(self) -> dict[str, Any]:
@@ -506,7 +509,9 @@ class SideRecorder:
             prod = self.producers.get(ptr)
             if prod is not None:
                 src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
-        d = OpInput(src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), t._version)
+        d = OpInput(
+            src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), tensor_version(t)
+        )
         # The reference keeps external inputs (parameters, model inputs) to compare them with
         # the candidate's; the candidate keeps every input until its module call is compared.
         if _capturable(t) and (self.index == 1 or src is None):

@@ -18,6 +18,7 @@ import torch
 from parity_tracker.capture.snapshot import _COW, _DATA_ADDRESS, _IS_COW, _KeyRef
 from parity_tracker.capture.store import BoundedStore
 from parity_tracker.compare.batch import HeldBytes
+from parity_tracker.compare.convert import tensor_version
 
 
 class _Held(_KeyRef):
@@ -95,8 +96,9 @@ class SnapshotStore(BoundedStore):
         if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
             address = _DATA_ADDRESS(copy)
             lent = self.lender.lend(address, nbytes, copy.dtype)
-            if lent is not None:
-                entry.lent, entry.address = (lent, lent.tensor._version), address
+            version = None if lent is None else tensor_version(lent.tensor)
+            if version is not None:  # an inference tensor has no version: never borrowed
+                entry.lent, entry.address = (lent, version), address
                 self.lender.watch(lent, self._watcher(key, entry))
         super().admit(key, nbytes, entry)
 

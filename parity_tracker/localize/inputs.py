@@ -197,6 +197,8 @@ class InputJudge:
             return self._value_compare(ref_t, cand_t)
         # Both are parameters/buffers of the models (alive all session, so their storage
         # pointers are not reused); the version counters catch in-place updates.
+        if rd.version is None or cd.version is None:  # inference tensors: nothing to key on
+            return self._value_compare(ref_t, cand_t)
         key = (
             (ref_p, ref_t.storage_offset(), rd.shape, rd.stride, rd.version),
             (cand_p, cand_t.storage_offset(), cd.shape, cd.stride, cd.version),

@@ -16,7 +16,7 @@ from typing import Any
 from parity_tracker.compare import Comparison
 from parity_tracker.compare.verdict import first_divergence
 from parity_tracker.errors import InputError
-from parity_tracker.statuses import is_failing
+from parity_tracker.statuses import differs, is_failing
 
 CASE_A, CASE_B, CASE_C = "A", "B", "C"
 
@@ -167,7 +167,10 @@ def op_root_cause(
     present on one side only (case C) that is not a pure copy or allocation
     (:data:`LAYOUT_OPS`), not a manual registration, and has no failing input. (An op whose
     failing input reads an equal producer through another view chain is named case B later,
-    once every frame is compared: ``OpComparer`` with ``localize.views``.)
+    once every frame is compared: ``OpComparer`` with ``localize.views``.) An op on both sides
+    whose output row is ``error`` (not compared, or a held value changed after the op ran) is
+    never a root cause: only :data:`~parity_tracker.statuses.VALUE_DIFFERS` shows that the
+    op computed another value.
 
     Args:
         op: the op name (``"manual"`` for a manual registration).
@@ -188,6 +191,8 @@ def op_root_cause(
         if op in LAYOUT_OPS or op == "manual" or inputs_status == "failing":
             return False, None
         return True, classify(present=present, inputs_status=inputs_status)
+    if not differs(cmp.status):  # an error row: nothing proves the op computed another value
+        return False, None
     cause = classify(
         present=present,
         inputs_status=inputs_status,
