@@ -12,6 +12,9 @@ from parity_tracker.compare.batch import HeldBytes, holdable
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.hashing import (
+    _IS_COW_TENSOR as _IS_COW,
+)
+from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
     c_order,
     content_hash,
@@ -25,7 +28,6 @@ from parity_tracker.compare.hashing import (
 COW_MIN_BYTES = 64 << 10
 
 _LAZY_CLONE = getattr(torch, "_lazy_clone", None)
-_IS_COW = getattr(torch._C, "_is_cow_tensor", None)
 _STORAGE_ADDRESS = getattr(torch._C, "_storage_address", None)
 #: the address of a tensor's data, read without materializing a copy-on-write storage
 _DATA_ADDRESS = getattr(torch._C, "_data_address", None)

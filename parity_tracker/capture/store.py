@@ -15,7 +15,6 @@ read from disk only when touched and are never written back.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import mmap
 import os
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from parity_tracker.capture import heap_trim
+from parity_tracker.compare.hashing import bytes_in_place
 
 __all__ = ["BoundedStore", "SpillCounters", "SpillDir", "Spilled", "span_elements"]
 
@@ -231,7 +231,7 @@ class SpillDir:
             pack = self._pack = _PackFile(self._folder() / f"pack-{next(self._packs)}.bin")
         flat = _flat_cpu(tensor)
         nbytes = flat.numel() * flat.element_size()
-        offset = pack.append(_readonly_bytes(flat, nbytes))
+        offset = pack.append(_readonly_bytes(flat))
         out = Spilled(pack.path, tensor, nbytes)
         out.pack, out.offset = pack, offset
         out._free = weakref.finalize(out, pack.free, offset, nbytes)
@@ -251,7 +251,7 @@ class SpillDir:
         flat = _flat_cpu(tensor)
         nbytes = flat.numel() * flat.element_size()
         with open(path, "wb") as f:
-            f.write(_readonly_bytes(flat, nbytes))
+            f.write(_readonly_bytes(flat))
         return Spilled(path, tensor, nbytes)
 
     def close(self) -> None:
@@ -271,17 +271,15 @@ def _flat_cpu(tensor: torch.Tensor) -> torch.Tensor:
     return flat.detach().cpu().contiguous()
 
 
-def _readonly_bytes(flat: torch.Tensor, nbytes: int) -> memoryview:
-    """The ``nbytes`` bytes of a contiguous CPU tensor, read in place without a copy.
+def _readonly_bytes(flat: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, read in place without a copy (``bytes_in_place``).
 
     Read through ``const_data_ptr``: ``numpy()`` (and ``data_ptr()``) would first copy a
     copy-on-write storage (a ``torch._lazy_clone``, e.g. a TensorChecker snapshot, and its
     source) to give it a private one, ≈ 0.6 ms per MiB on top of the write (issue 19). The
     view is valid while ``flat`` is alive and unwritten (the caller writes it out at once).
     """
-    if nbytes == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * nbytes).from_address(flat.const_data_ptr())).cast("B")
+    return memoryview(bytes_in_place(flat)).cast("B")
 
 
 class BoundedStore:

@@ -13,7 +13,6 @@ without numba, or with ``PARITY_NO_KERNEL`` set, or if the loop fails, ``None`` 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 
@@ -21,9 +20,9 @@ import numpy as np
 import torch
 
 from parity_tracker.compare.fused import give_up, kernel_loaded
+from parity_tracker.compare.hashing import _is_cow, bytes_in_place
 
 _STATE: dict = {"fn": None, "built": False}
-_IS_COW = getattr(torch._C, "_is_cow_tensor", None)
 _NP = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.uint16}
 
 
@@ -71,7 +70,7 @@ def _array(s: torch.Tensor) -> np.ndarray | None:
     """
     if s.dtype not in _NP:
         return None
-    if _IS_COW is not None and _IS_COW(s):
+    if _is_cow(s):
         return _shared(s)
     try:
         if s.dtype == torch.bfloat16:
@@ -96,9 +95,7 @@ def _shared(s: torch.Tensor) -> np.ndarray | None:
         or s.device.type != "cpu"
     ):
         return None
-    nbytes = s.numel() * s.element_size()
-    buf = (ctypes.c_char * nbytes).from_address(s.const_data_ptr())
-    return np.frombuffer(buf, dtype=_NP[s.dtype])
+    return np.frombuffer(bytes_in_place(s), dtype=_NP[s.dtype])
 
 
 def fast_scan(s: torch.Tensor, g: torch.Tensor) -> tuple[float, float] | None:
