@@ -464,15 +464,12 @@ def test_ops_under_inference_mode(budget):
     assert sorted(rows) == ["model@0::add#0", "model@0::mul#0"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an in-place op (dispatched) on a DLPack/from_numpy alias of a SLICE of a held "
-    "output is not seen by OpStore.before_write (keyed by the alias storage's own data "
-    "address, which is the slice's): the resident capture changes, the row is 'error' "
-    "although both sides' outputs were identical at op time",
-)
 @pytest.mark.parametrize("alias", ["dlpack", "from_numpy"])
 def test_dispatched_write_through_an_alias_of_a_slice(alias):
+    """Was a w7break2 finding: an in-place op on a DLPack/from_numpy alias of a SLICE of a held
+    output was not seen by ``OpStore.before_write`` (keyed by the alias storage's own address):
+    the row was 'error' although both sides' outputs were identical at op time."""
+
     def fn(side, x):
         y = x * 2
         part = y.view(-1)[1:]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from parity_tracker.capture.address_ranges import AddressRanges
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.hashing import content_hash_in_place, digestible, storage_digest
@@ -170,13 +171,18 @@ class OpStore(BoundedStore):
     """Op captures within ``max_resident_bytes`` (the oldest spilled), with copy-on-write.
 
     Captures are references to the op outputs, indexed by storage pointer so that an in-place
-    write into a held storage first gives each holder a private copy (:meth:`before_write`).
+    write into a held storage first gives each holder a private copy (:meth:`before_write`),
+    and by the byte range of that storage, so that a write through another storage object
+    aliasing any of its bytes (a DLPack or ``from_numpy`` view of a slice) does too.
     Uncounted holdings (parameters, storages a counted capture already holds) never spill.
     """
 
     def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
         super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
         self._by_ptr: dict[int, list[Held]] = {}
+        #: the byte range ``[ptr, ptr + storage nbytes)`` of every key of ``_by_ptr``, counted
+        #: or not (the largest storage seen at that address while the key lives)
+        self._ranges = AddressRanges()
         self._ids = itertools.count()
         #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
         self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
@@ -243,12 +249,17 @@ class OpStore(BoundedStore):
         return any(h.counted for h in self._by_ptr.get(ptr, ()))
 
     def _index(self, h: Held, ptr: int | None = None) -> None:
-        assert h.tensor is not None
+        t = h.tensor
+        assert t is not None
         if ptr is None:
-            ptr = _ptr(h.tensor)  # once (issue 19: a storage object per call)
+            ptr = _ptr(t)  # once (issue 19: a storage object per call)
         h.ptr = ptr
         if ptr:
             self._by_ptr.setdefault(ptr, []).append(h)
+            # the storage's whole byte range (an uncounted holding too: ``Held.nbytes`` is 0)
+            end = ptr + t.untyped_storage().nbytes()
+            if end > self._ranges.end(ptr):
+                self._ranges.add(ptr, end)
 
     def _unindex(self, h: Held) -> None:
         ptr = 0 if h.tensor is None else h.ptr  # h.tensor's storage, set by _index
@@ -260,22 +271,42 @@ class OpStore(BoundedStore):
                 lst.remove(h)
             if not lst:
                 del self._by_ptr[ptr]
+                self._ranges.discard(ptr)
 
     def before_write(self, tensor: torch.Tensor) -> None:
-        """Copy every held tensor sharing ``tensor``'s storage before an in-place write."""
+        """Copy every held tensor whose storage shares a byte with ``tensor``'s before a write.
+
+        The held storages are found by byte range, not only by address: ``tensor`` may be
+        another storage object over some of a held storage's bytes (``torch.from_numpy`` of a
+        ``.numpy()`` view of a slice, ``torch.from_dlpack`` of a slice), or a held one may be
+        such an alias of ``tensor``'s. Every storage overlapping ``[address, address + nbytes)``
+        of ``tensor``'s storage is treated as written: each of its holders gets a private copy.
+        ``O(log n + k)`` for ``n`` held storages, ``k`` of them overlapping
+        (:class:`~parity_tracker.capture.address_ranges.AddressRanges`).
+        """
         ptr = _ptr(tensor) if isinstance(tensor, torch.Tensor) else 0
         if not ptr:
             return
-        holders = self._by_ptr.pop(ptr, None)
-        for h in holders or ():
-            assert h.tensor is not None
-            copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
-            h.tensor = copy
-            self._index(h)
-            if h.counted:
-                self.discard(h.id)
-            h.counted, h.nbytes = True, copy.untyped_storage().nbytes()
-            self.admit(h.id, h.nbytes, h)
+        ranges, holders = self._ranges, []
+        for key in ranges.overlapping(ptr, ptr + tensor.untyped_storage().nbytes()):
+            ranges.discard(key)
+            holders += self._by_ptr.pop(key)
+        for h in holders:
+            # one copied before may have spilled another (``admit``): its file holds the bytes
+            # as they are before this write, so it needs no copy
+            if h.tensor is not None:
+                self._copy_for_write(h)
+
+    def _copy_for_write(self, h: Held) -> None:
+        """Give ``h`` a private copy of its elements (re-indexed, counted from now on)."""
+        assert h.tensor is not None
+        copy = _flat_span(h.tensor).clone().as_strided(h.size, h.stride, 0)
+        h.tensor = copy
+        self._index(h)
+        if h.counted:
+            self.discard(h.id)
+        h.counted, h.nbytes = True, copy.untyped_storage().nbytes()
+        self.admit(h.id, h.nbytes, h)
 
     def _spill_entry(self, _key: int, h: Held) -> bool:
         t = h.tensor
@@ -308,4 +339,5 @@ class OpStore(BoundedStore):
         for h in self.payloads():
             self.release(h)
         self._by_ptr.clear()
+        self._ranges.clear()
         super().close()

@@ -1,0 +1,124 @@
+"""Which held storages a write's byte range overlaps: an index of address ranges.
+
+:class:`~parity_tracker.capture.op_store.OpStore` keys its captures by storage base address.
+A second storage object can alias the same bytes at another base address (``torch.from_numpy``
+of a ``.numpy()`` view of a slice, ``torch.from_dlpack`` of a slice): an in-place op through it
+writes a held storage although its own address is no key. :class:`AddressRanges` answers
+"which keys' byte ranges ``[start, end)`` overlap ``[a, b)``" in ``O(log n + k)`` for ``n``
+keys and ``k`` hits (``bisect`` on the sorted starts of disjoint clusters).
+
+Ranges that overlap each other (two live storages sharing bytes: an alias and its source) are
+kept in one *cluster* whose bounds cover them all; clusters never overlap, so their ends are
+sorted like their starts, and a query walks back from the last cluster starting before ``b``
+until a cluster ends at or before ``a``. A cluster's bounds only widen while any of its ranges
+is alive (a stale part costs an exact check of its few members, never a wrong answer); the
+cluster leaves with its last range.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+
+
+class _Cluster:
+    """Overlapping ranges: ``[start, end)`` covers every member ``[key, members[key])``."""
+
+    __slots__ = ("end", "members")
+
+    def __init__(self, end: int, members: dict[int, int]):
+        self.end = end
+        self.members = members
+
+
+class AddressRanges:
+    """Byte ranges ``[key, end)`` keyed by their start address; overlap queries by bisection.
+
+    Insertion and removal: ``O(log n)`` comparisons plus one list insertion/deletion (a
+    ``memmove`` of at most ``n`` pointers). Query: ``O(log n + k)``.
+    """
+
+    __slots__ = ("_clusters", "_ends", "_starts")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []  # sorted cluster starts
+        self._clusters: dict[int, _Cluster] = {}  # cluster start -> cluster
+        self._ends: dict[int, int] = {}  # key -> end of its range
+
+    def __len__(self) -> int:
+        """The number of keys (ranges) indexed."""
+        return len(self._ends)
+
+    def end(self, key: int) -> int:
+        """The end of ``key``'s range (0 when ``key`` is not indexed)."""
+        return self._ends.get(key, 0)
+
+    def add(self, key: int, end: int) -> None:
+        """Index ``[key, end)`` (an indexed ``key`` keeps the larger of its two ends).
+
+        Raises:
+            ValueError: an empty range (``end <= key``).
+        """
+        if end <= key:
+            raise ValueError(f"empty address range [{key}, {end})")
+        end = max(end, self._ends.get(key, 0))
+        self._ends[key] = end
+        starts, clusters = self._starts, self._clusters
+        hi = bisect_left(starts, end)  # clusters starting before ``end``: starts[:hi]
+        lo = hi
+        while lo and clusters[starts[lo - 1]].end > key:
+            lo -= 1
+        if lo == hi:  # overlaps no cluster: a new one
+            starts.insert(hi, key)
+            clusters[key] = _Cluster(end, {key: end})
+            return
+        first = starts[lo]
+        if hi - lo == 1 and first <= key:  # inside (or extending) one cluster
+            c = clusters[first]
+            c.members[key], c.end = end, max(c.end, end)
+            return
+        members: dict[int, int] = {key: end}
+        for s in starts[lo:hi]:  # merge every cluster [key, end) overlaps into one
+            c = clusters.pop(s)
+            end = max(end, c.end)
+            members.update(c.members)
+        start = min(first, key)
+        starts[lo:hi] = [start]
+        clusters[start] = _Cluster(end, members)
+
+    def discard(self, key: int) -> None:
+        """Forget ``key``'s range (nothing if it is not indexed)."""
+        if self._ends.pop(key, None) is None:
+            return
+        starts = self._starts
+        i = bisect_right(starts, key) - 1  # the cluster holding ``key``: the last starting <= it
+        start = starts[i]
+        c = self._clusters[start]
+        del c.members[key]
+        if not c.members:
+            del starts[i], self._clusters[start]
+            return
+        # shrink to the members left (their bounds stay between the neighbours': same slot)
+        new = min(c.members)
+        c.end = max(c.members.values())
+        if new != start:
+            starts[i] = new
+            self._clusters[new] = self._clusters.pop(start)
+
+    def overlapping(self, start: int, end: int) -> list[int]:
+        """The keys whose range overlaps ``[start, end)`` (shares at least one byte)."""
+        starts, clusters = self._starts, self._clusters
+        i = bisect_left(starts, end)
+        hits: list[int] = []
+        while i:
+            i -= 1
+            c = clusters[starts[i]]
+            if c.end <= start:  # ends are sorted too: no earlier cluster reaches ``start``
+                break
+            hits.extend(k for k, e in c.members.items() if k < end and e > start)
+        return hits
+
+    def clear(self) -> None:
+        """Forget every range."""
+        self._starts.clear()
+        self._clusters.clear()
+        self._ends.clear()
