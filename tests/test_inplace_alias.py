@@ -61,6 +61,37 @@ def test_ranges_boundaries_hand_worked():
         r.add(5, 5)
 
 
+def test_ranges_a_sorted_key_extended_over_another_cluster():
+    """A key already sorted (queried once) re-added with a larger end that reaches the next
+    cluster: the merged cluster keeps the larger end for it."""
+    r = AddressRanges()
+    r.add(100, 110)
+    r.add(120, 130)
+    assert r.overlapping(0, 1000) == [120, 100]  # sorted now; two clusters
+    r.add(100, 125)
+    assert sorted(r.overlapping(112, 113)) == [100]
+    assert sorted(r.overlapping(124, 125)) == [100, 120]
+    assert r.end(100) == 125
+    r.discard(120)
+    assert r.overlapping(126, 200) == [] and r.overlapping(124, 200) == [100]
+
+
+def _check_clusters(r: AddressRanges, live: dict[int, int]) -> None:
+    """Internal invariants: sorted disjoint clusters covering their members; every live key
+    either sorted (in one cluster, with its end) or pending."""
+    assert r._starts == sorted(r._starts) and set(r._starts) == set(r._clusters)
+    prev_end = None
+    seen = {}
+    for start in r._starts:
+        c = r._clusters[start]
+        assert c.members and min(c.members) == start and max(c.members.values()) == c.end
+        assert prev_end is None or prev_end <= start
+        prev_end = c.end
+        seen.update(c.members)
+    assert seen == r._ends
+    assert {**r._ends, **r._pending} == live and not set(r._ends) & set(r._pending)
+
+
 _OPS = st.lists(
     st.tuples(
         st.sampled_from(["add", "discard", "query"]),
@@ -71,7 +102,7 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(_OPS)
 def test_ranges_match_brute_force(ops):
     """Random adds (overlapping, nested, touching, re-added keys), discards and queries: every
@@ -85,13 +116,16 @@ def test_ranges_match_brute_force(ops):
             key = min(live, key=lambda k: abs(k - a)) if live else a
             r.discard(key)
             live.pop(key, None)
-        want = sorted(k for k, e in live.items() if k < a + n and e > a)
-        assert sorted(r.overlapping(a, a + n)) == want
+        _check_clusters(r, live)
+        if op == "query" or a % 3 == 0:  # others stay pending a while
+            want = sorted(k for k, e in live.items() if k < a + n and e > a)
+            assert sorted(r.overlapping(a, a + n)) == want
+            _check_clusters(r, live)
         assert len(r) == len(live)
         assert all(r.end(k) == e for k, e in live.items())
     for k in list(live):
         r.discard(k)
-    assert len(r) == 0 and r._starts == [] and r._clusters == {}
+    assert len(r) == 0 and r._starts == [] and r._clusters == {} and r._pending == {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,9 +10,14 @@ keys and ``k`` hits (``bisect`` on the sorted starts of disjoint clusters).
 Ranges that overlap each other (two live storages sharing bytes: an alias and its source) are
 kept in one *cluster* whose bounds cover them all; clusters never overlap, so their ends are
 sorted like their starts, and a query walks back from the last cluster starting before ``b``
-until a cluster ends at or before ``a``. A cluster's bounds only widen while any of its ranges
-is alive (a stale part costs an exact check of its few members, never a wrong answer); the
-cluster leaves with its last range.
+until a cluster ends at or before ``a``. A cluster's bounds shrink to its members when one
+leaves and the cluster leaves with its last member.
+
+Issue 19: a range is added to the sorted clusters only when a query needs it. Until then it
+waits in a dict (``O(1)`` to add and to remove): op-level runs hold and release a storage per
+op output while in-place ops are a few per layer, so most ranges come and go without ever
+being sorted. Each range enters the clusters at most once (``O(log n)``), at the first query
+after it was added.
 """
 
 from __future__ import annotations
@@ -33,24 +38,27 @@ class _Cluster:
 class AddressRanges:
     """Byte ranges ``[key, end)`` keyed by their start address; overlap queries by bisection.
 
-    Insertion and removal: ``O(log n)`` comparisons plus one list insertion/deletion (a
-    ``memmove`` of at most ``n`` pointers). Query: ``O(log n + k)``.
+    ``add`` and ``discard`` of a range not yet queried: ``O(1)``. A query: ``O(log n + k)``
+    for ``n`` ranges and ``k`` hits, plus ``O(log n)`` for each range added since the previous
+    query (moved into the sorted clusters once). Removing a sorted range: ``O(log n)``
+    comparisons plus one list deletion (a ``memmove`` of at most ``n`` pointers).
     """
 
-    __slots__ = ("_clusters", "_ends", "_starts")
+    __slots__ = ("_clusters", "_ends", "_pending", "_starts")
 
     def __init__(self) -> None:
         self._starts: list[int] = []  # sorted cluster starts
         self._clusters: dict[int, _Cluster] = {}  # cluster start -> cluster
-        self._ends: dict[int, int] = {}  # key -> end of its range
+        self._ends: dict[int, int] = {}  # key in a cluster -> end of its range
+        self._pending: dict[int, int] = {}  # key not sorted yet -> end of its range
 
     def __len__(self) -> int:
         """The number of keys (ranges) indexed."""
-        return len(self._ends)
+        return len(self._ends) + len(self._pending)
 
     def end(self, key: int) -> int:
         """The end of ``key``'s range (0 when ``key`` is not indexed)."""
-        return self._ends.get(key, 0)
+        return self._ends.get(key) or self._pending.get(key, 0)
 
     def add(self, key: int, end: int) -> None:
         """Index ``[key, end)`` (an indexed ``key`` keeps the larger of its two ends).
@@ -60,52 +68,25 @@ class AddressRanges:
         """
         if end <= key:
             raise ValueError(f"empty address range [{key}, {end})")
-        end = max(end, self._ends.get(key, 0))
-        self._ends[key] = end
-        starts, clusters = self._starts, self._clusters
-        hi = bisect_left(starts, end)  # clusters starting before ``end``: starts[:hi]
-        lo = hi
-        while lo and clusters[starts[lo - 1]].end > key:
-            lo -= 1
-        if lo == hi:  # overlaps no cluster: a new one
-            starts.insert(hi, key)
-            clusters[key] = _Cluster(end, {key: end})
-            return
-        first = starts[lo]
-        if hi - lo == 1 and first <= key:  # inside (or extending) one cluster
-            c = clusters[first]
-            c.members[key], c.end = end, max(c.end, end)
-            return
-        members: dict[int, int] = {key: end}
-        for s in starts[lo:hi]:  # merge every cluster [key, end) overlaps into one
-            c = clusters.pop(s)
-            end = max(end, c.end)
-            members.update(c.members)
-        start = min(first, key)
-        starts[lo:hi] = [start]
-        clusters[start] = _Cluster(end, members)
+        sorted_end = self._ends.get(key)
+        if sorted_end is None:
+            pending = self._pending
+            if end > pending.get(key, 0):
+                pending[key] = end
+        elif end > sorted_end:
+            self._insert(key, end)
 
     def discard(self, key: int) -> None:
         """Forget ``key``'s range (nothing if it is not indexed)."""
-        if self._ends.pop(key, None) is None:
-            return
-        starts = self._starts
-        i = bisect_right(starts, key) - 1  # the cluster holding ``key``: the last starting <= it
-        start = starts[i]
-        c = self._clusters[start]
-        del c.members[key]
-        if not c.members:
-            del starts[i], self._clusters[start]
-            return
-        # shrink to the members left (their bounds stay between the neighbours': same slot)
-        new = min(c.members)
-        c.end = max(c.members.values())
-        if new != start:
-            starts[i] = new
-            self._clusters[new] = self._clusters.pop(start)
+        if self._pending.pop(key, None) is None and key in self._ends:
+            self._remove(key)
 
     def overlapping(self, start: int, end: int) -> list[int]:
         """The keys whose range overlaps ``[start, end)`` (shares at least one byte)."""
+        if self._pending:
+            for key, e in self._pending.items():
+                self._insert(key, e)
+            self._pending.clear()
         starts, clusters = self._starts, self._clusters
         i = bisect_left(starts, end)
         hits: list[int] = []
@@ -122,3 +103,50 @@ class AddressRanges:
         self._starts.clear()
         self._clusters.clear()
         self._ends.clear()
+        self._pending.clear()
+
+    def _insert(self, key: int, end: int) -> None:
+        """Put ``[key, end)`` (``end`` at least ``key``'s sorted end) into the clusters."""
+        self._ends[key] = end
+        starts, clusters = self._starts, self._clusters
+        hi = bisect_left(starts, end)  # clusters starting before ``end``: starts[:hi]
+        lo = hi
+        while lo and clusters[starts[lo - 1]].end > key:
+            lo -= 1
+        if lo == hi:  # overlaps no cluster: a new one
+            starts.insert(hi, key)
+            clusters[key] = _Cluster(end, {key: end})
+            return
+        first = starts[lo]
+        if hi - lo == 1 and first <= key:  # inside (or extending) one cluster
+            c = clusters[first]
+            c.members[key], c.end = end, max(c.end, end)
+            return
+        members: dict[int, int] = {}
+        top = end
+        for s in starts[lo:hi]:  # merge every cluster [key, end) overlaps into one
+            c = clusters.pop(s)
+            top = max(top, c.end)
+            members.update(c.members)
+        members[key] = end  # after the merge: ``key`` may be a member with its old end
+        start = min(first, key)
+        starts[lo:hi] = [start]
+        clusters[start] = _Cluster(top, members)
+
+    def _remove(self, key: int) -> None:
+        """Take ``key`` (sorted) out of its cluster."""
+        del self._ends[key]
+        starts = self._starts
+        i = bisect_right(starts, key) - 1  # the cluster holding ``key``: the last starting <= it
+        start = starts[i]
+        c = self._clusters[start]
+        del c.members[key]
+        if not c.members:
+            del starts[i], self._clusters[start]
+            return
+        # shrink to the members left (their bounds stay between the neighbours': same slot)
+        new = min(c.members)
+        c.end = max(c.members.values())
+        if new != start:
+            starts[i] = new
+            self._clusters[new] = self._clusters.pop(start)

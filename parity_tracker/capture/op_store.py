@@ -257,9 +257,7 @@ class OpStore(BoundedStore):
         if ptr:
             self._by_ptr.setdefault(ptr, []).append(h)
             # the storage's whole byte range (an uncounted holding too: ``Held.nbytes`` is 0)
-            end = ptr + t.untyped_storage().nbytes()
-            if end > self._ranges.end(ptr):
-                self._ranges.add(ptr, end)
+            self._ranges.add(ptr, ptr + t.untyped_storage().nbytes())
 
     def _unindex(self, h: Held) -> None:
         ptr = 0 if h.tensor is None else h.ptr  # h.tensor's storage, set by _index
