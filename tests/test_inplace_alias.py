@@ -290,10 +290,29 @@ def test_copies_that_spill_other_holders(budget):
         store.hold(torch.from_numpy(buf[8:]), counted=False),
     ]
     before = [
-        np.arange(16, dtype=np.float32)[s] for s in (slice(0, 12), slice(2, 10), slice(8, None))
+        np.arange(16, dtype=np.float32)[s] for s in (slice(0, 12), slice(2, 10), slice(8, 16))
     ]
     _write(store, torch.from_numpy(buf), -1.0)
     _assert_kept(store, helds, before)
+
+
+@pytest.mark.parametrize("alias", [False, True])
+def test_a_holder_spilled_by_an_earlier_copy_is_not_copied(alias):
+    """An uncounted holder of 12 elements held before a counted one (its storage: 64 bytes,
+    resident), budget 100: copying the first admits 48 bytes (64 + 48 > 100) and spills the
+    second before its turn. It is not copied (its spill file has the pre-write bytes) and
+    nothing fails (main 4df3f7a asserted ``h.tensor is not None``, failing the recorder, for
+    two holders of one storage)."""
+    buf = np.arange(16, dtype=np.float32)
+    src = torch.from_numpy(buf)
+    store = _store(100)
+    first = torch.from_numpy(buf[:12]) if alias else src[:12]
+    helds = [store.hold(first, counted=False), store.hold(src[8:], counted=True)]
+    assert helds[1].tensor is not None
+    _write(store, src, -1.0)
+    assert helds[1].tensor is None and helds[1].spilled is not None  # spilled, not copied
+    want = [np.arange(12, dtype=np.float32), np.arange(8, 16, dtype=np.float32)]
+    _assert_kept(store, helds, want)
 
 
 def test_released_and_collected_storages_leave_the_index():
