@@ -267,10 +267,11 @@ def content_hash(tensor: torch.Tensor) -> str:
     Returns:
         16 lowercase hex digits; equal strings ⇔ same dtype, shape and bitwise contents.
 
-    A copy-on-write tensor (``torch._lazy_clone``: the TensorChecker's snapshots, a module
-    snapshot's source) is read in place (:func:`bytes_in_place`): ``numpy()`` would give it a
-    private copy of the buffer at a new address first, which costs a copy and moves the
-    buffer away from every index keyed by data address (``capture.op_store``).
+    A contiguous tensor is read in place (:func:`bytes_in_place`), never through ``numpy()``:
+    that would give a copy-on-write tensor (``torch._lazy_clone``: the TensorChecker's
+    snapshots, a module snapshot's source) a private copy of the buffer at a new address
+    first, which costs a copy and moves the buffer away from every index keyed by data address
+    (``capture.op_store``). In place is also ≈ 1 µs cheaper a call than ``numpy()`` (wave 8).
     """
     if tensor.requires_grad or type(tensor) not in _PLAIN_TYPES:
         tensor = tensor.detach()  # issue 19: a plain tensor without grad is hashed as it is
@@ -279,9 +280,9 @@ def content_hash(tensor: torch.Tensor) -> str:
     shape = tuple(tensor.shape)
     if _numpy_readable(tensor):  # the same bytes, without byte_view's reshape and views
         hasher = xxhash.xxh3_64(_header(dtype_name(tensor.dtype), shape))
-        hasher.update(bytes_in_place(tensor) if _is_cow(tensor) else tensor.numpy())
+        hasher.update(bytes_in_place(tensor))
         return hasher.hexdigest()
-    flat = c_order(tensor)  # a view only when ``tensor`` is contiguous already
+    flat = c_order(tensor)  # a view only when ``tensor`` is contiguous already (bfloat16, ...)
     if _is_cow(flat) and flat.numel() and not flat.is_conj() and not flat.is_neg():
         hasher = xxhash.xxh3_64(_header(dtype_name(tensor.dtype), shape))
         hasher.update(bytes_in_place(flat))  # bfloat16, float8, ...: their raw bytes
