@@ -77,17 +77,19 @@ def test_ranges_a_sorted_key_extended_over_another_cluster():
 
 
 def _check_clusters(r: AddressRanges, live: dict[int, int]) -> None:
-    """Internal invariants: sorted disjoint clusters covering their members; every live key
-    either sorted (in one cluster, with its end) or pending."""
-    assert r._starts == sorted(r._starts) and set(r._starts) == set(r._clusters)
+    """Internal invariants: sorted disjoint clusters covering their members (a cluster of one
+    range: its start and end only); every live key either sorted (with its end) or pending."""
+    assert r._starts == sorted(r._starts) and set(r._starts) == set(r._cend)
+    assert set(r._cmem) <= set(r._starts)
     prev_end = None
     seen = {}
     for start in r._starts:
-        c = r._clusters[start]
-        assert c.members and min(c.members) == start and max(c.members.values()) == c.end
+        members = r._cmem.get(start, {start: r._cend[start]})
+        assert len(members) >= 1 and (len(members) > 1) == (start in r._cmem)
+        assert min(members) == start and max(members.values()) == r._cend[start]
         assert prev_end is None or prev_end <= start
-        prev_end = c.end
-        seen.update(c.members)
+        prev_end = r._cend[start]
+        seen.update(members)
     assert seen == r._ends
     assert {**r._ends, **r._pending} == live and not set(r._ends) & set(r._pending)
 
@@ -125,7 +127,7 @@ def test_ranges_match_brute_force(ops):
         assert all(r.end(k) == e for k, e in live.items())
     for k in list(live):
         r.discard(k)
-    assert len(r) == 0 and r._starts == [] and r._clusters == {} and r._pending == {}
+    assert len(r) == 0 and r._starts == [] and r._cend == r._cmem == r._pending == {}
 
 
 # ---------------------------------------------------------------------------------------------

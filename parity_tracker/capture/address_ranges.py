@@ -25,16 +25,6 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 
 
-class _Cluster:
-    """Overlapping ranges: ``[start, end)`` covers every member ``[key, members[key])``."""
-
-    __slots__ = ("end", "members")
-
-    def __init__(self, end: int, members: dict[int, int]):
-        self.end = end
-        self.members = members
-
-
 class AddressRanges:
     """Byte ranges ``[key, end)`` keyed by their start address; overlap queries by bisection.
 
@@ -42,13 +32,18 @@ class AddressRanges:
     for ``n`` ranges and ``k`` hits, plus ``O(log n)`` for each range added since the previous
     query (moved into the sorted clusters once). Removing a sorted range: ``O(log n)``
     comparisons plus one list deletion (a ``memmove`` of at most ``n`` pointers).
+
+    A cluster of one range (nearly all of them: storages rarely alias) is just its start in
+    ``_starts`` and its end in ``_cend``; one of several ranges also has its members in
+    ``_cmem``.
     """
 
-    __slots__ = ("_clusters", "_ends", "_pending", "_starts")
+    __slots__ = ("_cend", "_cmem", "_ends", "_pending", "_starts")
 
     def __init__(self) -> None:
         self._starts: list[int] = []  # sorted cluster starts
-        self._clusters: dict[int, _Cluster] = {}  # cluster start -> cluster
+        self._cend: dict[int, int] = {}  # cluster start -> cluster end
+        self._cmem: dict[int, dict[int, int]] = {}  # start -> {key: end}, clusters of >= 2
         self._ends: dict[int, int] = {}  # key in a cluster -> end of its range
         self._pending: dict[int, int] = {}  # key not sorted yet -> end of its range
 
@@ -87,66 +82,86 @@ class AddressRanges:
             for key, e in self._pending.items():
                 self._insert(key, e)
             self._pending.clear()
-        starts, clusters = self._starts, self._clusters
-        i = bisect_left(starts, end)
+        starts, cend, cmem = self._starts, self._cend, self._cmem
+        i = bisect_left(starts, end)  # clusters starting before ``end``: starts[:i]
         hits: list[int] = []
         while i:
             i -= 1
-            c = clusters[starts[i]]
-            if c.end <= start:  # ends are sorted too: no earlier cluster reaches ``start``
+            s = starts[i]
+            if cend[s] <= start:  # ends are sorted too: no earlier cluster reaches ``start``
                 break
-            hits.extend(k for k, e in c.members.items() if k < end and e > start)
+            members = cmem.get(s)
+            if members is None:  # one range: the cluster's own
+                hits.append(s)
+                continue
+            for k, e in members.items():
+                if k < end and e > start:
+                    hits.append(k)
         return hits
 
     def clear(self) -> None:
         """Forget every range."""
         self._starts.clear()
-        self._clusters.clear()
+        self._cend.clear()
+        self._cmem.clear()
         self._ends.clear()
         self._pending.clear()
 
     def _insert(self, key: int, end: int) -> None:
         """Put ``[key, end)`` (``end`` at least ``key``'s sorted end) into the clusters."""
         self._ends[key] = end
-        starts, clusters = self._starts, self._clusters
+        starts, cend, cmem = self._starts, self._cend, self._cmem
         hi = bisect_left(starts, end)  # clusters starting before ``end``: starts[:hi]
         lo = hi
-        while lo and clusters[starts[lo - 1]].end > key:
+        while lo and cend[starts[lo - 1]] > key:
             lo -= 1
         if lo == hi:  # overlaps no cluster: a new one
             starts.insert(hi, key)
-            clusters[key] = _Cluster(end, {key: end})
+            cend[key] = end
             return
         first = starts[lo]
         if hi - lo == 1 and first <= key:  # inside (or extending) one cluster
-            c = clusters[first]
-            c.members[key], c.end = end, max(c.end, end)
+            members = cmem.get(first)
+            if members is None:
+                if first == key:  # its own one-range cluster, extended
+                    cend[key] = end
+                    return
+                members = cmem[first] = {first: cend[first]}
+            members[key] = end
+            if end > cend[first]:
+                cend[first] = end
             return
-        members: dict[int, int] = {}
+        merged: dict[int, int] = {}
         top = end
         for s in starts[lo:hi]:  # merge every cluster [key, end) overlaps into one
-            c = clusters.pop(s)
-            top = max(top, c.end)
-            members.update(c.members)
-        members[key] = end  # after the merge: ``key`` may be a member with its old end
+            e = cend.pop(s)
+            top = max(top, e)
+            members = cmem.pop(s, None)
+            if members is None:
+                merged[s] = e
+            else:
+                merged.update(members)
+        merged[key] = end  # after the merge: ``key`` may be a member with its old end
         start = min(first, key)
         starts[lo:hi] = [start]
-        clusters[start] = _Cluster(top, members)
+        cend[start] = top
+        cmem[start] = merged
 
     def _remove(self, key: int) -> None:
         """Take ``key`` (sorted) out of its cluster."""
         del self._ends[key]
-        starts = self._starts
+        starts, cend, cmem = self._starts, self._cend, self._cmem
         i = bisect_right(starts, key) - 1  # the cluster holding ``key``: the last starting <= it
-        start = starts[i]
-        c = self._clusters[start]
-        del c.members[key]
-        if not c.members:
-            del starts[i], self._clusters[start]
+        s = starts[i]
+        members = cmem.get(s)
+        if members is None:  # its own one-range cluster
+            del starts[i], cend[s]
             return
+        del members[key]
+        del cend[s], cmem[s]
         # shrink to the members left (their bounds stay between the neighbours': same slot)
-        new = min(c.members)
-        c.end = max(c.members.values())
-        if new != start:
-            starts[i] = new
-            self._clusters[new] = self._clusters.pop(start)
+        new = min(members)
+        starts[i] = new
+        cend[new] = max(members.values())
+        if len(members) > 1:
+            cmem[new] = members
