@@ -153,7 +153,8 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     compares as before.
 
     Args:
-        a, b: the two tensors (any; only plain CPU ones of one layout are compared).
+        a: the reference side (any tensor; only plain CPU ones of one layout are compared).
+        b: the candidate side (likewise).
 
     Returns:
         True only when both spans hold the same bytes.
