@@ -30,7 +30,7 @@ from parity_tracker.compare import passes
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import layout_differences
 from parity_tracker.localize.root_cause import Feeder
-from parity_tracker.localize.settle import same_bytes
+from parity_tracker.localize.settle import SAME_BYTES_MIN, same_bytes
 from parity_tracker.localize.views import external_view_entry
 from parity_tracker.statuses import is_neutral, is_passing
 
@@ -224,7 +224,7 @@ class InputJudge:
         are first cast to their promoted dtype. Byte-identical views of one layout are
         ``equal`` without a comparison (``localize.settle.same_bytes``: issue 19).
         """
-        if same_bytes(ref_t, cand_t):
+        if ref_t.numel() >= SAME_BYTES_MIN and same_bytes(ref_t, cand_t):
             return "equal"
         with suspended():
             if is_traceable_wrapper_subclass(ref_t) or is_traceable_wrapper_subclass(cand_t):
