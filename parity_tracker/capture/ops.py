@@ -357,12 +357,15 @@ class SideRecorder:
     # -- module tracking ---------------------------------------------------------------------
 
     def _learn(self, model: torch.nn.Module, root: str, *, top: bool) -> None:
-        if top:  # parameters/buffers: long-lived, their comparisons are cached
-            for t in itertools.chain(model.parameters(), model.buffers()):
-                self.params.add(_ptr(t.detach()))
+        names, params = self.names, self.params
+        # issue 19: one walk (``parameters()`` and ``buffers()`` each walk the modules again)
         for name, mod in model.named_modules():
             full = root if not name else name if top else f"{root}.{name}"
-            self.names.setdefault(id(mod), full)
+            names.setdefault(id(mod), full)
+            if top:  # parameters/buffers: long-lived, their comparisons are cached
+                for t in itertools.chain(mod._parameters.values(), mod._buffers.values()):
+                    if t is not None:
+                        params.add(_ptr(t.detach()))
 
     def _name_of(self, mod: torch.nn.Module) -> str:
         name = self.names.get(id(mod))
