@@ -106,10 +106,12 @@ class HeldBytes:
         shape: the tensor's shape.
     """
 
-    __slots__ = ("__weakref__", "data", "dtype", "shape")
+    __slots__ = ("__weakref__", "data", "dtype", "owner", "shape")
 
     def __init__(self, data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         self.data, self.dtype, self.shape = data, dtype, shape
+        #: the round of the store that counted it (``capture.store.SmallCopies``), or None
+        self.owner: object = None
 
     @classmethod
     def of(cls, t: torch.Tensor) -> HeldBytes:
