@@ -9,6 +9,7 @@ that unwinds the log's call stack after an exception.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,8 +54,10 @@ class HookHandle:
         #: ``_forward_hooks``, its ``_with_kwargs`` and the pre hook's id (the forward hook's
         #: is ``id + 1``); flat, no tuple per module
         self._direct: list[Any] = []
-        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
-        self._named: list[tuple[str, torch.nn.Module]] | None = None
+        #: the distinct modules as listed at install, and their ``named_modules()`` names
+        #: (the training-mode check walks them)
+        self._mods: list[torch.nn.Module] | None = None
+        self._names: list[str] = []
         self._warned = False
         self._model_name = type(model).__name__
 
@@ -62,10 +65,17 @@ class HookHandle:
         """Warn once when the hooked model runs mode-dependent modules in training mode."""
         if self._warned:
             return
-        if self._named is None:
+        mods = self._mods
+        if mods is None:
             found = training_mode_dependent(model)
+        elif not any(map(_TRAINING, mods)):  # the usual case, in one C-level pass (issue 19)
+            return
         else:  # training_mode_dependent over the modules listed at install (issue 19)
-            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
+            found = [
+                (n, why)
+                for n, m in zip(self._names, mods, strict=True)
+                if m.training and (why := mode_dependence(m))
+            ]
         if not found:
             return
         self._warned = True
@@ -103,7 +113,7 @@ class HookHandle:
             if i in (hooks := d[j + 3]):
                 del hooks[i]
         self._direct.clear()
-        self._named = None  # the hooked model's modules are not kept alive by a removed handle
+        self._mods = None  # the hooked model's modules are not kept alive by a removed handle
         if self in self.log.handles:
             self.log.handles.remove(self)
 
@@ -152,7 +162,7 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
         return
     plan, mods = plan_for(model)
     handle.root_name = plan.root_name
-    handle._named = list(zip(plan.raw_names, mods, strict=True))
+    handle._mods, handle._names = mods, plan.raw_names
     side, names, direct = handle.side, [], handle._direct
     for i, name, own, plain, is_root in plan.hooked:
         mod = mods[i]
@@ -207,6 +217,7 @@ def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
 
 
 _DICT_TYPES = frozenset((dict, OrderedDict))
+_TRAINING = operator.attrgetter("training")
 
 
 def _hook_one(
