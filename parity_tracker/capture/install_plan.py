@@ -144,14 +144,14 @@ class InstallPlan:
             index[id(c)] if c is not None else none for m in mods for c in m._modules.values()
         ]
         self._children = len(children)
-        self._child_get = operator.itemgetter(*children) if len(children) > 1 else None
-        if len(children) == 1:
-            self._child_get = lambda seq, i=children[0]: (seq[i],)
-        self._shape = [
-            list(map(tuple, map(_MODULES, mods))),
-            list(map(tuple, map(_PARAMS, mods))),
-            list(map(tuple, map(_BUFFERS, mods))),
-        ]
+        self._child_get = _picker(children)
+        self._shape = []  # per store kind: (non-empty ones, their names, empty ones)
+        for store in (_MODULES, _PARAMS, _BUFFERS):
+            dicts = list(map(store, mods))
+            full = [i for i, d in enumerate(dicts) if d]
+            empty = [i for i, d in enumerate(dicts) if not d]
+            keys = [tuple(dicts[i]) for i in full]
+            self._shape.append((_picker(full), keys, _picker(empty)))
         self._nones = [
             (i, kind, name)
             for i, m in enumerate(mods)
@@ -177,22 +177,29 @@ class InstallPlan:
         stores = (list(map(_MODULES, mods)), list(map(_PARAMS, mods)), list(map(_BUFFERS, mods)))
         if not set(map(type, itertools.chain(*stores))) <= _DICTS:
             return None
-        shape = self._shape
-        if any(list(map(tuple, s)) != k for s, k in zip(stores, shape, strict=True)):
-            return None
+        for dicts, (full, keys, empty) in zip(stores, self._shape, strict=True):
+            if any(map(len, empty(dicts))) or list(map(tuple, full(dicts))) != keys:
+                return None  # a store that was empty is not, or one's names changed
         children = list(itertools.chain.from_iterable(map(dict.values, stores[0])))
         if len(children) != self._children:
             return None
-        if children:
-            expected = self._child_get([*mods, None])
-            if not all(map(operator.is_, children, expected)):
-                return None
+        if not all(map(operator.is_, children, self._child_get([*mods, None]))):
+            return None
         for i, kind, name in self._nones:
             if stores[1 + kind][i].get(name) is not None:
                 return None  # a slot that held None holds a tensor now: it must be captured
         if any(map(operator.contains, map(_INSTANCE, mods), itertools.repeat("_packed_params"))):
             return None
         return mods
+
+
+def _picker(indices: list[int]) -> Any:
+    """``pick(seq)``: the items of ``seq`` at ``indices``, as a tuple (C-level itemgetter)."""
+    if not indices:
+        return lambda seq: ()
+    if len(indices) == 1:
+        return lambda seq, i=indices[0]: (seq[i],)
+    return operator.itemgetter(*indices)
 
 
 def _packed_holder(mod: torch.nn.Module, packed: dict[type, bool]) -> bool:
