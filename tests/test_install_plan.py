@@ -305,3 +305,19 @@ def test_kept_plan_captures_exactly_what_a_fresh_walk_captures() -> None:
     fresh = groups()
     assert kept(model)
     assert groups() == fresh
+
+
+def test_forward_added_to_the_class_is_hooked() -> None:
+    class Later(nn.Module):  # no forward yet: a container
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.tensor([0.5, 4.0]))
+
+    model = Outer()
+    model.sub = Later()
+    first = capture(model)
+    assert "checker_sub" not in first and kept(model)
+    Later.forward = lambda self, x: x * self.p  # the class gains a forward
+    got = capture(model)
+    assert_close(got["checker_sub_input_0"], X)
+    assert_close(got["checker_sub"], X * np.array([0.5, 4.0], dtype=np.float32))
