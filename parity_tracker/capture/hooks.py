@@ -9,6 +9,7 @@ that unwinds the log's call stack after an exception.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,9 +19,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from parity_tracker.capture.hook_marks import mark_capture_hook
-from parity_tracker.capture.leaves import has_packed_params, own_tensors, packed_names
+from parity_tracker.capture.install_plan import plan_for
+from parity_tracker.capture.leaves import has_packed_params, packed_names
 from parity_tracker.capture.modules import CaptureLog, ModuleSite
-from parity_tracker.capture.tags import ROOT_NAME, module_display_name, root_name
+from parity_tracker.capture.tags import ROOT_NAME
 from parity_tracker.capture.training import mode_dependence, training_mode_dependent
 
 
@@ -52,8 +54,10 @@ class HookHandle:
         #: ``_forward_hooks``, its ``_with_kwargs`` and the pre hook's id (the forward hook's
         #: is ``id + 1``); flat, no tuple per module
         self._direct: list[Any] = []
-        #: ``model.named_modules()`` as listed at install (the training-mode check walks it)
-        self._named: list[tuple[str, torch.nn.Module]] | None = None
+        #: the distinct modules as listed at install, and their ``named_modules()`` names
+        #: (the training-mode check walks them)
+        self._mods: list[torch.nn.Module] | None = None
+        self._names: list[str] = []
         self._warned = False
         self._model_name = type(model).__name__
 
@@ -61,10 +65,17 @@ class HookHandle:
         """Warn once when the hooked model runs mode-dependent modules in training mode."""
         if self._warned:
             return
-        if self._named is None:
+        mods = self._mods
+        if mods is None:
             found = training_mode_dependent(model)
+        elif not any(map(_TRAINING, mods)):  # the usual case, in one C-level pass (issue 19)
+            return
         else:  # training_mode_dependent over the modules listed at install (issue 19)
-            found = [(n, why) for n, m in self._named if m.training and (why := mode_dependence(m))]
+            found = [
+                (n, why)
+                for n, m in zip(self._names, mods, strict=True)
+                if m.training and (why := mode_dependence(m))
+            ]
         if not found:
             return
         self._warned = True
@@ -102,7 +113,7 @@ class HookHandle:
             if i in (hooks := d[j + 3]):
                 del hooks[i]
         self._direct.clear()
-        self._named = None  # the hooked model's modules are not kept alive by a removed handle
+        self._mods = None  # the hooked model's modules are not kept alive by a removed handle
         if self in self.log.handles:
             self.log.handles.remove(self)
 
@@ -133,76 +144,59 @@ def _not_packed_holder(mod: torch.nn.Module, classes: dict[type, bool] | None) -
     return not (has_packed_params(mod, classes) and not packed_names(mod, classes))
 
 
-def _class_facts(cls: type, memo: dict[type, tuple[bool, bool, bool]]) -> tuple[bool, bool, bool]:
-    """``(TorchScript, defines a forward, nn.Module's hook registration)`` of a module class.
-
-    Kept per class for one install (``isinstance(mod, torch.jit.ScriptModule)`` alone costs
-    ≈ 0.2 µs per module, issue 19).
-    """
-    found = memo.get(cls)
-    if found is None:
-        scripted = issubclass(cls, torch.jit.ScriptModule)  # its class's forward is not read
-        found = memo[cls] = (
-            scripted,
-            scripted or cls.forward is not torch.nn.Module.forward,
-            cls.register_forward_pre_hook is _PRE and cls.register_forward_hook is _POST,
-        )
-    return found
-
-
 def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None:
     """Add the pre/post hooks of every module with a forward to ``handle``.
 
     Modules that take no hooks (TorchScript submodules, modules whose hook registration raises)
     are listed in ``handle.unhooked`` with the reason instead. A ``torch.compile``-d module
     (``OptimizedModule``) is hooked by :func:`parity_tracker.capture.compiled.install_compiled`
-    (taps traced into its graph, tags without ``_orig_mod``).
+    (taps traced into its graph, tags without ``_orig_mod``). What the hooks need from the
+    model's structure (names, own tensors, which modules take hooks) is its
+    :class:`~parity_tracker.capture.install_plan.InstallPlan`, kept per model while its
+    structure provably is unchanged (issue 19); the hooks themselves are written every time.
     """
     from parity_tracker.capture.compiled import install_compiled, is_compiled
 
     if is_compiled(model):
         install_compiled(model, log, handle)
         return
-    root = root_name(model)
-    handle.root_name = root
-    # one walk: named_modules() lists each module at its first name in the full walk (a module
-    # met again is skipped with all it holds, and everything it holds was met with it)
-    walk = list(model.named_modules(remove_duplicate=False))
-    classes: dict[type, bool] = {}
-    facts: dict[type, tuple[bool, bool, bool]] = {}
-    own = own_tensors(model, root, walk, classes)
-    first: dict[int, tuple[str, torch.nn.Module]] = {}
-    for n, m in walk:
-        first.setdefault(id(m), (n, m))
-    named = list(first.values())
-    handle._named = named
-    all_own = [(m, entries) for _, m in named if (entries := own.get(id(m)))]
-    names: list[str] = []
-    scripted: list[str] = []
-    for raw_name, mod in named:
-        is_root = mod is model
-        scripted_mod, forward, plain_hooks = _class_facts(type(mod), facts)
-        if not (is_root or scripted_mod or (forward and _not_packed_holder(mod, classes))):
-            continue  # _has_forward, from the class's facts
-        name = module_display_name(raw_name, root)
-        if scripted_mod:
-            scripted.append(name)
-            handle.unhooked[name] = (
-                f"is a TorchScript {type(mod).__name__}, which takes no Python hooks"
-            )
-            continue
-        site = ModuleSite(
-            handle.side, name, own.get(id(mod), []), handle if is_root else None, None
-        )
+    plan, mods = plan_for(model)
+    handle.root_name = plan.root_name
+    handle._mods, handle._names = mods, plan.raw_names
+    side, names, direct = handle.side, [], handle._direct
+    for i, name, own, plain, is_root in plan.hooked:
+        mod = mods[i]
+        site = ModuleSite(side, name, own, handle if is_root else None, None, log)
+        if plain and not is_root:  # _hook_one's direct writes, inline (issue 19)
+            d = mod.__dict__
+            pre_d, pre_kw = d.get("_forward_pre_hooks"), d.get("_forward_pre_hooks_with_kwargs")
+            post_d, post_kw = d.get("_forward_hooks"), d.get("_forward_hooks_with_kwargs")
+            if (
+                type(pre_d) in _DICT_TYPES
+                and type(pre_kw) in _DICT_TYPES
+                and type(post_d) in _DICT_TYPES
+                and type(post_kw) in _DICT_TYPES
+            ):
+                k = RemovableHandle.next_id
+                RemovableHandle.next_id = k + 2
+                pre_d[k] = post_d[k + 1] = site
+                pre_kw[k] = post_kw[k + 1] = True
+                direct.extend((pre_d, pre_kw, post_d, post_kw, k))
+                names.append(name)
+                continue
         if is_root:
-            site.all_own = all_own
+            site.all_own = [(mods[j], entries) for j, entries in plan.all_own]
+            site.all_names = (site.all_own, plan.all_names)
         try:
-            _hook_one(mod, site, log, handle, plain_hooks)
+            _hook_one(mod, site, log, handle, plain)
         except Exception as exc:  # a module that refuses hooks: reported, never absent
             handle.unhooked[name] = f"refused a forward hook ({type(exc).__name__}: {exc})"
             continue
         names.append(name)
     handle.module_names = names
+    for name, why in plan.unhooked:
+        handle.unhooked[name] = why
+    scripted = [name for name, _ in plan.unhooked]
     top = [n for n in scripted if not any(n.startswith(o + ".") for o in scripted)]
     if top:
         warnings.warn(
@@ -223,7 +217,7 @@ def _root_done(log: CaptureLog, side: int, name: str) -> Callable[..., None]:
 
 
 _DICT_TYPES = frozenset((dict, OrderedDict))
-_PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
+_TRAINING = operator.attrgetter("training")
 
 
 def _hook_one(

@@ -62,7 +62,8 @@ _DATA_ADDRESS = getattr(torch._C, "_data_address", None)
 def _own(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached; a private copy for a wrapper subclass, which copy-on-write cannot track."""
     t = t.detach()
-    return t.clone() if is_traceable_wrapper_subclass(t) else t
+    # issue 19: an exact ``torch.Tensor`` is no wrapper subclass (no Python call to ask)
+    return t if type(t) is _TENSOR or not is_traceable_wrapper_subclass(t) else t.clone()
 
 
 def guarded(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
@@ -117,7 +118,7 @@ def _seal(t: torch.Tensor, digest: str | int | None) -> bool:
 
 def _nbytes(t: torch.Tensor) -> int:
     """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
-    if is_traceable_wrapper_subclass(t):
+    if type(t) is not _TENSOR and is_traceable_wrapper_subclass(t):  # issue 19: exact first
         return t.numel() * t.element_size()
     return t.untyped_storage().nbytes()
 

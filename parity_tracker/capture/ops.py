@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parity_tracker.capture.op_args import TensorArg, arg_spec, split_args, tensors_in
 from parity_tracker.capture.op_store import (
     Held,
     OpStore,
@@ -34,6 +35,11 @@ from parity_tracker.capture.op_store import (
 )
 from parity_tracker.capture.tags import TOP_MODULE, root_name
 from parity_tracker.compare.convert import tensor_version
+
+__all__ = [
+    "CaptureFailure", "DispatchRecorder", "OpEvent", "OpFrame", "OpInput", "SideRecorder",
+    "TensorArg", "arg_spec", "suspended",
+]  # fmt: skip
 
 _SUSPEND = threading.local()
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
@@ -104,6 +110,9 @@ class _OpInfo:
     written_args: tuple[tuple[int, str], ...]  # (position, name) of arguments written in place
     #: one ``Tensor`` return, a view, nothing written: ``on_op`` never captures anything of it
     view_only: bool = False
+    #: what calling ``func`` calls: an ``OpOverload``'s C++ op (``OpOverload.__call__`` is
+    #: ``self._op(*args, **kwargs)``; issue 19: one Python frame less per op), else ``func``
+    call: Callable[..., Any] | None = None
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -125,53 +134,10 @@ def _op_info(func: Any) -> _OpInfo:
         overload = schema.overload_name or "default"
         view_only = views == (True,) and not written and str(schema.returns[0].type) == "Tensor"
         name = name if ns == "aten" else f"{ns}.{name}"
-        info = _OpInfo(name, overload, views, written, view_only)
+        call = func._op if type(func) is torch._ops.OpOverload else func
+        info = _OpInfo(name, overload, views, written, view_only, call)
         _OP_INFO[func] = info
     return info
-
-
-def _tensors_in(args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
-    """Tensor arguments in schema order (one level of lists, e.g. ``cat``)."""
-    out: list[torch.Tensor] = []
-    for value in itertools.chain(args, kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(v for v in value if isinstance(v, torch.Tensor))
-    return out
-
-
-@dataclass(frozen=True)
-class TensorArg:
-    """Stands for the ``index``-th tensor argument (in :func:`_tensors_in` order) of an op."""
-
-    index: int
-
-
-def arg_spec(args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """``(args, kwargs)`` with each tensor replaced by a :class:`TensorArg`.
-
-    Tensors are numbered as :func:`_tensors_in` lists them (one level of lists), so a
-    reproducer can call the op again with its saved inputs.
-    """
-    counter = itertools.count()
-
-    def sub(value: Any, depth: int) -> Any:
-        if isinstance(value, torch.Tensor):
-            return _tensor_arg(next(counter))
-        if depth == 0 and isinstance(value, (list, tuple)):
-            return type(value)(sub(v, 1) for v in value)
-        return value
-
-    return tuple(sub(a, 0) for a in args), {k: sub(v, 0) for k, v in kwargs.items()}
-
-
-_TENSOR_ARGS = tuple(TensorArg(i) for i in range(16))
-
-
-def _tensor_arg(i: int) -> TensorArg:
-    """``TensorArg(i)``; the first 16 shared (frozen, equal by value; issue 19: built once)."""
-    return _TENSOR_ARGS[i] if i < len(_TENSOR_ARGS) else TensorArg(i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,15 +263,15 @@ class DispatchRecorder(TorchDispatchMode):
 
     def _dispatch(self, func, args, kwargs):
         kwargs = kwargs or {}
-        if _is_suspended() or self.failure.error is not None:
+        if getattr(_SUSPEND, "depth", 0) > 0 or self.failure.error is not None:
             return func(*args, **kwargs)
         try:
-            info = _op_info(func)
+            info = _OP_INFO.get(func) or _op_info(func)
             before = None
             if info.written_args:
                 # Describe (and pin) the inputs before the write, then copy-on-write every held
                 # tensor the op is about to overwrite, so inputs keep their pre-write values.
-                before = [self.side.describe(t) for t in _tensors_in(args, kwargs)]
+                before = [self.side.describe(t) for t in tensors_in(args, kwargs)]
                 for pos, name in info.written_args:
                     target = args[pos] if pos < len(args) else kwargs.get(name)
                     # a written ``Tensor(a!)[]`` (``_foreach_add_``): each of its tensors
@@ -314,7 +280,7 @@ class DispatchRecorder(TorchDispatchMode):
         except Exception as exc:  # the recorder's own failure never fails the forward
             self.failure.fail(exc)
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        out = info.call(*args, **kwargs)
         # issue 19: a view op's one output is never captured (``SideRecorder.on_op`` would
         # find nothing new and return); about 2 of 3 ops of a transformer
         if not (info.view_only and isinstance(out, torch.Tensor)):
@@ -342,6 +308,13 @@ else:  # torch wraps ``__torch_dispatch__`` itself
 
     def _eval_frame_callback() -> None:
         return None
+
+
+def _release_inputs(store: OpStore, described: list[OpInput] | None) -> None:
+    """Release the inputs pinned before an in-place op that captured nothing."""
+    for d in described or ():
+        if d.held is not None:
+            store.release(d.held)
 
 
 class SideRecorder:
@@ -376,19 +349,23 @@ class SideRecorder:
         self.top: OpFrame | None = None
         self.calls: dict[str, int] = {}
         self.step: int | None = None
-        self.producers: dict[int, tuple[int, int, int]] = {}  # ptr -> (seq, out, offset)
+        #: storage address -> ``((producer seq, output index), storage offset)``
+        self.producers: dict[int, tuple[tuple[int, int], int]] = {}
         self.seq = itertools.count()
         self.manual_counts: dict[str, int] = {}
 
     # -- module tracking ---------------------------------------------------------------------
 
     def _learn(self, model: torch.nn.Module, root: str, *, top: bool) -> None:
-        if top:  # parameters/buffers: long-lived, their comparisons are cached
-            for t in itertools.chain(model.parameters(), model.buffers()):
-                self.params.add(_ptr(t.detach()))
+        names, params = self.names, self.params
+        # issue 19: one walk (``parameters()`` and ``buffers()`` each walk the modules again)
         for name, mod in model.named_modules():
             full = root if not name else name if top else f"{root}.{name}"
-            self.names.setdefault(id(mod), full)
+            names.setdefault(id(mod), full)
+            if top:  # parameters/buffers: long-lived, their comparisons are cached
+                for t in itertools.chain(mod._parameters.values(), mod._buffers.values()):
+                    if t is not None:
+                        params.add(_ptr(t.detach()))
 
     def _name_of(self, mod: torch.nn.Module) -> str:
         name = self.names.get(id(mod))
@@ -464,37 +441,39 @@ class SideRecorder:
             for i, t in enumerate(outs)
             if _capturable(t) and not (i < len(views) and views[i])
         ]
-        tensors = _tensors_in(args, kwargs) if new else ()
-        ptrs: list[int | None] = [None] * len(tensors)
-        if new and not info.written_args:  # undeclared aliases (``_unsafe_view``)
-            ptrs = [_ptr(t) for t in tensors]  # issue 19: read once, for describe too
-            shared = set(ptrs)
-            new = [(i, t, p) for i, t, p in new if p not in shared or p == 0]
         if not new:
-            for d in before or ():
-                if d.held is not None:
-                    self.store.release(d.held)
+            _release_inputs(self.store, before)
             return
+        # issue 19: the tensor inputs and the call's spec in one pass
+        tensors, spec = split_args(args, kwargs)
+        ptrs: list[int] | None = None
+        if not info.written_args:  # undeclared aliases (``_unsafe_view``)
+            ptrs = [_ptr(t) for t in tensors]  # issue 19: read once, for describe too
+            new = [(i, t, p) for i, t, p in new if p == 0 or p not in ptrs]
+            if not new:
+                return
         frame = self.frame()
-        inputs = (
-            before
-            if before is not None
-            else [self.describe(t, p) for t, p in zip(tensors, ptrs, strict=True)]
-        )
+        if before is not None:
+            inputs = before
+        else:
+            if ptrs is None:
+                ptrs = [_ptr(t) for t in tensors]
+            describe = self.describe
+            inputs = [describe(t, p) for t, p in zip(tensors, ptrs, strict=True)]
         seq = next(self.seq)
         held = []
+        hold, producers = self.store.hold, self.producers
         for i, t, p in new:
             # the output itself with its content hash (checked when compared), or a private
             # copy (another device, a wrapper subclass: no storage address, ``_ptr`` 0)
             kept, digest = guarded(t)
             off = t.storage_offset()
-            h = self.store.hold(kept, ptr=p if digest is not None else None, digest=digest)
-            held.append((i, h, off))
+            held.append((i, hold(kept, ptr=p if digest is not None else None, digest=digest), off))
             if p:
-                self.producers[p] = (seq, i, off)
-        k = frame.counts.get(info.name, 0)
-        frame.counts[info.name] = k + 1
-        spec = arg_spec(args, kwargs)
+                producers[p] = ((seq, i), off)
+        counts = frame.counts
+        k = counts.get(info.name, 0)
+        counts[info.name] = k + 1
         frame.events.append(OpEvent(seq, info.name, k, held, inputs, None, info.overload, spec))
 
     def describe(self, t: torch.Tensor, ptr: int | None = None) -> OpInput:
@@ -507,14 +486,14 @@ class SideRecorder:
             ptr = _ptr(t)
         if ptr:
             prod = self.producers.get(ptr)
-            if prod is not None:
-                src, rel = (prod[0], prod[1]), t.storage_offset() - prod[2]
+            if prod is not None:  # ``((seq, output index), storage offset)``
+                src, rel = prod[0], t.storage_offset() - prod[1]
         d = OpInput(
             src, rel, tuple(t.shape), t.stride(), t.dtype, t.is_contiguous(), tensor_version(t)
         )
         # The reference keeps external inputs (parameters, model inputs) to compare them with
         # the candidate's; the candidate keeps every input until its module call is compared.
-        if _capturable(t) and (self.index == 1 or src is None):
+        if (self.index == 1 or src is None) and _capturable(t):
             # Counted (and spillable) unless it only references memory held anyway: a
             # parameter/buffer of the model or a storage a counted capture already holds.
             counted = ptr not in self.params and not self.store.counts(ptr)

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from parity_tracker.capture import heap_trim
 from parity_tracker.capture.snapshot import _COW, _DATA_ADDRESS, _IS_COW, _KeyRef
-from parity_tracker.capture.store import BoundedStore
+from parity_tracker.capture.store import BoundedStore, SmallCopies
 from parity_tracker.compare.batch import HeldBytes
 from parity_tracker.compare.convert import tensor_version
 
@@ -70,17 +71,78 @@ class SnapshotStore(BoundedStore):
         self.lender: Any = None
         #: bytes of snapshots that read a lender's file instead of writing their own
         self.borrowed_bytes = 0
+        #: the small copies (``HeldBytes``), counted per round (issue 19, ``SmallCopies``)
+        self.small = SmallCopies()
 
     def clear(self) -> None:
         """Forget every snapshot, reset the counters and delete the spill folder."""
         self.close(reset_counters=True)
         self.borrowed_bytes = 0
+        self.small = SmallCopies()
+
+    def current_bytes(self) -> int:
+        """The resident bytes, exact: the small copies released since the last count dropped."""
+        if self.small.entries:
+            self.resident_bytes -= self.small.recount()
+        return self.resident_bytes
+
+    def _make_room(self) -> None:
+        """Spill past the budget: released small copies uncounted first, then the oldest.
+
+        Regular entries (oldest first), then the small copies (oldest first) until within it.
+        """
+        small = self.small
+        if small.entries:
+            self.resident_bytes -= small.recount()
+        super()._make_room()
+        if self.resident_bytes <= self.max_resident_bytes or not small.entries:
+            return
+        for copy, caps in small.live().values():
+            if self.resident_bytes <= self.max_resident_bytes:
+                return
+            n = len(copy.data)
+            self.resident_bytes -= n
+            small.counted -= n
+            copy.owner = None  # no longer counted (its captures now hold the file's record)
+            if not self.intact(copy):
+                continue
+            spilled = self.write(copy.load())
+            for c in caps:
+                c.value = spilled
+            self.spilled_bytes += n
+            self.spilled_count += 1
+
+    def payloads(self) -> list[Any]:
+        """Payloads of the resident entries, oldest first (small copies made entries first)."""
+        small = self.small
+        if small.entries:
+            self.resident_bytes -= small.counted
+            for copy, caps in small.take_all():
+                key = id(copy)
+                self.discard(key)  # a stale entry under a reused id
+                entry = _held(copy, self._gone, key, caps[0])
+                entry.caps = caps
+                super().admit(key, len(copy.data), entry)
+        return super().payloads()
 
     def admit(self, copy: torch.Tensor | HeldBytes, cap: Any) -> None:  # type: ignore[override]
         """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget.
 
         A tensor counts its storage's bytes, a ``HeldBytes`` its ``data``.
         """
+        if type(copy) is HeldBytes:  # a small tensor's bytes: counted per round (issue 19)
+            small = self.small
+            n = small.admit(copy, cap)
+            if n:
+                self.resident_bytes += n
+                if self.resident_bytes > self.max_resident_bytes:
+                    self._make_room()
+                if self.resident_bytes > self.peak_resident_bytes:
+                    self.peak_resident_bytes = self.resident_bytes
+                heap_trim.trimmer.admitted(n)
+            if small.due():
+                self.resident_bytes -= small.recount()
+            return
         key = id(copy)
         held = self._resident.get(key)  # (nbytes, _Held): one look-up (issue 19)
         if held is not None:
@@ -89,9 +151,6 @@ class SnapshotStore(BoundedStore):
                 return
             self.discard(key)  # a stale entry under a reused id
         entry = _held(copy, self._gone, key, cap)
-        if type(copy) is HeldBytes:  # a small tensor's bytes (issue 19): never copy-on-write
-            super().admit(key, len(copy.data), entry)
-            return
         nbytes = copy.untyped_storage().nbytes()
         if self.lender is not None and _DATA_ADDRESS is not None and _COW and _IS_COW(copy):
             address = _DATA_ADDRESS(copy)

@@ -183,7 +183,7 @@ class SpillCounters:
     @property
     def resident_bytes(self) -> int:
         """Bytes of captured storage resident in memory now (the quantity the budget bounds)."""
-        return self._store.resident_bytes
+        return self._store.current_bytes()
 
     @property
     def peak_resident_bytes(self) -> int:
@@ -319,14 +319,24 @@ class BoundedStore:
         """
         self._resident[key] = (nbytes, payload)
         self.resident_bytes += nbytes
+        if self.resident_bytes > self.max_resident_bytes:
+            self._make_room()
+        if self.resident_bytes > self.peak_resident_bytes:
+            self.peak_resident_bytes = self.resident_bytes
+        heap_trim.trimmer.admitted(nbytes)  # freed heap pages back to the OS (issue 19)
+
+    def _make_room(self) -> None:
+        """Spill the oldest resident entries until ``resident_bytes`` is within the budget."""
         while self.resident_bytes > self.max_resident_bytes and self._resident:
             old_key, (n, old) = self._resident.popitem(last=False)
             self.resident_bytes -= n
             if self._on_spill(old_key, old):
                 self.spilled_bytes += n
                 self.spilled_count += 1
-        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-        heap_trim.trimmer.admitted(nbytes)  # freed heap pages back to the OS (issue 19)
+
+    def current_bytes(self) -> int:
+        """``resident_bytes``, exact now (a store that over-counts between recounts recounts)."""
+        return self.resident_bytes
 
     def spill(self, key: Hashable) -> bool:
         """Spill the resident entry ``key`` now (before the budget asks); whether it was written."""
@@ -372,3 +382,80 @@ class BoundedStore:
         if reset_counters:
             self.peak_resident_bytes = self.spilled_bytes = self.spilled_count = 0
         self._dir.close()
+
+
+class SmallCopies:
+    """Small held copies (``compare.batch.HeldBytes``) counted per round, not one entry each.
+
+    Issue 19: a store entry per small copy (a weak reference with a callback, an ordered-dict
+    entry, its release) cost ≈ 1.5–3 µs per captured small tensor. Here each admission appends
+    ``(weak reference, capture)`` and adds the copy's bytes to :attr:`counted`, once per copy
+    (``HeldBytes.owner`` marks a copy already counted this round). Nothing is told when a copy
+    is released: :attr:`counted` is an upper bound of the bytes of the copies still held by a
+    capture, made exact by :meth:`recount` (a copy counts while some capture's ``value`` is
+    it), which the owning store calls before it spills anything, when asked for its resident
+    bytes, and whenever the list has doubled since the last recount (amortized: at most one
+    look at each entry per entry admitted). So the store's budget rule holds as before: what
+    is resident is at most what is counted, and what is counted stays within the budget.
+
+    Attributes:
+        entries: ``(weak reference to the copy, capture)`` per admission, oldest first.
+        counted: bytes counted (an upper bound of the live copies' bytes).
+    """
+
+    __slots__ = ("_next_recount", "counted", "entries", "token")
+
+    #: entries admitted before the first automatic recount (then twice the live entries)
+    RECOUNT_MIN = 4096
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[weakref.ref, Any]] = []
+        self.counted = 0
+        self.token = object()  # HeldBytes.owner of the copies counted since the last recount
+        self._next_recount = self.RECOUNT_MIN
+
+    def admit(self, copy: Any, cap: Any) -> int:
+        """Count ``copy`` (held by ``cap``); the bytes newly counted (0: counted already)."""
+        self.entries.append((weakref.ref(copy), cap))  # no callback: the same ref every time
+        if copy.owner is self.token:
+            return 0
+        copy.owner = self.token
+        n = len(copy.data)
+        self.counted += n
+        return n
+
+    def due(self) -> bool:
+        """Whether the entries have grown enough since the last recount to recount now."""
+        return len(self.entries) >= self._next_recount
+
+    def live(self) -> dict[int, tuple[Any, list[Any]]]:
+        """``{id(copy): (copy, [captures holding it])}`` of the copies a capture still holds."""
+        found: dict[int, tuple[Any, list[Any]]] = {}
+        for ref, cap in self.entries:
+            copy = ref()
+            if copy is not None and cap.value is copy:
+                got = found.get(id(copy))
+                if got is None:
+                    found[id(copy)] = (copy, [cap])
+                else:
+                    got[1].append(cap)
+        return found
+
+    def recount(self) -> int:
+        """Drop released copies; returns the bytes no longer counted (``counted`` is exact)."""
+        live = self.live()
+        self.token = token = object()
+        self.entries = [(weakref.ref(c), cap) for c, caps in live.values() for cap in caps]
+        before, self.counted = self.counted, 0
+        for copy, _ in live.values():
+            copy.owner = token
+            self.counted += len(copy.data)
+        self._next_recount = max(self.RECOUNT_MIN, 2 * len(self.entries))
+        return before - self.counted
+
+    def take_all(self) -> list[tuple[Any, list[Any]]]:
+        """Every live copy with its captures, oldest first; the pool is left empty."""
+        live = list(self.live().values())
+        self.entries, self.counted, self.token = [], 0, object()
+        self._next_recount = self.RECOUNT_MIN
+        return live

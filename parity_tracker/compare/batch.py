@@ -53,6 +53,7 @@ PENDING_PAIRS = 2048
 """Held pairs at most before they are compared (bounds the Python objects per held pair)."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 
 
 @functools.cache
@@ -67,12 +68,12 @@ def _readable(t: Any) -> bool:
     negative bit (their memory holds the values before the lazy negation). CPU: the memory is
     read from this process. Strided: sparse and other layouts have no such memory.
     """
-    return (
+    return (  # the same tests, cheapest first; no torch attribute look-up (issue 19: -0.3 µs)
         type(t) in _PLAIN
-        and not t.is_nested
-        and t.is_cpu
-        and t.layout == torch.strided
         and t.dtype in _NUMPY_DTYPES
+        and t.layout == _STRIDED
+        and t.is_cpu
+        and not t.is_nested
         and not t.is_conj()
         and not t.is_neg()
     )
@@ -106,10 +107,12 @@ class HeldBytes:
         shape: the tensor's shape.
     """
 
-    __slots__ = ("__weakref__", "data", "dtype", "shape")
+    __slots__ = ("__weakref__", "data", "dtype", "owner", "shape")
 
     def __init__(self, data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         self.data, self.dtype, self.shape = data, dtype, shape
+        #: the round of the store that counted it (``capture.store.SmallCopies``), or None
+        self.owner: object = None
 
     @classmethod
     def of(cls, t: torch.Tensor) -> HeldBytes:
@@ -123,8 +126,11 @@ class HeldBytes:
 
 
 def holdable(t: Any, limit: int) -> bool:
-    """A :func:`_readable` tensor of at most ``limit`` bytes (``HeldBytes.of`` can hold it)."""
-    return _readable(t) and t.numel() * t.element_size() <= limit
+    """A :func:`_readable` tensor of at most ``limit`` bytes (``HeldBytes.of`` can hold it).
+
+    ``Tensor.nbytes`` is ``numel() * element_size()`` for a strided tensor (torch's docs).
+    """
+    return _readable(t) and t.nbytes <= limit
 
 
 class HeldPairs:

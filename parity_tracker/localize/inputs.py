@@ -30,6 +30,7 @@ from parity_tracker.compare import passes
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.localize.align import layout_differences
 from parity_tracker.localize.root_cause import Feeder
+from parity_tracker.localize.settle import SAME_BYTES_MIN, same_bytes
 from parity_tracker.localize.views import external_view_entry
 from parity_tracker.statuses import is_neutral, is_passing
 
@@ -220,8 +221,11 @@ class InputJudge:
         """Pass/fail of two op inputs by value.
 
         A dtype difference alone is layout (case B) evidence, not a value difference, so both
-        are first cast to their promoted dtype.
+        are first cast to their promoted dtype. Byte-identical views of one layout are
+        ``equal`` without a comparison (``localize.settle.same_bytes``: issue 19).
         """
+        if ref_t.numel() >= SAME_BYTES_MIN and same_bytes(ref_t, cand_t):
+            return "equal"
         with suspended():
             if is_traceable_wrapper_subclass(ref_t) or is_traceable_wrapper_subclass(cand_t):
                 ref_t, cand_t = _dense(ref_t), _dense(cand_t)  # DTensor: its full tensor

@@ -26,9 +26,12 @@ pair. Anything else returns None and the pair is compared (and checked) as befor
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from parity_tracker.capture.op_store import Held
+from parity_tracker.capture.store import span_elements
 from parity_tracker.compare import Comparison
 from parity_tracker.compare.core import identical_record
 from parity_tracker.compare.finite import side_counts
@@ -116,3 +119,60 @@ def _span(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous():
         return flat_view(t)
     return torch.as_strided(t, (t.numel(),), (1,), t.storage_offset())
+
+
+def _libc_memcmp() -> ctypes._CFuncPtr | None:
+    """The C library's ``memcmp`` (None where ``ctypes`` cannot load it: never relied on)."""
+    try:
+        fn = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MEMCMP = _libc_memcmp()
+#: elements from which :func:`same_bytes` beats ``torch.equal`` on a float32 pair (its ≈ 3.5 µs
+#: of checks against ``torch.equal``'s ≈ 6 GB/s; measured 2026-12-01, one thread)
+SAME_BYTES_MIN = 4096
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views of one dtype, shape and strides hold byte-identical elements NOW.
+
+    Issue 19: the op recorder's input evidence compares the parameters (and other inputs) of
+    every op pair; ``torch.equal`` reads a float32 pair at ≈ 6 GB/s, ``memcmp`` ≈ 8× faster
+    (1 M elements: 650 vs 86 µs, one thread). Each view's storage span (its elements from the
+    first to the last, read in place through ``const_data_ptr``: a copy-on-write buffer is not
+    given a copy) is compared byte for byte; with the same strides every element sits at the
+    same span offset on both sides, so identical spans mean identical elements. Identical bytes
+    of one dtype are equal by every rule of the comparison (``equal``: the same values, NaN
+    at the same positions; ``allclose`` follows). False is not a verdict: the spans differ
+    somewhere (perhaps only in bytes between a strided view's elements, or ``-0.0`` vs
+    ``0.0``), or the pair is not two plain dense CPU tensors (another device, a subclass, a
+    conjugate/negative view, quantized, empty), or ``memcmp`` is unavailable; the caller then
+    compares as before.
+
+    Args:
+        a: the reference side (any tensor; only plain CPU ones of one layout are compared).
+        b: the candidate side (likewise).
+
+    Returns:
+        True only when both spans hold the same bytes.
+    """
+    if _MEMCMP is None or type(a) is not _TENSOR or type(b) is not _TENSOR:
+        return False
+    if a.layout != _STRIDED or b.layout != _STRIDED or not (a.is_cpu and b.is_cpu):
+        return False
+    shape, stride = a.shape, a.stride()
+    if a.dtype != b.dtype or shape != b.shape or stride != b.stride():
+        return False
+    if a.is_quantized or a.is_neg() or b.is_neg() or a.is_conj() or b.is_conj():
+        return False
+    numel = a.numel()
+    if numel == 0:
+        return False
+    span = numel if a.is_contiguous() else span_elements(tuple(shape), stride)
+    return _MEMCMP(a.const_data_ptr(), b.const_data_ptr(), span * a.element_size()) == 0
