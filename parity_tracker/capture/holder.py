@@ -252,7 +252,8 @@ class Holder:
 
         Identical pairs get their record from ``HeldPairs.compare``; the others (or all,
         should the bulk step fail) are compared one by one on their held values as the
-        per-pair path does (``PairComparer.compare_alone``). ``on_compared`` is told of every
+        per-pair path does (``PairComparer.compare_alone``), but an alias of a pair compared
+        so (``HeldPairs.alias_record``: the same values). ``on_compared`` is told of every
         pair, with the held values, in the order the pairs were held; a callback with a
         ``statuses`` attribute only of pairs of those statuses (``PairComparer``).
         """
@@ -267,9 +268,15 @@ class Holder:
             comps = [None] * len(held)
         told = pairs.on_compared
         statuses = getattr(told, "statuses", None)
+        alone: dict[int, Comparison] = {}  # the pairs compared one by one, for their aliases
         for i, ((g, cand_i), comp) in enumerate(zip(held.keys, comps, strict=True)):
             if comp is None:
-                comp = pairs.compare_alone(g.tag, *held.tensors(i), mode, tol, g.step)
+                comp = held.alias_record(i, alone, mode, tol)  # its pair's values, compared
+                if comp is None:
+                    tensors = held.tensors(i)
+                    comp = alone[i] = pairs.compare_alone(g.tag, *tensors, mode, tol, g.step)
+                elif told is not None:  # told as compare_alone tells
+                    pairs.tell(g.tag, g.step, *held.tensors(i), comp)
             elif told is not None and (statuses is None or comp.status in statuses):
                 pairs.tell(g.tag, g.step, *held.tensors(i), comp)
             g.pairs[cand_i] = comp

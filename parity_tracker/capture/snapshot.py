@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from parity_tracker.compare.batch import HeldBytes, holdable
+from parity_tracker.compare.batch import _bytes as held_bytes
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.hashing import (
@@ -288,19 +289,15 @@ class Snapshotter:
         dtype and shape read now. The whole contents are compared (``bytes ==``), not a digest,
         so the shared copy holds the values of now whatever happened in between (a write
         counted or not, another object under a reused ``id``). Cost: one byte copy and,
-        for an earlier copy of the same object, one ``memcmp``.
+        for an earlier copy of the same object, one ``memcmp`` (then no new ``HeldBytes``).
         """
-        held = HeldBytes.of(t)
+        data = held_bytes(t)
         key = id(t)
         ref = self._bytes_seen.get(key)
         old = None if ref is None else ref()
-        if (
-            old is not None
-            and old.data == held.data
-            and old.dtype == held.dtype
-            and old.shape == held.shape
-        ):
+        if old is not None and old.data == data and old.dtype == t.dtype and old.shape == t.shape:
             return old
+        held = HeldBytes(data, t.dtype, tuple(t.shape))  # HeldBytes.of(t), its bytes read once
         self._bytes_seen[key] = _key_ref(held, self._bytes_gone, key)  # dropped when it dies
         return held
 

@@ -40,6 +40,7 @@ from parity_tracker.compare.core import Comparison, _header, identical_record
 from parity_tracker.compare.finite import side_counts
 from parity_tracker.compare.hashing import _NUMPY_DTYPES, bytes_in_place, dtype_name
 from parity_tracker.compare.tolerances import Tolerances
+from parity_tracker.statuses import VALUE_DIFFERS, is_passing
 
 BULK_MAX_BYTES = 4096
 """Largest side (bytes) held; larger pairs are compared at once (their bytes, not the per-pair
@@ -136,15 +137,26 @@ def holdable(t: Any, limit: int) -> bool:
 class HeldPairs:
     """Small pairs held as bytes until :meth:`compare` settles them together (module docstring).
 
+    A pair whose reference is the ``HeldBytes`` of the last pair held with it, and whose
+    candidate's bytes equal that pair's (a tensor captured again, unchanged, under another
+    tag), is held as that pair's alias (:meth:`alias`; ``dedupe``, issue 19).
+
     Attributes:
         keys: the caller's key of each held pair, in the order they were added.
         nbytes: bytes held (both sides).
     """
 
+    #: False: every pair is held and settled on its own (tests compare the two)
+    dedupe = True
+
     def __init__(self) -> None:
         self.keys: list[Any] = []
         self.nbytes = 0
         self._items: list[tuple[str | None, torch.dtype, tuple[int, ...], bytes, bytes]] = []
+        #: index of an alias (:meth:`alias`) -> index of the pair whose bytes it holds
+        self._aliases: dict[int, int] = {}
+        #: id of a reference's held bytes -> index of the last pair held with them
+        self._last: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -189,6 +201,8 @@ class HeldPairs:
             ):
                 return False
             data = _bytes(live)  # as many bytes as held's: one dtype, one shape
+            if live is cand and self.dedupe and self._same_as_last(key, tag, held, data):
+                return True
             rb, cb = (held.data, data) if live is cand else (data, held.data)
             self._items.append((tag, held.dtype, held.shape, rb, cb))
             self.keys.append(key)
@@ -203,6 +217,55 @@ class HeldPairs:
         self.keys.append(key)
         self.nbytes += len(ref.data) + len(cand.data)
         return True
+
+    def _same_as_last(self, key: Any, tag: str | None, held: HeldBytes, data: bytes) -> bool:
+        """Hold the pair ``(held, data)`` as an alias of the last pair held with ``held``'s bytes.
+
+        Only when that pair's candidate bytes are ``data``, byte for byte, and its dtype and
+        shape are ``held``'s: the same values, so the same record (issue 19: a re-captured
+        tensor, paired again with the same reference snapshot). Otherwise ``held``'s bytes
+        are noted as last held with the pair about to be added.
+        """
+        last = self._last
+        rid = id(held.data)  # alive in the held items: an id never reused meanwhile
+        i = last.get(rid)
+        if i is not None:
+            item = self._items[i]
+            if item[4] == data and item[1] == held.dtype and item[2] == held.shape:
+                self.alias(key, tag, i)
+                return True
+        last[rid] = len(self._items)
+        return False
+
+    def alias(self, key: Any, tag: str | None, i: int) -> None:
+        """Hold, under ``key`` and ``tag``, a pair of the very values of held pair ``i``.
+
+        For a pair whose two sides hold held pair ``i``'s values, byte for byte (issue 19,
+        :meth:`_same_as_last`): its bytes are pair ``i``'s (nothing copied) and
+        :meth:`compare` gives it pair ``i``'s record (or ``None`` with it), with the tolerances
+        resolved for its own tag (also :meth:`alias_record`).
+        """
+        _, dtype, shape, rb, cb = self._items[i]
+        self._aliases[len(self._items)] = i
+        self._items.append((tag, dtype, shape, rb, cb))
+        self.keys.append(key)
+
+    def alias_record(
+        self, i: int, alone: dict[int, Comparison], mode: str, tolerances: Tolerances | None
+    ) -> Comparison | None:
+        """The record of alias ``i`` from its pair's, when that pair was compared alone.
+
+        ``alone``: the caller's records of the pairs it compared alone (those :meth:`compare`
+        gave ``None``), by index. The record is reused when the pair's values were compared
+        (a passing or value-differing status: an ``error`` names its own tag) and the
+        alias's tag resolves the same tolerances (``allclose``); otherwise None (compare the
+        alias alone too: :meth:`tensors`).
+        """
+        j = self._aliases.get(i)
+        first = None if j is None else alone.get(j)
+        if first is None or not (is_passing(first.status) or first.status in VALUE_DIFFERS):
+            return None
+        return _reused(first, mode, tolerances or Tolerances(), self._items[i], rebuild=False)
 
     def tensors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held pair ``i`` as two new tensors (its values when it was added; contiguous)."""
@@ -225,7 +288,12 @@ class HeldPairs:
         tol = tolerances or Tolerances()
         finite = self._finite()
         out: list[Comparison | None] = []
-        for i, (tag, dtype, shape, rb, cb) in enumerate(self._items):
+        aliases = self._aliases
+        for i, item in enumerate(self._items):
+            if aliases and i in aliases:  # the values of an earlier pair: its record
+                out.append(_reused(out[aliases[i]], mode, tol, item))
+                continue
+            tag, dtype, shape, rb, cb = item
             if rb != cb:  # differs: compared alone by the caller
                 out.append(None)
                 continue
@@ -238,8 +306,10 @@ class HeldPairs:
     def _finite(self) -> dict[torch.dtype, bool]:
         """Per dtype: True when every held candidate value is finite (one pass over them all)."""
         by_dtype: dict[torch.dtype, list[bytes]] = {}
-        for _, dtype, _, _, cb in self._items:
-            by_dtype.setdefault(dtype, []).append(cb)
+        aliases = self._aliases
+        for i, (_, dtype, _, _, cb) in enumerate(self._items):
+            if i not in aliases:  # an alias holds an earlier pair's bytes
+                by_dtype.setdefault(dtype, []).append(cb)
         finite = {}
         for dtype, chunks in by_dtype.items():
             if dtype.is_floating_point or dtype.is_complex:
@@ -248,6 +318,29 @@ class HeldPairs:
             else:
                 finite[dtype] = True
         return finite
+
+
+def _reused(
+    first: Comparison | None, mode: str, tol: Tolerances, item: tuple, rebuild: bool = True
+) -> Comparison | None:
+    """The record of an alias (held ``item``) of a pair whose record is ``first``.
+
+    ``None`` when ``first`` is (the pair differs: the caller compares it alone). Same values,
+    so the same record; only the tolerances (``allclose``) may differ by tag: then, with
+    ``rebuild``, the record of an identical pair is
+    :func:`~parity_tracker.compare.core.identical_record` with the alias's own tolerances,
+    else None.
+    """
+    if first is None:
+        return None
+    tag, dtype, shape = item[0], item[1], item[2]
+    pair = (None, None) if mode == "equal" else tol.resolve(tag, dtype, dtype)
+    if pair == (first.rtol, first.atol):
+        return first
+    if not rebuild:
+        return None
+    counts = (first.ref_nan, first.ref_inf)
+    return identical_record(mode, shape, dtype, pair, first.ref_hash, counts)
 
 
 def compare_small(
