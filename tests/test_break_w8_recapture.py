@@ -1,0 +1,340 @@
+"""Adversarial tests of the wave-8 re-capture aliases (``HeldPairs.dedupe``, issue 19).
+
+A tensor captured again under another tag (a module's output that is the next module's input,
+a parent's input that is its first child's input, a module returning its input) shares one
+reference snapshot; the candidate pair is then held as an alias of the earlier pair when its
+bytes equal that pair's, and reuses its record. These tests try to make it lie.
+
+Truth is independent of the code under test: every module of the models below records, with
+its own code, a clone of its input at its forward's entry and of its output at its exit (the
+moments the checker's hooks capture them), and the expected status, mismatch count and
+tolerances are computed from those clones with numpy (float64/complex128). Each run is also
+compared field for field with the same run with ``HeldPairs.dedupe = False`` (every pair
+compared on its own, the path before the aliases).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fnmatch
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from parity_tracker.compare.batch import HeldPairs
+from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
+
+# torch.testing's _DTYPE_PRECISIONS (written out here, not imported from the code under test)
+_DEFAULT_TOL = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex64: (1.3e-6, 1e-5),
+}
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.complex64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+# ----------------------------------------------------------------------------- the models
+def _one(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones((), dtype=x.dtype)
+
+
+def _xor_byte(t: torch.Tensor, elem: int, mask: int) -> None:
+    """XOR the most significant byte of element ``elem`` (C order of the storage) with ``mask``.
+
+    Through a raw pointer: no version bump, no torch call (bool: the byte becomes 0/1 flipped).
+    """
+    n = t.numel()
+    if n == 0:
+        return
+    size = t.element_size()
+    addr = t.data_ptr() + (elem % n) * size + size - 1  # little endian: the top byte
+    b = ctypes.c_uint8.from_address(addr)
+    b.value = (b.value ^ 1) if t.dtype == torch.bool else (b.value ^ mask)
+
+
+def _op(x: torch.Tensor, kind: str, p: int) -> torch.Tensor:
+    """One step of a leaf module (dtype-generic); ``p`` parametrizes it (side-specific)."""
+    if kind == "ident":
+        return x
+    if kind == "clone":
+        return x.clone()
+    if kind == "add":
+        if x.dtype == torch.bool:
+            return x ^ bool(p % 2)
+        return x + _one(x) * (p % 3)
+    if kind == "inplace":  # a version bump on the very object
+        if x.dtype == torch.bool:
+            return x.logical_not_() if p % 2 else x
+        return x.add_(_one(x) * (p % 3))
+    if kind == "view":  # a new object over the same storage, same values
+        return x.view(x.shape)
+    if kind == "t":  # a new view object, other values in C order
+        return x.t()
+    if kind == "t_":  # the same object turned into another view
+        return x.t_()
+    if kind == "raw":  # a raw write: no version bump
+        _xor_byte(x, p, (0x80, 0x40, 0x01)[p % 3])
+        return x
+    if kind == "contig_t":  # a non-contiguous result of equal C-order values (p even)
+        return x.t().contiguous().t() if p % 2 == 0 else x.t().contiguous()
+    raise AssertionError(kind)
+
+
+_KINDS = ["ident", "clone", "add", "inplace", "view", "t", "t_", "raw", "contig_t"]
+
+
+class Leaf(nn.Module):
+    def __init__(self, kind: str, p: int, log: dict) -> None:
+        super().__init__()
+        self.kind, self.p, self.log = kind, p, log
+        self.name = ""
+
+    def forward(self, x):
+        self.log[f"checker_{self.name}_input_0"] = x.clone()
+        y = _op(x, self.kind, self.p)
+        self.log[f"checker_{self.name}"] = y.clone()
+        return y
+
+
+class Node(nn.Module):
+    """Children in sequence; ``between[i]`` (kind, p) runs on the value after child ``i``."""
+
+    def __init__(self, kids: list[nn.Module], between: list, log: dict) -> None:
+        super().__init__()
+        self.kids = nn.ModuleList(kids)
+        self.between, self.log = between, log
+        self.name = ""
+
+    def forward(self, x):
+        self.log[f"checker_{self.name}_input_0"] = x.clone()
+        for kid, step in zip(self.kids, self.between, strict=True):
+            x = kid(x)
+            if step is not None:
+                x = _op(x, *step)
+        self.log[f"checker_{self.name}"] = x.clone()
+        return x
+
+
+def _spec(rng: random.Random, depth: int = 0):
+    """A random tree: ("leaf", kind, p) or ("node", [children], [between])."""
+    if depth >= 2 or rng.random() < 0.45:
+        return ("leaf", rng.choice(_KINDS), rng.randrange(100))
+    kids = [_spec(rng, depth + 1) for _ in range(rng.randint(1, 3))]
+    between = [
+        (rng.choice(["raw", "inplace", "t_", "ident"]), rng.randrange(100))
+        if rng.random() < 0.3
+        else None
+        for _ in kids
+    ]
+    return ("node", kids, between)
+
+
+def _perturb(rng: random.Random, spec, rate: float):
+    """The candidate's spec: each parameter (and some kinds) changed with probability ``rate``."""
+    if spec[0] == "leaf":
+        _, kind, p = spec
+        if rng.random() < rate:
+            p = rng.randrange(100)
+        if rng.random() < rate / 3:
+            kind = rng.choice(_KINDS)
+        return ("leaf", kind, p)
+    _, kids, between = spec
+    kids = [_perturb(rng, k, rate) for k in kids]
+    between = [
+        (b if b is None or rng.random() >= rate else (b[0], rng.randrange(100))) for b in between
+    ]
+    if rng.random() < rate / 3:
+        between = [None if rng.random() < 0.5 else ("raw", rng.randrange(100)) for _ in kids]
+    return ("node", kids, between)
+
+
+def _build(spec, log: dict) -> nn.Module:
+    if spec[0] == "leaf":
+        return Leaf(spec[1], spec[2], log)
+    return Node([_build(k, log) for k in spec[1]], list(spec[2]), log)
+
+
+def _model(spec, log: dict) -> nn.Module:
+    root = _build(spec, log)
+    if isinstance(root, Leaf):  # the root is always a Node (a parent re-capture)
+        root = Node([root], [None], log)
+    for name, m in root.named_modules():
+        if isinstance(m, (Leaf, Node)):
+            m.name = name or "model"
+    return root
+
+
+def _input(rng: random.Random, dtype: torch.dtype, n: int, specials: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    if dtype == torch.bool:
+        return torch.rand(n, n, generator=g) < 0.5
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return torch.randint(-50 if dtype != torch.uint8 else 0, 50, (n, n), generator=g).to(dtype)
+    x = torch.randn(n, n, generator=g, dtype=torch.float64).to(dtype)
+    if specials and n:
+        flat = x.view(-1)
+        for v in (float("nan"), float("inf"), -float("inf"), -0.0, 0.0):
+            flat[rng.randrange(flat.numel())] = v
+    return x
+
+
+# ----------------------------------------------------------------------------- the oracle
+def _f64(t: torch.Tensor) -> np.ndarray:
+    if t.dtype.is_complex:
+        return t.to(torch.complex128).numpy()
+    if t.dtype.is_floating_point:
+        return t.to(torch.float64).numpy()
+    return t.to(torch.int64).numpy()
+
+
+def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str):
+    if mode == "equal":
+        return (None, None)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return (0.0, 0.0)
+    for pattern, pair in overrides.items():
+        if fnmatch.fnmatchcase(tag, pattern):
+            return pair
+    return _DEFAULT_TOL[dtype]
+
+
+def _expected(ref: torch.Tensor, cand: torch.Tensor, tag: str, mode: str, overrides: dict):
+    """(status, mismatch_count, rtol, atol) from numpy on the values at capture time."""
+    r, c = _f64(ref), _f64(cand)
+    both_nan = np.isnan(r) & np.isnan(c) if r.dtype.kind in "fc" else np.zeros(r.shape, bool)
+    same = (r == c) | both_nan
+    rtol, atol = _tol(tag, ref.dtype, overrides, mode)
+    if same.all():
+        return ("equal", 0, rtol, atol)
+    if mode == "equal":
+        return ("mismatch", int((~same).sum()), rtol, atol)
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = same | (np.abs(c - r) <= atol + rtol * np.abs(r))
+    status = "close" if close.all() else "mismatch"
+    return (status, int((~close).sum()), rtol, atol)
+
+
+# ----------------------------------------------------------------------------- the runs
+def _checker_rows(ref_m, cand_m, x, mode, dedupe, grad_mode, **kw):
+    """Rows by tag of an eager checker run, and the number of pairs held as aliases."""
+    count = [0]
+    real = HeldPairs.alias if hasattr(HeldPairs, "alias") else None
+
+    def alias(self, key, tag, i):
+        count[0] += 1
+        return real(self, key, tag, i)
+
+    old = HeldPairs.__dict__.get("dedupe", None)
+    HeldPairs.dedupe = dedupe
+    if real is not None:
+        HeldPairs.alias = alias
+    try:
+        checker = TensorChecker(verbose=False, eager_mode=mode, **kw)
+        with (
+            module_register_tensor_checker(ref_m, checker),
+            module_register_tensor_checker(cand_m, checker),
+            grad_mode(),
+        ):
+            ref_m(x.clone())
+            cand_m(x.clone())
+        result = checker.check(mode)
+    finally:
+        if old is None:
+            del HeldPairs.dedupe
+        else:
+            HeldPairs.dedupe = old
+        if real is not None:
+            HeldPairs.alias = real
+    return {r["tag"]: r for r in result.to_rows()}, count[0]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    return a == b
+
+
+def _same_rows(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for tag in a:
+        diff = {k: (a[tag][k], b[tag].get(k)) for k in a[tag] if not _same(a[tag][k], b[tag][k])}
+        assert not diff, (tag, diff)
+
+
+def _case(seed: int):
+    rng = random.Random(seed)
+    spec = _spec(rng)
+    cand_spec = _perturb(rng, spec, rng.choice([0.0, 0.1, 0.3]))
+    dtype = rng.choice(_DTYPES)
+    n = rng.choice([0, 1, 2, 8, 8, 8, 40])  # 40: larger than a held pair (4 KiB) in most dtypes
+    x = _input(rng, dtype, n, specials=rng.random() < 0.5)
+    mode = rng.choice(["equal", "allclose"])
+    overrides = {}
+    if rng.random() < 0.5:  # per-tag globs: the two tags of one re-capture may differ
+        for _ in range(rng.randint(1, 3)):
+            glob = rng.choice(["checker_*input_0", "checker_kids.0*", "*kids.1", "checker_model"])
+            overrides[glob] = rng.choice([(0.0, 0.0), (1.0, 1.0), (1e-3, 1e-3), (0.5, 1e9)])
+    kw = {"tolerances": overrides} if overrides else {}
+    resident = rng.choice([None, None, 140_000, 20_000])
+    if resident is not None:
+        kw["max_resident_bytes"] = resident
+    grad = rng.choice([torch.no_grad, torch.inference_mode])
+    return spec, cand_spec, x, mode, overrides, kw, grad
+
+
+def _check_case(seed: int, tmp_path) -> int:
+    spec, cand_spec, x, mode, overrides, kw, grad = _case(seed)
+    if kw.get("max_resident_bytes"):
+        kw["spill_dir"] = tmp_path
+    logs = {}
+    out = {}
+    for dedupe in (True, False):
+        lr, lc = {}, {}
+        ref_m, cand_m = _model(spec, lr), _model(cand_spec, lc)
+        out[dedupe] = _checker_rows(ref_m, cand_m, x, mode, dedupe, grad, **kw)
+        logs[dedupe] = (lr, lc)
+    rows, aliases = out[True]
+    lr, lc = logs[True]
+    assert set(lr) == set(lc)
+    assert {t for t in rows if rows[t]["kind"] != "param"} == set(lr)
+    for tag, row in rows.items():
+        ref, cand = lr[tag], lc[tag]
+        if ref.shape != cand.shape:
+            assert row["status"] == "shape_mismatch", tag
+            continue
+        status, count, rtol, atol = _expected(ref, cand, tag, mode, overrides)
+        got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
+        assert got == (status, count, rtol, atol), (tag, got, (status, count, rtol, atol))
+    _same_rows(rows, out[False][0])
+    return aliases
+
+
+_SEEDS = list(range(120))
+
+
+@pytest.mark.parametrize("seed", _SEEDS)
+def test_random_trees_match_numpy_and_the_per_pair_path(seed, tmp_path):
+    """Random module trees, dtypes, sizes, writes, tolerances: every row against numpy."""
+    _check_case(seed, tmp_path)
+
+
+def test_random_trees_exercise_the_aliases(tmp_path):
+    """The seeds above do reach the alias path (else they would prove nothing about it)."""
+    total = sum(_check_case(seed, tmp_path) for seed in _SEEDS[:30])
+    assert total >= 10
