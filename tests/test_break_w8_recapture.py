@@ -151,17 +151,21 @@ def _perturb(rng: random.Random, spec, rate: float):
         _, kind, p = spec
         if rng.random() < rate:
             p = rng.randrange(100)
-        if rng.random() < rate / 3:
+        if rng.random() < rate / 2:
             kind = rng.choice(_KINDS)
         return ("leaf", kind, p)
     _, kids, between = spec
     kids = [_perturb(rng, k, rate) for k in kids]
     between = [
-        (b if b is None or rng.random() >= rate else (b[0], rng.randrange(100))) for b in between
+        b if rng.random() >= rate else _write(rng)  # a write on the candidate side only
+        for b in between
     ]
-    if rng.random() < rate / 3:
-        between = [None if rng.random() < 0.5 else ("raw", rng.randrange(100)) for _ in kids]
     return ("node", kids, between)
+
+
+def _write(rng: random.Random):
+    """A write between two captures of one tensor, or none."""
+    return rng.choice([None, ("raw", rng.randrange(100)), ("inplace", 1), ("t_", 0)])
 
 
 def _build(spec, log: dict) -> nn.Module:
@@ -225,7 +229,8 @@ def _expected(ref: torch.Tensor, cand: torch.Tensor, tag: str, mode: str, overri
     if mode == "equal":
         return ("mismatch", int((~same).sum()), rtol, atol)
     with np.errstate(invalid="ignore", over="ignore"):
-        close = same | (np.abs(c - r) <= atol + rtol * np.abs(r))
+        finite = np.isfinite(r) & np.isfinite(c)  # an inf or NaN is close only to itself
+        close = same | (finite & (np.abs(c - r) <= atol + rtol * np.abs(r)))
     status = "close" if close.all() else "mismatch"
     return (status, int((~close).sum()), rtol, atol)
 
@@ -280,7 +285,7 @@ def _same_rows(a: dict, b: dict) -> None:
 def _case(seed: int):
     rng = random.Random(seed)
     spec = _spec(rng)
-    cand_spec = _perturb(rng, spec, rng.choice([0.0, 0.1, 0.3]))
+    cand_spec = _perturb(rng, spec, rng.choice([0.0, 0.2, 0.5]))
     dtype = rng.choice(_DTYPES)
     n = rng.choice([0, 1, 2, 8, 8, 8, 40])  # 40: larger than a held pair (4 KiB) in most dtypes
     x = _input(rng, dtype, n, specials=rng.random() < 0.5)
@@ -325,7 +330,7 @@ def _check_case(seed: int, tmp_path) -> int:
     return aliases
 
 
-_SEEDS = list(range(120))
+_SEEDS = list(range(300))
 
 
 @pytest.mark.parametrize("seed", _SEEDS)
