@@ -343,3 +343,52 @@ def test_random_trees_exercise_the_aliases(tmp_path):
     """The seeds above do reach the alias path (else they would prove nothing about it)."""
     total = sum(_check_case(seed, tmp_path) for seed in _SEEDS[:30])
     assert total >= 10
+
+
+# ----------------------------------------------------------------------------- run_parity
+_VOLATILE = {"run_id", "start_time_ms", "durations_s", "environment", "config_fingerprint"}
+
+
+def _run_parity(spec, cand_spec, x, mode, overrides, dedupe, **kw):
+    """(rows by tag, summary, logs) of a run_parity run; ``dedupe`` set for its duration."""
+    from parity_tracker.run.run import run_parity
+
+    lr, lc = {}, {}
+    old = HeldPairs.__dict__.get("dedupe", None)
+    HeldPairs.dedupe = dedupe
+    try:
+        res = run_parity(
+            _model(spec, lr), _model(cand_spec, lc), (x,), mode=mode, tolerances=overrides,
+            environment={}, **kw,
+        )  # fmt: skip
+    finally:
+        if old is None:
+            del HeldPairs.dedupe
+        else:
+            HeldPairs.dedupe = old
+    rows = {(r["tag"], r["step"]): r for r in res.modules.to_pylist()}
+    summary = {k: v for k, v in res.summary.items() if k not in _VOLATILE}
+    return rows, summary, (lr, lc), res
+
+
+def _assert_numpy_rows(rows, logs, mode, overrides) -> None:
+    lr, lc = logs
+    assert {t for (t, _), r in rows.items() if r["kind"] != "param"} == set(lr) == set(lc)
+    for (tag, _), row in rows.items():
+        status, count, rtol, atol = _expected(lr[tag], lc[tag], tag, mode, overrides)
+        got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
+        assert got == (status, count, rtol, atol), (tag, got, (status, count, rtol, atol))
+
+
+@pytest.mark.parametrize("seed", range(0, 300, 5))
+def test_run_parity_without_dumps_matches_numpy_and_the_per_pair_path(seed):
+    """run_parity (dump_mode "not": the alias path on): rows vs numpy, summary vs no aliases."""
+    spec, cand_spec, x, mode, overrides, _, _ = _case(seed)
+    on = _run_parity(spec, cand_spec, x, mode, overrides, True, dump_mode="not")
+    off = _run_parity(spec, cand_spec, x, mode, overrides, False, dump_mode="not")
+    _assert_numpy_rows(on[0], on[2], mode, overrides)
+    _same_rows({k: {c: v for c, v in r.items() if c != "run_id"} for k, r in on[0].items()},
+               {k: {c: v for c, v in r.items() if c != "run_id"} for k, r in off[0].items()})  # fmt: skip
+    assert on[1] == off[1]
+    failing = any(r["status"] not in ("equal", "close") for r in on[0].values())
+    assert on[1]["passed"] is (not failing)
