@@ -698,7 +698,8 @@ def test_reference_turned_conjugate_after_copy_on_write_capture_is_not_equal(eag
         c = cand(x.clone())
     rows = {t["tag"]: t for t in checker.check(mode).to_rows()}
     assert rows["checker_a"]["status"] == "equal"
-    differ = int((r.resolve_conj() != c).sum())  # every element with a nonzero imaginary part
-    assert differ == 200 * 200
-    assert rows["checker_b_input_0"]["status"] == "mismatch"
-    assert rows["checker_b_input_0"]["mismatch_count"] == differ
+    assert int((r.resolve_conj() != c).sum()) == 200 * 200  # every imaginary part nonzero
+    status, count, _, _ = _expected(r.resolve_conj(), c, "checker_b_input_0", mode, {})
+    assert status == "mismatch" and count > 200 * 199
+    row = rows["checker_b_input_0"]
+    assert (row["status"], row["mismatch_count"]) == (status, count)
