@@ -703,3 +703,29 @@ def test_reference_turned_conjugate_after_copy_on_write_capture_is_not_equal(eag
     assert status == "mismatch" and count > 200 * 199
     row = rows["checker_b_input_0"]
     assert (row["status"], row["mismatch_count"]) == (status, count)
+
+
+@pytest.mark.parametrize("dump", ["not_equal", "all"])
+@pytest.mark.parametrize("seed", range(1, 300, 10))
+def test_run_parity_dumps_hold_each_rows_capture_time_values(seed, dump, tmp_path):
+    """With dumps on: every failing row (``all``: every row) has both sides dumped, each the
+    values its side had at that capture (the modules' own clones), rows as numpy says."""
+    from parity_tracker.files.dump import load_dump
+
+    spec, cand_spec, x, mode, overrides, _, _ = _case(seed)
+    rows, _, logs, res = _run_parity(
+        spec, cand_spec, x, mode, overrides, True, dump_mode=dump, dump_path=tmp_path
+    )
+    _assert_numpy_rows(rows, logs, mode, overrides)
+    want = {t for (t, _), r in rows.items() if dump == "all" or r["status"] not in ("equal", "close")}
+    dumped: dict[tuple[str, int], torch.Tensor] = {}
+    if want:
+        for entry, t in load_dump(res.dump_dir):
+            dumped[(entry["tag"], entry["side"])] = t
+    assert {t for t, _ in dumped} == want
+    for (tag, side), t in dumped.items():
+        truth = logs[side][tag]
+        assert t.dtype == truth.dtype and t.shape == truth.shape, tag
+        assert t.view(-1).view(torch.uint8).numpy().tobytes() == truth.contiguous().view(
+            -1
+        ).view(torch.uint8).numpy().tobytes(), (tag, side)
