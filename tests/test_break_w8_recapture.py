@@ -729,3 +729,88 @@ def test_run_parity_dumps_hold_each_rows_capture_time_values(seed, dump, tmp_pat
         assert t.view(-1).view(torch.uint8).numpy().tobytes() == truth.contiguous().view(
             -1
         ).view(torch.uint8).numpy().tobytes(), (tag, side)
+
+
+# ----------------------------------------------------------------------------- decode (llama-tiny)
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    """The key and value tensors of a transformers DynamicCache (old and new layouts)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in (layer.keys, layer.values) if t is not None]
+    return list(cache.key_cache) + list(cache.value_cache)
+
+
+def _llama_drive(ids, prompt_len: int, steps: int, poke):
+    """llama-tiny's kv decode drive; ``poke(cache_tensors)`` after every step (None: none)."""
+    from transformers import DynamicCache
+
+    def drive(model, rec):
+        cache = DynamicCache(config=model.config)
+        rec(0)
+        model(input_ids=ids[:, :prompt_len], cache=cache, use_cache=True)
+        for k in range(1, steps):
+            if poke is not None:
+                poke(_cache_tensors(cache))
+            rec(k)
+            pos = prompt_len + k - 1
+            model(input_ids=ids[:, pos : pos + 1], cache=cache, use_cache=True)
+
+    return drive
+
+
+def _poke_numpy(tensors):
+    tensors[0].numpy()[..., -1, 0] += 1.0  # no version bump
+
+
+def _poke_inplace(tensors):
+    tensors[-1][..., -1, :].mul_(1.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["equal", "allclose"])
+@pytest.mark.parametrize("variant", ["weight", "cache numpy", "cache in place"])
+def test_llama_tiny_decode_diverging_candidate_rows_as_per_pair_path(variant, mode):
+    """A diverging candidate in a 3-step KV decode: rows with aliases == rows without."""
+    from parity_tracker.builtin_targets import _common, llama_tiny
+    from parity_tracker.run.run import run_parity
+
+    steps = 3
+    ids = llama_tiny.token_ids(length=llama_tiny.PROMPT_LEN + steps - 1)
+    reference = llama_tiny.make_model()
+    candidate = _common.frozen_copy(reference)
+    poke = None
+    if variant == "weight":
+        with torch.no_grad():
+            w = dict(candidate.named_parameters())["model.layers.1.mlp.down_proj.weight"]
+            w.data = w.data.clone()
+            w.data[0, 0] += 0.5
+    else:
+        poke = _poke_numpy if variant == "cache numpy" else _poke_inplace
+    drive = _llama_drive(ids, llama_tiny.PROMPT_LEN, steps, None)
+    cdrive = _llama_drive(ids, llama_tiny.PROMPT_LEN, steps, poke)
+    out = {}
+    for dedupe in (True, False):
+        old = HeldPairs.__dict__.get("dedupe", None)
+        HeldPairs.dedupe = dedupe
+        try:
+            res = run_parity(
+                reference, candidate, drive=drive, candidate_drive=cdrive, mode=mode,
+                dump_mode="not", environment={},
+            )  # fmt: skip
+        finally:
+            if old is None:
+                del HeldPairs.dedupe
+            else:
+                HeldPairs.dedupe = old
+        rows = {(r["tag"], r["step"]): r for r in res.modules.to_pylist()}
+        summary = {k: v for k, v in res.summary.items() if k not in _VOLATILE}
+        out[dedupe] = (rows, summary)
+    strip = lambda rows: {k: {c: v for c, v in r.items() if c != "run_id"} for k, r in rows.items()}  # noqa: E731
+    _same_rows(strip(out[True][0]), strip(out[False][0]))
+    assert out[True][1] == out[False][1]
+    assert out[True][1]["passed"] is False
+    failing = {k for k, r in out[True][0].items() if r["status"] == "mismatch"}
+    assert failing  # the divergence is seen
+    if variant == "weight":  # layer 1's output diverges at every step, layer 0's never
+        assert all(("checker_model.layers.1", s) in failing for s in range(steps))
+        assert not any(t.startswith("checker_model.layers.0.") for t, _ in failing)
