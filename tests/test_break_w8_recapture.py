@@ -814,3 +814,42 @@ def test_llama_tiny_decode_diverging_candidate_rows_as_per_pair_path(variant, mo
     if variant == "weight":  # layer 1's output diverges at every step, layer 0's never
         assert all(("checker_model.layers.1", s) in failing for s in range(steps))
         assert not any(t.startswith("checker_model.layers.0.") for t, _ in failing)
+
+
+# ----------------------------------------------------------------------------- manual registration
+_MANUAL_WRITES = {
+    "none": lambda t: t,
+    "numpy (no bump)": lambda t: t.numpy().__setitem__((1, 1), -7.0) or t,
+    "raw byte": lambda t: _xor_byte(t, 5, 0x40) or t,
+    "in place": lambda t: t.add_(1.0),
+    ".data = other": lambda t: _set_data(t, False),
+    "t_": lambda t: t.t_(),
+    "set_ same values": lambda t: t.set_(_other(t, True)),
+}
+
+
+@pytest.mark.parametrize("facade", ["eager equal", "eager allclose", "deferred"])
+@pytest.mark.parametrize("n", [4, 40])
+@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize("write", list(_MANUAL_WRITES), ids=list(_MANUAL_WRITES))
+def test_manual_register_same_tensor_under_two_tags(write, side, n, facade):
+    """``register_tensor`` of one tensor under tags x then y on each side; ``write`` on
+    ``side``'s tensor between its two registrations; each row as numpy says."""
+    mode = "allclose" if "allclose" in facade else "equal"
+    checker = TensorChecker(verbose=False, eager_mode=None if facade == "deferred" else mode)
+    base = torch.randn(n, n, generator=torch.Generator().manual_seed(5))
+    truth = {}
+    for s in (0, 1):
+        t = base.clone()
+        checker.register_tensor("x", t, side=s)
+        truth[("x", s)] = t.clone()
+        if s == side:
+            t = _MANUAL_WRITES[write](t)
+        checker.register_tensor("y", t, side=s)
+        truth[("y", s)] = t.clone()
+    rows = {r["tag"]: r for r in checker.check(mode).to_rows()}
+    assert set(rows) == {"x", "y"}
+    for tag, row in rows.items():
+        status, count, rtol, atol = _expected(truth[(tag, 0)], truth[(tag, 1)], tag, mode, {})
+        got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
+        assert got == (status, count, rtol, atol), (tag, got)
