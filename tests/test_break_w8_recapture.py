@@ -853,3 +853,97 @@ def test_manual_register_same_tensor_under_two_tags(write, side, n, facade):
         status, count, rtol, atol = _expected(truth[(tag, 0)], truth[(tag, 1)], tag, mode, {})
         got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
         assert got == (status, count, rtol, atol), (tag, got)
+
+
+# ----------------------------------------------------------------------------- HeldPairs alone
+def _settle(held: HeldPairs, mode: str, tol) -> list:
+    """Every held pair's record as ``Holder.flush`` gives it (bulk, then alone or alias)."""
+    from parity_tracker.compare.core import compare_tensors
+
+    comps = held.compare(mode, tol)
+    alone: dict = {}
+    out = []
+    for i, comp in enumerate(comps):
+        if comp is None and hasattr(held, "alias_record"):
+            comp = held.alias_record(i, alone, mode, tol)
+        if comp is None:
+            r, c = held.tensors(i)
+            comp = alone[i] = compare_tensors(r, c, mode=mode, tag=held.keys[i][1], tolerances=tol)
+        out.append(comp)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_pairs_sharing_reference_snapshots_match_compare_tensors(seed):
+    """Pairs sharing one reference ``HeldBytes`` in random orders (an alias of an alias, the
+    last pair of a reference changing, tags of other tolerances): every record as
+    ``compare_tensors`` gives it on the pair's own values, field for field."""
+    from parity_tracker.compare.batch import HeldBytes
+    from parity_tracker.compare.core import compare_tensors
+    from parity_tracker.compare.tolerances import Tolerances
+
+    rng = random.Random(seed)
+    dtype = rng.choice([torch.float32, torch.float16, torch.int8, torch.bool, torch.complex64])
+    n = rng.choice([1, 3, 8])
+    mode = rng.choice(["equal", "allclose"])
+    tol = Tolerances({"t1*": (0.5, 0.5), "t2*": (0.0, 0.0)}) if rng.random() < 0.6 else None
+    refs = [HeldBytes.of(_input(rng, dtype, n, specials=True)) for _ in range(3)]
+    cands = [_input(rng, dtype, n, specials=True) for _ in range(3)] + [r.load() for r in refs]
+    held, truth = HeldPairs(), []
+    for i in range(rng.randint(5, 30)):
+        ref = rng.choice(refs)
+        cand = rng.choice(cands).clone()
+        if rng.random() < 0.2:  # a candidate equal in values, other bytes (-0.0, NaN payload)
+            cand = -(-cand) if dtype.is_floating_point else cand
+        tag = rng.choice(["t1", "t10", "t2", "t3"])
+        assert held.add((i, tag), tag, ref, cand)
+        truth.append(compare_tensors(ref.load(), cand, mode=mode, tag=tag, tolerances=tol))
+    got = _settle(held, mode, tol)
+    for i, (g, t) in enumerate(zip(got, truth, strict=True)):
+        diff = {k: (a, b) for k, a in g.to_dict().items() if not _same(a, b := t.to_dict()[k])}
+        assert not diff, (i, held.keys[i], diff)
+
+
+class _MixedConsts(nn.Module):
+    """Kids returning new 1-byte tensors of other dtypes and shapes, all of one byte value."""
+
+    def __init__(self, kinds, log: dict) -> None:
+        super().__init__()
+        self.kids = nn.ModuleList(
+            [_Const(v, dt, log, f"kids.{i}") for i, (v, dt) in enumerate(kinds)]
+        )
+        self.log = log
+
+    def forward(self, x):
+        self.log["checker_model_input_0"] = x.clone()
+        for kid in self.kids:
+            x = kid(x)
+        self.log["checker_model"] = x.clone()
+        return x
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_one_byte_tensors_of_other_dtypes_and_shapes_keep_their_own_records(seed):
+    """One ``bytes`` object (CPython's 1-byte singleton) for uint8 [1], int8 [[1]], bool True...:
+    each row names its own dtype and shape, and its status is numpy's."""
+    rng = random.Random(seed)
+    forms = [1, [1], [[1]]]
+    dtypes = [torch.uint8, torch.int8, torch.bool]
+    kinds = [(rng.choice(forms), rng.choice(dtypes)) for _ in range(16)]
+    cand_kinds = [
+        (v, dt) if rng.random() < 0.7 else (rng.choice(forms), rng.choice(dtypes)) for v, dt in kinds
+    ]
+    lr, lc = {}, {}
+    x = torch.ones(1, dtype=torch.uint8)
+    rows, _ = _checker_rows(
+        _MixedConsts(kinds, lr), _MixedConsts(cand_kinds, lc), x, "equal", True, torch.no_grad
+    )
+    names = {torch.uint8: "uint8", torch.int8: "int8", torch.bool: "bool"}
+    for tag, row in rows.items():
+        r, c = lr[tag], lc[tag]
+        assert (row["ref_dtype"], row["cand_dtype"]) == (names[r.dtype], names[c.dtype]), tag
+        assert (tuple(row["ref_shape"]), tuple(row["cand_shape"])) == (r.shape, c.shape), tag
+        if r.dtype == c.dtype and r.shape == c.shape:
+            assert row["status"] == _expected(r, c, tag, "equal", {})[0], tag
+        else:
+            assert row["status"] != "equal", tag
