@@ -268,7 +268,11 @@ def _checker_rows(ref_m, cand_m, x, mode, dedupe, grad_mode, **kw):
             HeldPairs.dedupe = old
         if real is not None:
             HeldPairs.alias = real
+    _LAST[:] = [checker]
     return {r["tag"]: r for r in result.to_rows()}, count[0]
+
+
+_LAST: list = []  # the checker of the last _checker_rows
 
 
 def _same(a, b) -> bool:
@@ -948,3 +952,87 @@ def test_one_byte_tensors_of_other_dtypes_and_shapes_keep_their_own_records(seed
             assert row["status"] == _expected(r, c, tag, "equal", {})[0], tag
         else:
             assert row["status"] != "equal", tag
+
+
+# ----------------------------------------------------------------------------- spills, steps
+@pytest.mark.parametrize("seed", range(6))
+def test_long_random_chains_spilling_held_bytes(seed, tmp_path):
+    """600 leaves of 8x8 float32 (held as bytes) under a 140 KB bound: the reference's
+    snapshots spill, the held pairs flush every second pair; rows as numpy says."""
+    rng = random.Random(1000 + seed)
+    k = 600
+    spec = ("node", [("leaf", rng.choice(_KINDS), rng.randrange(100)) for _ in range(k)],
+            [_write(rng) if rng.random() < 0.1 else None for _ in range(k)])  # fmt: skip
+    cand_spec = _perturb(rng, spec, 0.05)
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(seed))
+    mode = rng.choice(["equal", "allclose"])
+    kw = {"max_resident_bytes": 140_000, "spill_dir": tmp_path}
+    lr, lc = {}, {}
+    rows, aliases = _checker_rows(
+        _model(spec, lr), _model(cand_spec, lc), x, mode, True, torch.no_grad, **kw
+    )
+    assert _LAST[0]._store.spilled_count > 0
+    for tag, row in rows.items():
+        status, count, rtol, atol = _expected(lr[tag], lc[tag], tag, mode, {})
+        got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
+        assert got == (status, count, rtol, atol), (tag, got)
+    off, _ = _checker_rows(
+        _model(spec, {}), _model(cand_spec, {}), x, mode, False, torch.no_grad, **kw
+    )
+    _same_rows(rows, off)
+    if hasattr(HeldPairs, "alias"):
+        assert aliases > 0
+
+
+class _Stateful(nn.Module):
+    """Keeps one state tensor across steps: returns it, takes it back as next step's input."""
+
+    def __init__(self, poke, log: dict) -> None:
+        super().__init__()
+        self.a = Leaf("ident", 0, log)
+        self.b = Leaf("inplace", 0, log)  # adds 0: a version bump, the same values
+        self.a.name, self.b.name = "a", "b"
+        self.poke, self.log = poke, log
+
+    def forward(self, x):
+        self.log["checker_model_input_0"] = x.clone()
+        y = self.b(self.a(x))
+        self.log["checker_model"] = y.clone()
+        return y
+
+
+@pytest.mark.parametrize("poke_step", [None, 1, 2])
+@pytest.mark.parametrize("n", [4, 40])
+def test_state_tensor_reused_across_steps_written_between_steps(poke_step, n):
+    """One tensor object fed back at every step; the candidate writes it through numpy (no
+    version bump) before step ``poke_step``: every (tag, step) row as numpy says."""
+    checker = TensorChecker(verbose=False, eager_mode="equal")
+    logs = {0: {}, 1: {}}
+    models = {s: _Stateful(None, {}) for s in (0, 1)}
+    truth: dict = {}
+    with (
+        module_register_tensor_checker(models[0], checker),
+        module_register_tensor_checker(models[1], checker),
+        torch.no_grad(),
+    ):
+        states = {s: torch.randn(n, n, generator=torch.Generator().manual_seed(2)) for s in (0, 1)}
+        for step in range(4):
+            checker.step = step
+            for s in (0, 1):
+                if s == 1 and step == poke_step:
+                    states[s].numpy()[0, 0] = 123.0
+                log = {}
+                for m in (models[s], models[s].a, models[s].b):
+                    m.log = log
+                states[s] = models[s](states[s])
+                logs[s] = log
+                for tag, t in log.items():
+                    truth[(tag, step, s)] = t
+    rows = {(r["tag"], r["step"]): r for r in checker.check("equal").to_rows()}
+    for (tag, step), row in rows.items():
+        status, count, _, _ = _expected(
+            truth[(tag, step, 0)], truth[(tag, step, 1)], tag, "equal", {}
+        )
+        assert (row["status"], row["mismatch_count"] or 0) == (status, count), (tag, step)
+    if poke_step is not None:
+        assert rows[("checker_model_input_0", poke_step)]["status"] == "mismatch"
