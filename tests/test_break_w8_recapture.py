@@ -1036,3 +1036,24 @@ def test_state_tensor_reused_across_steps_written_between_steps(poke_step, n):
         assert (row["status"], row["mismatch_count"] or 0) == (status, count), (tag, step)
     if poke_step is not None:
         assert rows[("checker_model_input_0", poke_step)]["status"] == "mismatch"
+
+
+@pytest.mark.parametrize("seed", range(3, 300, 25))
+def test_run_parity_with_ops_rows_as_per_pair_path(seed):
+    """capture_ops=True (the op recorder beside the module hooks): module and op rows, with
+    aliases and without, field for field; module rows as numpy says."""
+    spec, cand_spec, x, mode, overrides, _, _ = _case(seed)
+    if x.dtype == torch.bool or not x.numel():
+        x = torch.randn(8, 8, generator=torch.Generator().manual_seed(seed))
+    runs = {
+        d: _run_parity(spec, cand_spec, x, mode, overrides, d, dump_mode="not", capture_ops=True)
+        for d in (True, False)
+    }
+    _assert_numpy_rows(runs[True][0], runs[True][2], mode, overrides)
+    strip = lambda rows: {k: {c: v for c, v in r.items() if c != "run_id"} for k, r in rows.items()}  # noqa: E731
+    _same_rows(strip(runs[True][0]), strip(runs[False][0]))
+    ops = {d: [{**r, "run_id": None} for r in runs[d][3].ops.to_pylist()] for d in (True, False)}
+    assert len(ops[True]) == len(ops[False])
+    for a, b in zip(ops[True], ops[False], strict=True):
+        assert all(_same(a[k], b[k]) for k in a), (a["tag"], a, b)
+    assert runs[True][1] == runs[False][1]
