@@ -1057,3 +1057,55 @@ def test_run_parity_with_ops_rows_as_per_pair_path(seed):
     for a, b in zip(ops[True], ops[False], strict=True):
         assert all(_same(a[k], b[k]) for k in a), (a["tag"], a, b)
     assert runs[True][1] == runs[False][1]
+
+
+class _RawViewChain(nn.Module):
+    """``b(a(x))``; with ``write``, ``x[0, 0] = 5`` through a numpy view taken before a's call
+    (it reaches a copy-on-write snapshot too: the documented case of ``Snapshotter.take``)."""
+
+    def __init__(self, write: bool, log: dict) -> None:
+        super().__init__()
+        self.a, self.b, self.write, self.log = (
+            Leaf("ident", 0, log),
+            Leaf("ident", 0, log),
+            write,
+            log,
+        )
+        self.a.name, self.b.name = "a", "b"
+
+    def forward(self, x):
+        view = x.numpy()
+        self.log["checker_model_input_0"] = x.clone()
+        y = self.a(x)
+        if self.write:
+            view[0, 0] = 5.0
+        out = self.b(y)
+        self.log["checker_model"] = out.clone()
+        return out
+
+
+@pytest.mark.parametrize("eager", [None, "equal"])
+@pytest.mark.parametrize("side", ["ref", "cand", "both"])
+def test_raw_view_taken_before_copy_on_write_capture_never_passes_other_values(side, eager):
+    """Never a pass for values that differ; an equal pair may be ``error`` (not verifiable)."""
+    x = torch.randn(200, 200, generator=torch.Generator().manual_seed(4))  # 160 KB
+    lr, lc = {}, {}
+    ref, cand = _RawViewChain(side != "cand", lr), _RawViewChain(side != "ref", lc)
+    checker = TensorChecker(verbose=False, eager_mode=eager)
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
+        ref(x.clone())
+        cand(x.clone())
+    rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
+    assert set(rows) == set(lr)
+    for tag, row in rows.items():
+        status, count, _, _ = _expected(lr[tag], lc[tag], tag, "equal", {})
+        if status == "equal":
+            assert row["status"] in ("equal", "error"), tag
+        else:
+            assert row["status"] in ("mismatch", "error"), tag
+            if row["status"] == "mismatch":
+                assert row["mismatch_count"] == count, tag
