@@ -209,7 +209,7 @@ def _f64(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.int64).numpy()
 
 
-def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str):
+def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str, default=None):
     if mode == "equal":
         return (None, None)
     if not (dtype.is_floating_point or dtype.is_complex):
@@ -217,15 +217,15 @@ def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str):
     for pattern, pair in overrides.items():
         if fnmatch.fnmatchcase(tag, pattern):
             return pair
-    return _DEFAULT_TOL[dtype]
+    return default or _DEFAULT_TOL[dtype]
 
 
-def _expected(ref: torch.Tensor, cand: torch.Tensor, tag: str, mode: str, overrides: dict):
+def _expected(ref, cand, tag: str, mode: str, overrides: dict, default=None):
     """(status, mismatch_count, rtol, atol) from numpy on the values at capture time."""
     r, c = _f64(ref), _f64(cand)
     both_nan = np.isnan(r) & np.isnan(c) if r.dtype.kind in "fc" else np.zeros(r.shape, bool)
     same = (r == c) | both_nan
-    rtol, atol = _tol(tag, ref.dtype, overrides, mode)
+    rtol, atol = _tol(tag, ref.dtype, overrides, mode, default)
     if same.all():
         return ("equal", 0, rtol, atol)
     if mode == "equal":
@@ -1109,3 +1109,28 @@ def test_raw_view_taken_before_copy_on_write_capture_never_passes_other_values(s
             assert row["status"] in ("mismatch", "error"), tag
             if row["status"] == "mismatch":
                 assert row["mismatch_count"] == count, tag
+
+
+@pytest.mark.parametrize("seed", range(500, 530))
+def test_global_tolerance_with_tag_overrides(seed, tmp_path):
+    """TensorChecker(rtol=, atol=) beside per-tag globs (allclose): every row as numpy says,
+    and as without aliases."""
+    spec, cand_spec, x, _, overrides, kw, grad = _case(seed)
+    rng = random.Random(seed)
+    default = rng.choice([(0.0, 0.0), (1e-2, 1e-2), (2.0, 0.0), (0.0, 3.0)])
+    kw = {**kw, "rtol": default[0], "atol": default[1]}
+    if kw.get("max_resident_bytes"):
+        kw["spill_dir"] = tmp_path
+    out, logs = {}, {}
+    for dedupe in (True, False):
+        logs[dedupe] = lr, lc = {}, {}
+        rows, _ = _checker_rows(
+            _model(spec, lr), _model(cand_spec, lc), x, "allclose", dedupe, grad, **kw
+        )
+        out[dedupe] = rows
+    lr, lc = logs[True]
+    for tag, row in out[True].items():
+        status, count, rtol, atol = _expected(lr[tag], lc[tag], tag, "allclose", overrides, default)
+        got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
+        assert got == (status, count, rtol, atol), (tag, got)
+    _same_rows(out[True], out[False])
