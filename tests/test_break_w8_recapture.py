@@ -1134,3 +1134,18 @@ def test_global_tolerance_with_tag_overrides(seed, tmp_path):
         got = (row["status"], row["mismatch_count"] or 0, row["rtol"], row["atol"])
         assert got == (status, count, rtol, atol), (tag, got)
     _same_rows(out[True], out[False])
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_COW_CONJ)
+def test_run_parity_fails_a_reference_turned_conjugate_after_its_capture():
+    """The same reproducer through run_parity: it reports ``passed`` (every row equal)."""
+    from parity_tracker.run.run import run_parity
+
+    x = torch.randn(200, 200, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    res = run_parity(
+        _ConjChain(True), _ConjChain(False), (x,), mode="equal", dump_mode="not", environment={}
+    )
+    rows = {r["tag"]: r["status"] for r in res.modules.to_pylist()}
+    assert rows["checker_a"] == "equal"
+    assert rows["checker_b_input_0"] == "mismatch"
+    assert res.summary["passed"] is False
