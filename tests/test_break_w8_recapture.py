@@ -252,7 +252,8 @@ def _checker_rows(ref_m, cand_m, x, mode, dedupe, grad_mode, cand_first=False, *
     if real is not None:
         HeldPairs.alias = alias
     try:
-        checker = TensorChecker(verbose=False, eager_mode=mode, **kw)
+        deferred = kw.pop("deferred", False)  # eager_mode None: compared at the check
+        checker = TensorChecker(verbose=False, eager_mode=None if deferred else mode, **kw)
         with (
             module_register_tensor_checker(ref_m, checker),
             module_register_tensor_checker(cand_m, checker),
@@ -309,9 +310,11 @@ def _case(seed: int):
     return spec, cand_spec, x, mode, overrides, kw, grad
 
 
-def _check_case(seed: int, tmp_path, cand_first: bool = False) -> int:
+def _check_case(seed: int, tmp_path, cand_first: bool = False, deferred: bool = False) -> int:
     spec, cand_spec, x, mode, overrides, kw, grad = _case(seed)
     kw["cand_first"] = cand_first
+    if deferred:
+        kw["deferred"] = True
     if kw.get("max_resident_bytes"):
         kw["spill_dir"] = tmp_path
     logs = {}
@@ -1157,3 +1160,9 @@ def test_random_trees_candidate_run_first(seed, tmp_path):
     """The candidate's forward before the reference's (the candidate's snapshots held as
     bytes, the reference compared live): every row as numpy says and as without aliases."""
     _check_case(seed, tmp_path, cand_first=True)
+
+
+@pytest.mark.parametrize("seed", range(2, 300, 4))
+def test_random_trees_deferred_checker(seed, tmp_path):
+    """eager_mode=None (every pair compared at the check, shared snapshots): rows as numpy."""
+    _check_case(seed, tmp_path, deferred=True)
