@@ -49,9 +49,11 @@ def test_held_copies_past_the_budget_spill_oldest_first_with_their_values() -> N
         checker.register_tensor(f"t{i}", torch.full((N,), float(i)), side=0)
     held = [checker._log.groups[(f"t{i}", 0)].captures[0].value for i in range(40)]
     assert checker.peak_resident_bytes <= budget
-    assert checker.resident_bytes == 32 * ITEM
-    assert checker.spilled_bytes == 8 * ITEM
-    assert [type(v).__name__ for v in held] == ["Spilled"] * 8 + ["HeldBytes"] * 32
+    # by hand: 32 fit; the 33rd spills the oldest down to 7/8 of the budget (SMALL_SLACK):
+    # 5 spilled, 28 held; copies 34-37 fill it again, the 38th spills 5 more: 10 spilled, 30 held
+    assert checker.resident_bytes == 30 * ITEM
+    assert checker.spilled_bytes == 10 * ITEM
+    assert [type(v).__name__ for v in held] == ["Spilled"] * 10 + ["HeldBytes"] * 30
     for i in range(40):
         checker.register_tensor(f"t{i}", torch.full((N,), float(i if i != 2 else -1)), side=1)
     rows = {r["tag"]: r["status"] for r in checker.check("equal").to_rows()}

@@ -106,6 +106,9 @@ def _keyed_by_id(table: dict, dropped: Callable, obj: Any, value: Any) -> None:
 def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
     """Everything but the contents that a reuse must find unchanged (``.data =`` swaps them).
 
+    The conjugate and negative bits too: ``y.data = y.conj()`` (or ``torch._C._set_conj``)
+    changes the values ``y`` stands for over the same buffer, version and strides (w8brk1).
+
     ``ptr=False`` leaves out the data pointer: reading it from a copy-on-write tensor copies
     its storage (the pointer is then checked through the copy-on-write state instead).
     """
@@ -116,6 +119,8 @@ def _layout(t: torch.Tensor, ptr: bool = True) -> tuple:
         t.stride(),
         t.dtype,
         t.device,
+        t.is_conj(),
+        t.is_neg(),
     )
 
 
@@ -149,6 +154,19 @@ def _permuted(t: torch.Tensor) -> bool:
         and not t.is_nested
         and not t.is_contiguous()
     )
+
+
+def _lazy_clone(t: torch.Tensor) -> torch.Tensor | None:
+    """``torch._lazy_clone(t)``, or None where torch refuses (the caller clones instead).
+
+    torch 2.13 raises ``INTERNAL ASSERT FAILED ... Cannot set materializer`` for a tensor
+    grown by ``resize_`` after an earlier lazy clone of it (torch alone:
+    ``c = torch._lazy_clone(y); y.resize_(201, 200); torch._lazy_clone(y)``; w8brk1).
+    """
+    try:
+        return _LAZY_CLONE(t)
+    except RuntimeError:
+        return None
 
 
 def _cow_eligible(t: torch.Tensor) -> bool:
@@ -270,8 +288,11 @@ class Snapshotter:
         src = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
         if _cow_eligible(src):
             digest = content_hash_in_place(src)  # not numpy(): it would un-share a COW src
-            copy = _LAZY_CLONE(src)
-            self._hashes[id(copy)] = digest
+            copy = _lazy_clone(src)
+            if copy is None:
+                copy = src.clone()
+            else:
+                self._hashes[id(copy)] = digest
         elif _C_ORDER and _permuted(src):
             copy = _c_order_copy(src)
         else:
@@ -316,7 +337,10 @@ class Snapshotter:
         except TypeError:  # an object that refuses weak references gets no reuse
             return copy
         stride = t.stride()
-        layout = (_DATA_ADDRESS(t), t.storage_offset(), tuple(t.shape), stride, t.dtype, t.device)
+        layout = (
+            _DATA_ADDRESS(t), t.storage_offset(), tuple(t.shape), stride, t.dtype, t.device,
+            False, False,  # _small_plain: neither conjugate nor negative
+        )  # fmt: skip
         self._seen[key] = _Entry(ref, t._version, layout, weakref.ref(copy))
         return copy
 

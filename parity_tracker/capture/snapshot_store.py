@@ -41,6 +41,10 @@ def _held(copy: torch.Tensor, callback: Callable[[_Held], None], key: int, cap: 
     return entry
 
 
+#: share of the budget freed when small copies spill (``SnapshotStore._make_room``)
+SMALL_SLACK = 0.125
+
+
 class SnapshotStore(BoundedStore):
     """Module snapshots within ``max_resident_bytes``, the oldest spilled to ``spill_dir``.
 
@@ -89,16 +93,21 @@ class SnapshotStore(BoundedStore):
     def _make_room(self) -> None:
         """Spill past the budget: released small copies uncounted first, then the oldest.
 
-        Regular entries (oldest first), then the small copies (oldest first) until within it.
+        Regular entries (oldest first), then the small copies (oldest first) until a
+        :data:`SMALL_SLACK` share of the budget is free: finding the live small copies is
+        one pass over them all, so it runs once per that many bytes admitted, not once per
+        admission (amortized, w8brk2). Spilling a little early changes no value.
         """
         small = self.small
-        if small.entries:
+        if small.entries and small.stale():
             self.resident_bytes -= small.recount()
         super()._make_room()
         if self.resident_bytes <= self.max_resident_bytes or not small.entries:
             return
+        self.resident_bytes -= small.recount()  # exact before any small copy spills
+        target = self.max_resident_bytes - self.max_resident_bytes * SMALL_SLACK
         for copy, caps in small.live().values():
-            if self.resident_bytes <= self.max_resident_bytes:
+            if self.resident_bytes <= target:
                 return
             n = len(copy.data)
             self.resident_bytes -= n
