@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -91,7 +92,8 @@ def test_gelu_op_reproducer_fails_standalone_then_passes_once_fixed(tmp_path):
 def test_fixed_candidate_keeps_nothing_and_says_so(tmp_path):
     torch.manual_seed(0)
     ref = GeluNet()
-    result = run_parity(ref, ref, (torch.randn(2, 8),), capture_ops=True, dump_path=tmp_path)
+    cand = copy.deepcopy(ref)  # its own module objects (run.validate)
+    result = run_parity(ref, cand, (torch.randn(2, 8),), capture_ops=True, dump_path=tmp_path)
     assert result.passed and result.dump_dir is None
     with pytest.raises(InputError, match="--keep-repro"):
         reproducer_from_material(tmp_path / "nothing", None, tmp_path / "r", "run1")

@@ -37,6 +37,7 @@ from parity_tracker.run.result import RunResult
 from parity_tracker.run.rows import ModuleRows, with_isolation, with_unreached_named
 from parity_tracker.run.spill import LazySpillRoot
 from parity_tracker.run.summary import build_summary, worst_tensor
+from parity_tracker.run.validate import validate
 from parity_tracker.statuses import BUDGET, is_failing
 
 _log = logging.getLogger(__name__)
@@ -256,25 +257,6 @@ def _isolate(plans: list[_Plan], rows: list[dict[str, Any]], mode: str, tol: Any
     return isolate(ref.model, cand.model, run_reference, sorted(failing), mode=mode, tolerances=tol)
 
 
-def _validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive: Any) -> bool:
-    """Check run_parity's arguments; returns whether the candidate is an ``nn.Module``."""
-    import torch
-
-    from parity_tracker.errors import InputError
-
-    if (inputs is None) == (drive is None and cand_drive is None):
-        raise InputError("run_parity needs exactly one of `inputs` or `drive`/`candidate_drive`")
-    if not isinstance(reference, torch.nn.Module):
-        raise InputError(f"the reference must be a torch.nn.Module, got {type(reference).__name__}")
-    cand_is_module = isinstance(candidate, torch.nn.Module)
-    if not cand_is_module and cand_drive is None:
-        raise InputError(
-            f"candidate {type(candidate).__name__} is not a torch.nn.Module: pass candidate_drive"
-            "(model, rec) that registers its tensors with rec.register(tag, tensor)"
-        )
-    return cand_is_module
-
-
 def _run_both(
     plans: list[_Plan], checker: Any, ops: Any, seed: int, *, hook_candidate: bool
 ) -> tuple[str, dict[str, Any] | None, dict[str, float]]:
@@ -401,7 +383,7 @@ def run_parity(
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
     candidate_drive = candidate_drive or drive
-    cand_is_module = _validate(reference, candidate, inputs, drive, candidate_drive)
+    cand_is_module = validate(reference, candidate, inputs, drive, candidate_drive)
     run_id = uuid.uuid4().hex
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
     if dump_mode is not DumpMode.NOT and dump_path is None:
