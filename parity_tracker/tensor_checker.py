@@ -568,7 +568,7 @@ def module_register_tensor_checker(
         A :class:`HookHandle`; ``remove()`` it or use it as a context manager.
 
     Raises:
-        InputError: ``model`` is not a ``torch.nn.Module``, or is a TorchScript module.
+        InputError: not an ``nn.Module``, TorchScript, or sharing a module with another side.
     """
     if not isinstance(model, torch.nn.Module):
         raise InputError(
@@ -585,7 +585,7 @@ def module_register_tensor_checker(
     handle = HookHandle(log, log.claim_side(side), model)
     handle.explicit = side is not None
     try:
-        install(model, log, handle)
+        install(model, log, handle)  # refuses a module object hooked for two sides
     except BaseException:
         handle.remove()
         raise

@@ -67,3 +67,23 @@ def test_shared_parameters_alone_are_not_refused():
     cand.b.weight, cand.b.bias = ref.b.weight, ref.b.bias
     result = run_parity(ref, cand, (x,), mode="equal", dump_mode="not")
     assert result.summary["passed"] is True
+
+
+def test_the_seed_facade_refuses_a_module_hooked_for_both_sides():
+    """module_register_tensor_checker on a candidate holding the reference's ``b``: refused,
+    and nothing of the candidate stays hooked (the reference's hooks stay)."""
+    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
+
+    ref, x = _pair()
+    cand = Net(nn.Linear(4, 4), ref.b)
+    checker = TensorChecker(verbose=False)
+    with module_register_tensor_checker(ref, checker):
+        hooks_b = len(ref.b._forward_hooks)
+        with pytest.raises(InputError, match=r"\(b\).*copy\.deepcopy"):
+            module_register_tensor_checker(cand, checker)
+        assert len(ref.b._forward_hooks) == hooks_b  # the candidate's hooks were removed
+        assert len(cand.a._forward_hooks) == 0
+        with torch.no_grad():
+            ref(x)
+    tags = {r["tag"] for r in checker.check("equal").to_rows()}
+    assert tags and not any("@1" in t for t in tags)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from parity_tracker.capture.leaves import has_packed_params, packed_names
 from parity_tracker.capture.modules import CaptureLog, ModuleSite
 from parity_tracker.capture.tags import ROOT_NAME
 from parity_tracker.capture.training import mode_dependence, training_mode_dependent
+from parity_tracker.errors import InputError
 
 
 class HookHandle:
@@ -154,6 +155,10 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     model's structure (names, own tensors, which modules take hooks) is its
     :class:`~parity_tracker.capture.install_plan.InstallPlan`, kept per model while its
     structure provably is unchanged (issue 19); the hooks themselves are written every time.
+
+    Raises:
+        InputError: a module object of ``model`` is hooked by another side's live handle of
+            ``log`` (:func:`refuse_shared_handle`); the caller removes ``handle``'s hooks.
     """
     from parity_tracker.capture.compiled import install_compiled, is_compiled
 
@@ -180,6 +185,7 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
             continue
         names.append(name)
     handle.module_names = names
+    refuse_shared_handle(handle, log.handles)  # the caller removes what was hooked
     for name, why in plan.unhooked:
         handle.unhooked[name] = why
     scripted = [name for name, _ in plan.unhooked]
@@ -190,6 +196,49 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
             f"{', '.join(top)} (their weights are still compared)",
             UserWarning,
             stacklevel=3,
+        )
+
+
+def shared_modules(
+    first: Iterable[torch.nn.Module], second: Iterable[tuple[str, torch.nn.Module]]
+) -> list[str]:
+    """The module objects both models hold (identity, not equality), by the second's names.
+
+    ``named_modules()`` names of the second model; ``<root>`` for its root.
+    """
+    ids = set(map(id, first))
+    return [name or "<root>" for name, m in second if id(m) in ids]
+
+
+def refuse_shared_handle(handle: HookHandle, handles: Iterable[HookHandle]) -> None:
+    """Refuse ``handle``'s model when another side's live handle hooked one of its modules.
+
+    Raises:
+        InputError: see :func:`refuse_shared`.
+    """
+    mods = handle._mods
+    for other in handles:
+        if other.side != handle.side and other._mods is not None and mods:
+            refuse_shared(shared_modules(other._mods, zip(handle._names, mods, strict=True)))
+
+
+def refuse_shared(shared: list[str]) -> None:
+    """Refuse two sides that share module objects (``shared``: :func:`shared_modules`).
+
+    Both sides' hooks would sit on one object, so every forward records it on both sides:
+    its rows compare one forward with itself (``equal`` whatever the candidate computes there)
+    and gain ``@1`` tags that no forward made (w8brk2). Shared parameters alone are fine.
+
+    Raises:
+        InputError: (exit 2) naming the shared modules and the fix, when ``shared``.
+    """
+    if shared:
+        more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+        raise InputError(
+            f"the candidate shares module objects with the reference ({', '.join(shared[:5])}"
+            f"{more}): both sides' hooks would record them in both forwards; pass "
+            "copy.deepcopy(candidate) (or deep-copy the shared submodules) so that each side "
+            "has its own modules"
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity_tracker.capture.hooks import refuse_shared, shared_modules
 from parity_tracker.errors import InputError
 
 
@@ -13,7 +14,8 @@ def validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive
     Raises:
         InputError: (exit 2) neither or both of ``inputs`` and a drive; a reference that is
             not an ``nn.Module``; a non-module candidate without ``cand_drive``; a candidate
-            sharing a module object with the reference (:func:`refuse_shared_modules`).
+            sharing a module object with the reference
+            (:func:`~parity_tracker.capture.hooks.refuse_shared`).
     """
     import torch
 
@@ -27,27 +29,6 @@ def validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive
             f"candidate {type(candidate).__name__} is not a torch.nn.Module: pass candidate_drive"
             "(model, rec) that registers its tensors with rec.register(tag, tensor)"
         )
-    if cand_is_module:
-        refuse_shared_modules(reference, candidate)
+    if cand_is_module:  # before any pass runs (the hooks' install checks it too)
+        refuse_shared(shared_modules(reference.modules(), candidate.named_modules()))
     return cand_is_module
-
-
-def refuse_shared_modules(reference: Any, candidate: Any) -> None:
-    """Refuse a candidate that contains one of the reference's module objects.
-
-    Both sides' hooks would sit on that one object: each forward records it on both sides,
-    so its rows compare a forward with itself (``equal`` whatever the candidate computes)
-    and gain ``@1`` tags the forward never made (w8brk2: ``run_parity(model, model)``).
-
-    Raises:
-        InputError: (exit 2) naming the shared module(s) and the fix (a ``copy.deepcopy``).
-    """
-    ids = set(map(id, reference.modules()))
-    shared = [name or "<root>" for name, m in candidate.named_modules() if id(m) in ids]
-    if shared:
-        listed = ", ".join(shared[:5]) + (f" and {len(shared) - 5} more" if len(shared) > 5 else "")
-        raise InputError(
-            f"the candidate shares module objects with the reference ({listed}): both sides' "
-            "hooks would record them in both forwards; pass copy.deepcopy(candidate) (or "
-            "deep-copy the shared submodules) so that each side has its own modules"
-        )
