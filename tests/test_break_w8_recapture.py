@@ -487,28 +487,22 @@ def _targeted_models(write, side: str, log_r: dict, log_c: dict):
     return make(log_r, wr), make(log_c, wc)
 
 
-_NOT_RESIZABLE = (
-    "older bug (main too): a candidate tensor of 4-64 KiB compared at once is read through "
-    ".numpy() (compare_tensors), which marks its storage not resizable: the model's own "
-    "y.resize_(larger) then raises 'Trying to resize storage that is not resizable'"
-)
-
-
-_COW_CONJ = (  # fixed: Snapshotter._layout has the conj/neg bits
-    "TRUST, older bug (main too): a reference tensor >= 64 KiB captured copy-on-write, then "
-    "turned into a conjugate (or negative) view in place (y.data = y.conj(), or "
-    "torch._C._set_conj/_set_neg: same object, storage, version, shape, strides) and captured "
-    "again: Snapshotter._reusable hands out the first copy (_layout has no is_conj/is_neg, and "
-    "the copy-on-write check only compares buffers), so the second row is 'equal' for values "
-    "that differ (or 'mismatch' for equal ones)"
-)
-_COW_RESIZE = (  # fixed: snapshot._lazy_clone falls back to clone()
-    "older bug (main too; torch's): resize_ of a tensor whose >= 64 KiB capture was taken "
-    "copy-on-write (torch._lazy_clone), then a second capture of it: Snapshotter.take's "
-    "_lazy_clone raises 'INTERNAL ASSERT FAILED ... Cannot set materializer: a materializer is "
-    "already active on this storage' and the model's run aborts (torch alone reproduces it: "
-    "c = torch._lazy_clone(y); y.resize_(201, 200); torch._lazy_clone(y))"
-)
+# Findings of these cases, all fixed in wave 8 (each case below guards its fix):
+# - older bug (main too): a candidate tensor of 4-64 KiB compared at once is read through .numpy()
+#   (compare_tensors), which marks its storage not resizable: the model's own y.resize_(larger)
+#   then raises 'Trying to resize storage that is not resizable' (fixed:
+#   compare.hashing.numpy_in_place)
+# - TRUST, older bug (main too): a reference tensor >= 64 KiB captured copy-on-write, then turned
+#   into a conjugate (or negative) view in place (y.data = y.conj(), or
+#   torch._C._set_conj/_set_neg: same object, storage, version, shape, strides) and captured
+#   again: Snapshotter._reusable hands out the first copy (_layout has no is_conj/is_neg, and the
+#   copy-on-write check only compares buffers), so the second row is 'equal' for values that
+#   differ (or 'mismatch' for equal ones) (fixed: Snapshotter._layout has the conj/neg bits)
+# - older bug (main too; torch's): resize_ of a tensor whose >= 64 KiB capture was taken copy-on-
+#   write (torch._lazy_clone), then a second capture of it: Snapshotter.take's _lazy_clone raises
+#   'INTERNAL ASSERT FAILED ... Cannot set materializer: a materializer is already active on this
+#   storage' and the model's run aborts (torch alone reproduces it: c = torch._lazy_clone(y);
+#   y.resize_(201, 200); torch._lazy_clone(y)) (fixed: snapshot._lazy_clone falls back to clone())
 
 
 def _targeted_params():
@@ -516,12 +510,8 @@ def _targeted_params():
         for mode in ("equal", "allclose"):
             for side in ("ref", "cand", "both"):
                 for n in (8, 40, 200):
-                    marks = ()
-                    grow = write == "resize_ larger"
-                    if grow and side != "ref" and n in (40, 200):
-                        marks = pytest.mark.xfail(strict=True, reason=_NOT_RESIZABLE)
                     size = {8: "small", 40: "large", 200: "cow"}[n]
-                    yield pytest.param(write, mode, side, n, marks=marks,
+                    yield pytest.param(write, mode, side, n,
                                        id=f"{write}-{mode}-{side}-{size}")  # fmt: skip
 
 
@@ -551,7 +541,6 @@ def test_targeted_writes_between_two_captures(write, mode, side, n):
         _same_rows(rows, off)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_NOT_RESIZABLE)
 def test_candidate_output_stays_resizable_after_its_comparison():
     """A model that grows its own output with resize_ runs under the checker as without it."""
 

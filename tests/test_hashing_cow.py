@@ -67,3 +67,29 @@ def test_content_hash_leaves_a_copy_on_write_buffer_shared(case):
     assert _is_cow(lazy) and _is_cow(src)
     assert got == want
     assert content_hash(seen.detach().clone()) == want  # a private tensor: the same digest
+
+
+@pytest.mark.parametrize("n", [1, 40, 200])  # small identical path, digest path, copy-on-write size
+def test_a_compared_tensor_stays_resizable(n):
+    """compare_tensors reads its sides in place: numpy() would mark their storages not
+    resizable for good, and a model's own later resize_ raised (w8brk1)."""
+    from parity_tracker.compare.core import compare_tensors
+
+    ref = torch.arange(n * n, dtype=torch.float32).reshape(n, n)
+    cand = ref.clone()
+    assert compare_tensors(ref, cand, mode="equal").status == "equal"
+    cand.resize_(n + 1, n)  # raised "Trying to resize storage that is not resizable"
+    ref.resize_(n + 1, n)
+    assert tuple(cand.shape) == (n + 1, n)
+
+
+def test_numpy_in_place_is_a_read_only_view_of_the_same_values():
+    from parity_tracker.compare.hashing import numpy_in_place
+
+    t = torch.arange(12, dtype=torch.int16).reshape(3, 4)[1:]  # contiguous, storage offset 4
+    view = numpy_in_place(t)
+    assert view.dtype == np.int16 and view.shape == (2, 4)
+    np.testing.assert_array_equal(view, np.arange(4, 12, dtype=np.int16).reshape(2, 4))
+    assert not view.flags.writeable
+    t.add_(1)  # a view, not a copy: it sees the tensor's bytes
+    assert view[0, 0] == 5

@@ -28,7 +28,6 @@ The caller (``capture.holder.Holder``) bounds what is held (:data:`PENDING_BYTES
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,7 @@ import xxhash
 
 from parity_tracker.compare.core import Comparison, _header, identical_record
 from parity_tracker.compare.finite import side_counts
-from parity_tracker.compare.hashing import _NUMPY_DTYPES, bytes_in_place, dtype_name
+from parity_tracker.compare.hashing import _NUMPY_DTYPES, bytes_in_place, dtype_name, numpy_dtype
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.statuses import VALUE_DIFFERS, is_passing
 
@@ -55,11 +54,6 @@ PENDING_PAIRS = 2048
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
-
-
-@functools.cache
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def _readable(t: Any) -> bool:
@@ -122,7 +116,7 @@ class HeldBytes:
 
     def load(self, *, to_device: bool = False) -> torch.Tensor:
         """A new contiguous CPU tensor holding these values (``to_device``: CPU already)."""
-        array = np.frombuffer(self.data, _numpy_dtype(self.dtype)).reshape(self.shape)
+        array = np.frombuffer(self.data, numpy_dtype(self.dtype)).reshape(self.shape)
         return torch.from_numpy(array.copy())
 
 
@@ -313,7 +307,7 @@ class HeldPairs:
         finite = {}
         for dtype, chunks in by_dtype.items():
             if dtype.is_floating_point or dtype.is_complex:
-                values = np.frombuffer(b"".join(chunks), _numpy_dtype(dtype))
+                values = np.frombuffer(b"".join(chunks), numpy_dtype(dtype))
                 finite[dtype] = bool(np.isfinite(values).all())
             else:
                 finite[dtype] = True

@@ -40,6 +40,7 @@ from parity_tracker.compare.hashing import (
     _NUMPY_DTYPES,
     StreamHasher,
     dtype_name,
+    numpy_in_place,
     raw_buffer,
 )
 from parity_tracker.compare.metrics import (
@@ -464,7 +465,7 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     r = reference.detach() if reference.requires_grad else reference
     c = candidate.detach() if candidate.requires_grad else candidate
     name, shape = dtype_name(dtype), tuple(shape)
-    r_buf, c_buf = r.numpy(), c.numpy()
+    r_buf, c_buf = numpy_in_place(r), numpy_in_place(c)  # not numpy(): see numpy_in_place
     ref_hash, cand_hash = _digest(r_buf, name, shape), _digest(c_buf, name, shape)
     if ref_hash != cand_hash:
         if dtype.is_floating_point and r.numel() <= SMALL_PAIR:

@@ -179,7 +179,9 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
         and not t.is_neg()
         and t.numel() > 0
     ):
-        return xxhash.xxh3_64_intdigest(t.numpy())  # raw_buffer's bytes, as below
+        # raw_buffer's bytes, as below, read in place: numpy() would mark the storage not
+        # resizable (a model's own later resize_ of it raised, w8brk1)
+        return xxhash.xxh3_64_intdigest(bytes_in_place(t))
     if not digestible(t):
         return None
     if t.numel() == 0:
@@ -218,6 +220,26 @@ def bytes_in_place(t: torch.Tensor) -> ctypes.Array | bytes:
         if n <= _CACHED_CHARS:
             _CHARS[n] = array
     return array.from_address(t.const_data_ptr())
+
+
+@functools.cache
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a numpy-representable torch dtype (as ``Tensor.numpy()`` gives it)."""
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def numpy_in_place(t: torch.Tensor) -> np.ndarray:
+    """A read-only numpy view of a contiguous CPU tensor of a numpy dtype, read in place.
+
+    What ``t.numpy()`` gives (same dtype, shape and buffer), without its side effects on
+    ``t``: ``numpy()`` marks the storage not resizable for good (a model's own later
+    ``resize_`` of a tensor the checker compared then raised, w8brk1) and gives a
+    copy-on-write buffer a private copy first (:func:`bytes_in_place`). Valid while ``t``
+    is alive and unresized: the view owns nothing.
+    """
+    array = np.frombuffer(bytes_in_place(t), numpy_dtype(t.dtype))
+    array.flags.writeable = False
+    return array.reshape(t.shape)
 
 
 def _is_cow(t: torch.Tensor) -> bool:
