@@ -87,3 +87,10 @@ def test_the_seed_facade_refuses_a_module_hooked_for_both_sides():
             ref(x)
     tags = {r["tag"] for r in checker.check("equal").to_rows()}
     assert tags and not any("@1" in t for t in tags)
+
+
+def test_a_compiled_candidate_around_the_reference_itself_is_refused():
+    """torch.compile(reference) wraps the reference's own modules (``_orig_mod``)."""
+    ref, x = _pair()
+    with pytest.raises(InputError, match=r"shares module objects.*_orig_mod.*deepcopy"):
+        run_parity(ref, torch.compile(ref, backend="eager"), (x,), dump_mode="not")
