@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 
 from parity_tracker.capture.leaves import NonTensor
+from parity_tracker.capture.tags import input_tag, module_tag, output_tag, param_tag
 from parity_tracker.compare.batch import HeldBytes
 from parity_tracker.compare.pairing import load
 from parity_tracker.errors import InputError
@@ -76,12 +77,12 @@ def oracle(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
         disp = name or root
 
         def pre(m, args, disp=disp):
-            assert f"checker_{disp}" not in out, "oracle models call each module once"
+            assert module_tag(disp) not in out, "oracle models call each module once"
             for i, a in enumerate(args):
-                out[f"checker_{disp}_input_{i}"] = _np(a)
+                out[input_tag(disp, str(i))] = _np(a)
 
         def post(m, args, output, disp=disp):
-            out[f"checker_{disp}"] = _np(output)
+            out[module_tag(disp)] = _np(output)
 
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
@@ -92,9 +93,9 @@ def oracle(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
         for h in handles:
             h.remove()
     for qname, p in model.named_parameters(remove_duplicate=False):
-        out[f"checker_{qname}"] = _np(p)
+        out[param_tag(qname)] = _np(p)
     for qname, b in model.named_buffers(remove_duplicate=False):
-        out[f"checker_{qname}"] = _np(b)
+        out[param_tag(qname)] = _np(b)
     return out
 
 
@@ -399,8 +400,8 @@ def test_dynamic_quantization_in_place_between_installs() -> None:
     }
     for name in ("a", "inner.0", "blocks.0", "blocks.1"):
         mod = model.get_submodule(name)
-        want[f"checker_{name}.weight"] = _np(mod.weight())
-        want[f"checker_{name}.bias"] = _np(mod.bias())
+        want[param_tag(f"{name}.weight")] = _np(mod.weight())
+        want[param_tag(f"{name}.bias")] = _np(mod.bias())
     assert_same(got, want)
 
 
@@ -980,14 +981,14 @@ def oracle_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, np.ndarray]:
 
         def pre(m, args, disp=disp):
             for i, a in enumerate(args):
-                out[f"checker_{disp}_input_{i}"] = _np(a)
+                out[input_tag(disp, str(i))] = _np(a)
 
         def post(m, args, output, disp=disp):
             if isinstance(output, tuple):
                 for i, o in enumerate(output):
-                    out[f"checker_{disp}_output_{i}"] = _np(o)
+                    out[output_tag(disp, str(i))] = _np(o)
             else:
-                out[f"checker_{disp}"] = _np(output)
+                out[module_tag(disp)] = _np(output)
 
         handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
     try:
@@ -1023,6 +1024,6 @@ def test_hf_model_resized_embeddings_between_installs() -> None:
     for qname in ("model.embed_tokens.weight", "lm_head.weight"):
         want = model.get_parameter(qname).detach().numpy()
         assert want.shape[0] == 40
-        np.testing.assert_array_equal(got[f"checker_{qname}"], want)
+        np.testing.assert_array_equal(got[param_tag(qname)], want)
     logits = model(ids).logits.detach().numpy()  # the root is "root": a child is "model"
     np.testing.assert_array_equal(got["checker_root_output_logits"], logits)

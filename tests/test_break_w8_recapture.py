@@ -25,7 +25,9 @@ import pytest
 import torch
 from torch import nn
 
+from parity_tracker.capture.tags import input_tag, module_tag
 from parity_tracker.compare.batch import HeldPairs
+from parity_tracker.statuses import PASSING
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
 # torch.testing's _DTYPE_PRECISIONS (written out here, not imported from the code under test)
@@ -106,9 +108,9 @@ class Leaf(nn.Module):
         self.name = ""
 
     def forward(self, x):
-        self.log[f"checker_{self.name}_input_0"] = x.clone()
+        self.log[input_tag(self.name, "0")] = x.clone()
         y = _op(x, self.kind, self.p)
-        self.log[f"checker_{self.name}"] = y.clone()
+        self.log[module_tag(self.name)] = y.clone()
         return y
 
 
@@ -122,14 +124,14 @@ class Node(nn.Module):
         self.name = ""
 
     def forward(self, x):
-        self.log[f"checker_{self.name}_input_0"] = x.clone()
+        self.log[input_tag(self.name, "0")] = x.clone()
         for kid, step in zip(self.kids, self.between, strict=True):
             x = kid(x)
             if callable(step):  # a write of a targeted test: returns the value to go on with
                 x = step(x)
             elif step is not None:
                 x = _op(x, *step)
-        self.log[f"checker_{self.name}"] = x.clone()
+        self.log[module_tag(self.name)] = x.clone()
         return x
 
 
@@ -400,7 +402,7 @@ def test_run_parity_without_dumps_matches_numpy_and_the_per_pair_path(seed):
     strip = lambda rows: {k: {c: v for c, v in r.items() if c != "run_id"} for k, r in rows.items()}  # noqa: E731
     _same_rows(strip(on[0]), strip(off[0]))
     assert on[1] == off[1]
-    failing = any(r["status"] not in ("equal", "close") for r in on[0].values())
+    failing = any(r["status"] not in PASSING for r in on[0].values())
     assert on[1]["passed"] is (not failing)
 
 
@@ -598,9 +600,9 @@ class _Const(nn.Module):
         self.values, self.dtype, self.log, self.name = values, dtype, log, name
 
     def forward(self, x):
-        self.log[f"checker_{self.name}_input_0"] = x.clone()
+        self.log[input_tag(self.name, "0")] = x.clone()
         y = torch.tensor(self.values, dtype=self.dtype)
-        self.log[f"checker_{self.name}"] = y.clone()
+        self.log[module_tag(self.name)] = y.clone()
         return y
 
 
@@ -705,9 +707,7 @@ def test_run_parity_dumps_hold_each_rows_capture_time_values(seed, dump, tmp_pat
         spec, cand_spec, x, mode, overrides, True, dump_mode=dump, dump_path=tmp_path
     )
     _assert_numpy_rows(rows, logs, mode, overrides)
-    want = {
-        t for (t, _), r in rows.items() if dump == "all" or r["status"] not in ("equal", "close")
-    }
+    want = {t for (t, _), r in rows.items() if dump == "all" or r["status"] not in PASSING}
     dumped: dict[tuple[str, int], torch.Tensor] = {}
     if want:
         for entry, t in load_dump(res.dump_dir):

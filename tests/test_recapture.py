@@ -26,6 +26,7 @@ import pytest
 import torch
 from torch import nn
 
+from parity_tracker.capture.tags import input_tag, module_tag
 from parity_tracker.compare.batch import HeldPairs
 from parity_tracker.compare.pairing import PairComparer
 from parity_tracker.files.dump import load_dump
@@ -293,9 +294,9 @@ def test_spilled_reference_snapshots_still_give_every_row():
     v_r = v_c = x.numpy()
     expected = {}
     for i in range(n):
-        expected[f"checker_{i}_input_0"] = np.array_equal(v_r, v_c)
+        expected[input_tag(str(i), "0")] = np.array_equal(v_r, v_c)
         v_r, v_c = v_r * F32(scales[i]), v_c * F32(cand_scales[i])
-        expected[f"checker_{i}"] = np.array_equal(v_r, v_c)
+        expected[module_tag(str(i))] = np.array_equal(v_r, v_c)
     for tag, same in expected.items():
         assert rows[tag]["status"] == ("equal" if same else "mismatch"), tag
     assert sum(not s for s in expected.values()) == 2 * (n - 150) - 1

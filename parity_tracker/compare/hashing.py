@@ -169,7 +169,6 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
     t = tensor
     if (  # issue 19: the common case (a plain contiguous CPU tensor numpy reads) in one step
         type(t) is torch.Tensor
-        and not _is_cow(t)
         and t.dtype in _NUMPY_DTYPES
         and t.is_cpu
         and not t.requires_grad
@@ -179,19 +178,15 @@ def storage_digest(tensor: torch.Tensor) -> int | None:
         and not t.is_neg()
         and t.numel() > 0
     ):
-        # raw_buffer's bytes, as below, read in place: numpy() would mark the storage not
-        # resizable (a model's own later resize_ of it raised, w8brk1)
         return xxhash.xxh3_64_intdigest(bytes_in_place(t))
     if not digestible(t):
         return None
     if t.numel() == 0:
         return xxhash.xxh3_64_intdigest(b"")
-    if t.requires_grad:  # numpy() refuses these; a detached alias has the same bytes
-        t = t.detach()
     flat = t if t.is_contiguous() else t.as_strided((t.numel(),), (1,), t.storage_offset())
-    if _is_cow(flat):  # numpy() would give the shared buffer a private copy at a new address
-        return xxhash.xxh3_64_intdigest(bytes_in_place(flat))
-    return xxhash.xxh3_64_intdigest(raw_buffer(flat))
+    # in place, never numpy(): that un-shares a copy-on-write buffer and marks the storage
+    # not resizable (bytes_in_place)
+    return xxhash.xxh3_64_intdigest(bytes_in_place(flat))
 
 
 #: ``torch._C._is_cow_tensor`` (None where this torch has none): the one copy-on-write test
