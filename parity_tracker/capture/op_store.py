@@ -116,6 +116,13 @@ def _seal(t: torch.Tensor, digest: str | int | None) -> bool:
     return isinstance(digest, int) and storage_digest(t) == digest
 
 
+def _layout(t: torch.Tensor) -> tuple:
+    """What :meth:`OpStore.sealed_spill` requires unchanged besides the address and bytes."""
+    return (
+        t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.is_conj(), t.is_neg(),
+    )  # fmt: skip
+
+
 def _nbytes(t: torch.Tensor) -> int:
     """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
     if type(t) is not _TENSOR and is_traceable_wrapper_subclass(t):  # issue 19: exact first
@@ -187,6 +194,9 @@ class OpStore(BoundedStore):
         self._ids = itertools.count()
         #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
         self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
+        #: data address -> (capture, version, layout) of a sealed spill of a dense
+        #: non-contiguous output (:meth:`sealed_spill`; w9lend)
+        self._sealed: dict[int, tuple[Held, int, tuple]] = {}
 
     def hold(
         self,
@@ -236,6 +246,32 @@ class OpStore(BoundedStore):
             ):
                 return h
         return None
+
+    def sealed_spill(self, t: torch.Tensor) -> Spilled | None:
+        """A record reading the sealed spill file of ``t``'s bytes now, or None.
+
+        Issue 19 (w9lend): a permuted (channels-last) module output of an op-level run is the
+        output of its last op, which this store captured and, past its budget, wrote to a
+        sealed file (:func:`_seal`). ``Snapshotter.take`` snapshots it as that file instead of
+        a C-order copy written again. Only when the file provably holds ``t``'s bytes: a
+        sealed capture spilled from ``t``'s data address, with ``t``'s storage offset, shape,
+        strides, dtype and conjugate/negative bits, ``t``'s version counter as it was at the
+        write, and ``t``'s storage digest (xxh3-64 of its span, read now: ≈ 3 ms per 32 MiB)
+        equal to the digest the file was sealed with. The file is never written again, so a
+        later write to ``t`` does not change what the record reads.
+        """
+        if type(t) is not _TENSOR or _DATA_ADDRESS is None or not self._sealed:
+            return None
+        entry = self._sealed.get(_DATA_ADDRESS(t))
+        if entry is None:
+            return None
+        h, version, layout = entry
+        spilled = h.spilled
+        if spilled is None or not h.sealed or _layout(t) != layout:
+            return None
+        if tensor_version(t) != version or storage_digest(t) != h.digest:
+            return None
+        return spilled.alias(t)
 
     def watch(self, h: Held, watcher: Callable[[Held, int, int], None]) -> None:
         """Call ``watcher(h, address, version)`` right after ``h`` is written to disk.
@@ -318,6 +354,10 @@ class OpStore(BoundedStore):
         sealed = _seal(t, h.digest)
         # freed with the last record reading it (``Spilled.alias``: a borrower's)
         h.spilled, h.tensor, h.sealed = self.write(t), None, sealed
+        if sealed and h.ptr and isinstance(h.digest, int):  # a dense non-contiguous output
+            version = tensor_version(t)
+            if version is not None:
+                self._sealed[h.ptr] = (h, version, _layout(t))
         watchers = self._lent.pop(h.id, None)
         if watchers:
             address, version = _DATA_ADDRESS(t), tensor_version(t)  # t alive: the written buffer
@@ -330,6 +370,9 @@ class OpStore(BoundedStore):
         self._unindex(h)
         self.discard(h.id)
         self._lent.pop(h.id, None)
+        sealed = self._sealed.get(h.ptr)
+        if sealed is not None and sealed[0] is h:
+            del self._sealed[h.ptr]
         h.tensor = None
         h.spilled = None  # its bytes are freed once no borrowed record reads them
 
@@ -339,4 +382,5 @@ class OpStore(BoundedStore):
             self.release(h)
         self._by_ptr.clear()
         self._ranges.clear()
+        self._sealed.clear()
         super().close()
