@@ -257,12 +257,21 @@ class OpStore(BoundedStore):
         sealed capture spilled from ``t``'s data address, with ``t``'s storage offset, shape,
         strides, dtype and conjugate/negative bits, ``t``'s version counter as it was at the
         write, and ``t``'s storage digest (xxh3-64 of its span, read now: ≈ 3 ms per 32 MiB)
-        equal to the digest the file was sealed with. The file is never written again, so a
-        later write to ``t`` does not change what the record reads.
+        equal to the digest the file was sealed with. A capture still resident that is ``t``'s
+        view (:meth:`_resident_output`) is spilled now, so its file holds ``t``'s bytes of now
+        (and is sealed only if they still hash as the op's output). The file is never written
+        again, so a later write to ``t`` does not change what the record reads. Cost: such
+        captures leave the resident budget early (read back memory-mapped by the comparison).
         """
-        if type(t) is not _TENSOR or _DATA_ADDRESS is None or not self._sealed:
+        if type(t) is not _TENSOR or _DATA_ADDRESS is None:
             return None
-        entry = self._sealed.get(_DATA_ADDRESS(t))
+        address = _DATA_ADDRESS(t)
+        h = self._resident_output(t, address) if address in self._by_ptr else None
+        if h is not None:  # still resident: written now, from the very buffer ``t`` is
+            if not self.spill(h.id) or not h.sealed or h.spilled is None:
+                return None
+            return h.spilled.alias(t)
+        entry = self._sealed.get(address)
         if entry is None:
             return None
         h, version, layout = entry
@@ -272,6 +281,25 @@ class OpStore(BoundedStore):
         if tensor_version(t) != version or storage_digest(t) != h.digest:
             return None
         return spilled.alias(t)
+
+    def _resident_output(self, t: torch.Tensor, address: int) -> Held | None:
+        """The resident counted capture of a dense non-contiguous output that IS ``t``'s view.
+
+        Same data address and :func:`_layout` (so the same bytes in the same places): spilling
+        it now writes ``t``'s bytes of now, sealed if they are still the op's output.
+        """
+        for h in self._by_ptr.get(address, ()):
+            ht = h.tensor
+            if (
+                h.counted
+                and ht is not None
+                and isinstance(h.digest, int)
+                and self.get(h.id) is h
+                and _DATA_ADDRESS(ht) == address
+                and _layout(ht) == _layout(t)
+            ):
+                return h
+        return None
 
     def watch(self, h: Held, watcher: Callable[[Held, int, int], None]) -> None:
         """Call ``watcher(h, address, version)`` right after ``h`` is written to disk.
