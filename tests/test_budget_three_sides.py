@@ -92,6 +92,9 @@ def test_the_reference_forward_never_runs_and_each_side_runs_once(net_and_input)
     assert sorted(calls) == ["candidate", "golden", "twin"]  # main: + "reference"
     assert result.settings["reference_side"].startswith("twin (the reference at bfloat16")
     assert "reference_side: twin" in result.summary["mode_reason"]
+    from dashboards.report import render_run_report  # the verdict bar names the reference side
+
+    assert "reference side: twin (the reference at bfloat16" in render_run_report(result)
 
 
 def test_a_pure_bf16_cast_is_equal_to_pytorch_at_bf16(net_and_input):
@@ -179,3 +182,48 @@ def test_a_shared_module_is_refused_before_the_golden_forward(net_and_input, dty
         hook.remove()
     assert err.value.exit_code == 2
     assert calls == []  # main: [torch.float64]: the golden copy's conv1 ran first
+
+
+class SelfCasting(nn.Module):
+    """Casts its input to its own weights' dtype (a drive's float32 tensors reach any copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 12), nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.to(self.a.weight.dtype))))
+
+
+def test_a_drive_runs_golden_twin_and_candidate_once_per_step_and_never_the_reference():
+    torch.manual_seed(7)
+    reference = SelfCasting().eval()
+    candidate = copy.deepcopy(reference).bfloat16()
+    xs = [torch.randn(5, 6), torch.randn(5, 6) * 3]
+    calls: list[tuple[str, int]] = []
+
+    def drive(model, rec):
+        for step, x in enumerate(xs):
+            rec(step)
+            model(x)
+
+    def count(module, args):
+        side = "reference" if module is reference else "candidate" if module is candidate else None
+        side = side or {torch.float64: "golden", torch.bfloat16: "twin"}[_dtype_of(module)]
+        calls.append((side, len(calls)))
+
+    handles = [m.register_forward_pre_hook(count) for m in (reference, candidate)]
+    try:
+        result = run_parity(reference, candidate, drive=drive, mode="budget", environment=ENV,
+                            dump_mode=DumpMode.NOT)  # fmt: skip
+    finally:
+        for h in handles:
+            h.remove()
+    sides = [side for side, _ in calls]
+    assert sides == ["golden"] * 2 + ["twin"] * 2 + ["candidate"] * 2  # main: + reference × 2
+    twin = copy.deepcopy(reference).bfloat16()  # built here: PyTorch at bf16
+    roots = {r["step"]: r for r in result.modules.to_pylist() if r["tag"] == "checker_model"}
+    for step, x in enumerate(xs):
+        with torch.no_grad():
+            diff = np.abs(_np(candidate(x)) - _np(twin(x))).max()
+        assert roots[step]["max_abs_diff"] == diff == 0.0 and roots[step]["status"] == "equal"
