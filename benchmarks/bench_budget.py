@@ -15,9 +15,9 @@ hooked: three forwards (until 2026-12-01 a fourth, the fp32 reference's own, ran
   timed budget call (``getrusage`` ``ru_minflt`` before and after it) times the page size, in
   MiB, median over the repeats, with the plain forwards' in the detail. A budget run keeps the
   golden's float64 activations and weights, the twin's weights and its activations (the
-  reference side's) until the candidate is judged; the allocator hands most of that back to the system between
-  runs, so each run writes it into fresh pages again (the kernel zeroes each one): a cost on
-  the CPU clock that the plain forwards, whose memory is reused, do not pay.
+  reference side's) until the candidate is judged; the allocator hands most of that back to the
+  system between runs, so each run writes it into fresh pages again (the kernel zeroes each
+  one): a cost on the CPU clock that the plain forwards, whose memory is reused, do not pay.
 
 Time spent building the golden and twin copies (``deepcopy``) is inside the run's time.
 """
