@@ -227,3 +227,23 @@ def test_a_drive_runs_golden_twin_and_candidate_once_per_step_and_never_the_refe
         with torch.no_grad():
             diff = np.abs(_np(candidate(x)) - _np(twin(x))).max()
         assert roots[step]["max_abs_diff"] == diff == 0.0 and roots[step]["status"] == "equal"
+
+
+def test_a_twin_forward_that_raises_is_the_reference_sides_failure():
+    """A drive feeding float32 into the bf16 twin raises inside its forward: the run is kept
+    (status ``failed``, the error on the reference side, the twin); main raised out of
+    ``run_parity`` from its separate twin pass."""
+    torch.manual_seed(8)
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval()
+    candidate = copy.deepcopy(reference).bfloat16()
+
+    def drive(model, rec):
+        rec(0)
+        model(torch.ones(2, 4))  # float32 whatever the model's dtype
+
+    result = run_parity(reference, candidate, drive=drive, mode="budget", environment=ENV,
+                        dump_mode=DumpMode.NOT)  # fmt: skip
+    error = result.summary["error"]
+    assert result.summary["status"] == "failed" and not result.passed
+    assert error["side"] == "reference" and error["type"] == "RuntimeError"
+    assert "reference_side: twin (the reference at bfloat16" in result.summary["mode_reason"]
