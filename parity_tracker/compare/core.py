@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import xxhash
 
-from parity_tracker.compare.convert import _PLAIN_TYPES, Converted, _plain, quant_notes, to_tensor
+from parity_tracker.compare.convert import Converted, _plain, quant_notes, to_tensor
 from parity_tracker.compare.finite import DOT_FINITE_MIN, _all_finite  # noqa: F401 (re-exported)
 from parity_tracker.compare.finite import side_counts as _side_counts
 from parity_tracker.compare.hashing import (
@@ -456,13 +456,11 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     records, scan record and notes (≈ 2/3 of the cost of a 64-element pair).
     """
     dtype, shape = reference.dtype, reference.shape  # AttributeError → general path
+    if not (_plain(reference) and _plain(candidate)):
+        return None
     if candidate.dtype != dtype or dtype not in _NUMPY_DTYPES or candidate.shape != shape:
         return None
-    if not _plain(reference):
-        reference = _c_order(reference)
-    if not _plain(candidate):
-        candidate = _c_order(candidate)
-    if reference is None or candidate is None or reference.numel() > SMALL:
+    if reference.numel() > SMALL:
         return None
     r = reference.detach() if reference.requires_grad else reference
     c = candidate.detach() if candidate.requires_grad else candidate
@@ -481,19 +479,6 @@ def _identical_small(reference, candidate, mode, explicit, tag, tolerances) -> C
     else:
         tol = (tolerances or Tolerances()).resolve(tag, dtype, dtype, *(explicit or ()))
     return identical_record(mode, shape, dtype, tol, ref_hash, (nan, inf))
-
-
-def _c_order(t: torch.Tensor) -> torch.Tensor | None:
-    """A private C-order copy of a plain CPU tensor that is only non-contiguous, else None.
-
-    A permuted activation (the transposed attention output) takes the small path on its C-order
-    copy: the content hash is defined over the C-order bytes, so the record is the one the
-    general path gives (which makes the same copy), at ≈ 1/3 of its cost (issue 19, w9cow).
-    """
-    if type(t) not in _PLAIN_TYPES or not t.is_cpu or t.numel() > SMALL:
-        return None
-    c = t.detach().contiguous()
-    return c if _plain(c) else None
 
 
 def identical_record(
