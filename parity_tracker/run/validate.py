@@ -9,8 +9,19 @@ from parity_tracker.capture.hooks import refuse_shared, shared_modules
 from parity_tracker.errors import InputError
 
 
-def validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive: Any) -> bool:
+def validate(
+    reference: Any,
+    candidate: Any,
+    inputs: Any,
+    drive: Any,
+    cand_drive: Any,
+    *,
+    walk_shared: bool = False,
+) -> bool:
     """Check run_parity's arguments; returns whether the candidate is an ``nn.Module``.
+
+    ``walk_shared``: walk both models for shared module objects here (a budget run: its golden
+    forward runs before the hooks' install would refuse them; ``run.budget``).
 
     Raises:
         InputError: (exit 2) neither or both of ``inputs`` and a drive; a reference that is
@@ -30,7 +41,7 @@ def validate(reference: Any, candidate: Any, inputs: Any, drive: Any, cand_drive
             f"candidate {type(candidate).__name__} is not a torch.nn.Module: pass candidate_drive"
             "(model, rec) that registers its tensors with rec.register(tag, tensor)"
         )
-    if cand_is_module and (is_compiled(reference) or is_compiled(candidate)):
+    if cand_is_module and (walk_shared or is_compiled(reference) or is_compiled(candidate)):
         # the hooks' install checks every other model (from its install plan, no walk): a
         # compiled one is hooked by its graph and lists no modules there (issue 19: a walk of
         # both models per run cost ≈ 0.3 µs a row on measurement 9)
