@@ -4,7 +4,7 @@
 ``modules`` table from them, making a ``TagResult`` record only for the failing rows or when
 ``results`` is read. The table must be the one the records give, value for value, dtype for
 dtype, null for null: here it is built both ways for one mixed check (equal, close, mismatch,
-NaN/inf, skipped never-called module, one-sided tag, dumped tags, budget columns null) and
+NaN/inf, skipped never-called module, one-sided tag, dumped tags, cache marks, budget columns null) and
 compared with ``pyarrow.Table.equals``; one row is checked field by field against values worked
 out by hand.
 """
@@ -56,6 +56,7 @@ def _mixed(tmp_path) -> CheckResult:
     reg("nan_vs_one", np.array([np.nan, 1.0], f32), side=0)
     reg("nan_vs_one", np.array([1.0, 1.0], f32), side=1)
     reg("ref_only", np.zeros(2, f32), side=0)
+    checker.mark_cache_hit("a")  # cache marks: a's rows True, the others False (not None)
     return checker.check_allclose(
         rtol=1e-3, atol=0.0, dump_mode=DumpMode.NOT_EQUAL, dump_path=tmp_path
     )
@@ -83,6 +84,7 @@ def test_table_from_columns_equals_the_records_table(tmp_path):
     statuses = set(by_records.column("status").to_pylist())
     assert {"equal", "close", "mismatch", "skipped", "missing_candidate"} <= statuses
     assert by_records.column("dump_path").null_count < n  # some rows were dumped
+    assert set(by_records.column("cache_hit").to_pylist()) == {True, False}
     for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio", "ranks", "run_id"):
         assert by_records.column(name).null_count == n, name
 
@@ -108,7 +110,8 @@ def test_one_row_worked_by_hand(tmp_path):
     # |2 + 2^-10 - 2| = 2^-10 <= atol + rtol * 2 = 2e-3: close, not equal, no mismatch
     assert row["status"] == "close" and row["mode"] == "allclose"
     assert row["kind"] == "manual" and row["slot"] == "manual" and row["module"] is None
-    assert row["call_index"] == 0 and row["step"] == 0 and row["cache_hit"] is None
+    assert row["call_index"] == 0 and row["step"] == 0
+    assert row["cache_hit"] is False  # a manual tag has no module: no cache skipped it
     assert row["numel"] == 2 and row["ref_shape"] == [2] and row["cand_shape"] == [2]
     assert row["ref_dtype"] == row["cand_dtype"] == "float32"
     assert row["mismatch_count"] == 0
