@@ -4,9 +4,9 @@
 ``modules`` table from them, making a ``TagResult`` record only for the failing rows or when
 ``results`` is read. The table must be the one the records give, value for value, dtype for
 dtype, null for null: here it is built both ways for one mixed check (equal, close, mismatch,
-NaN/inf, skipped never-called module, one-sided tag, dumped tags, cache marks, budget columns null) and
-compared with ``pyarrow.Table.equals``; one row is checked field by field against values worked
-out by hand.
+NaN/inf, skipped never-called module, one-sided tag, dumped tags, cache marks, budget columns
+null) and compared with ``pyarrow.Table.equals``; one row is checked field by field against
+values worked out by hand.
 """
 
 from __future__ import annotations
