@@ -755,3 +755,121 @@ def test_mlflow_logging_of_a_twin_reference_side_run(tmp_path, in_tmp_cwd, sqlit
     assert "NaN" not in json.dumps(budget.summary) and "Infinity" not in json.dumps(
         budget.summary, allow_nan=True
     )
+
+
+# --- non-finite ratios, float inputs the twin rounds, auto with a twin that cannot run --------
+
+
+class Blow(nn.Module):
+    """Linear → ×scale → Linear; an fp16 engine that forgets to scale down overflows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+        self.up = 1.0
+
+    def forward(self, x):
+        return self.b(self.a(x) * self.up)
+
+
+def test_fp16_overflow_only_in_the_candidate_is_an_infinite_ratio_in_strict_json():
+    torch.manual_seed(37)
+    ref, x = Blow().eval(), torch.randn(3, 4)
+    cand = _cast_in(copy.deepcopy(ref).half(), torch.half)
+    cand.up = 1e5  # the engine's bug: values past fp16's 65504
+    with torch.no_grad():
+        c = cand.a(x.half()) * cand.up
+    assert torch.isinf(c).any()  # the candidate loses values the golden and twin keep
+    result = _run(ref, cand, (x,))
+    rows = _outputs(result)
+    assert rows[("a", 0)]["status"] == "equal"
+    fd = result.first_divergence
+    assert fd["status"] == "mismatch" and rows[("b", 0)]["error_ratio"] == math.inf
+    assert result.summary["error_ratio_infinite"] is True
+    json.loads(json.dumps(result.summary, allow_nan=False), parse_constant=_no_constant)
+
+
+class Timestep(nn.Module):
+    """A diffusion-style sinusoidal embedding of a float timestep ``t`` (kept fp32 by engines)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.out = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.bug = 0.0
+
+    def forward(self, x, t):
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(8, dtype=t.dtype) / 8)
+        arg = t[:, None] * freqs[None]
+        emb = torch.cat([arg.sin(), arg.cos()], -1).to(x.dtype)
+        return self.out(torch.relu(self.proj(x) + emb)) + self.bug
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="w9brk1 bug 2 (silent pass; since issue 15, kept by cd57a7c): the twin's inputs are "
+    "cast_floating(inputs, bf16), so a float timestep 999.0 becomes 1000.0 in the twin only; "
+    "its sinusoidal embedding is then far off the golden (e_twin 0.219 at the output), and a "
+    "candidate whose output is 0.1 off (a real bug: ratio 12.3 against PyTorch at bf16 with "
+    "the caller's fp32 timestep, e_twin 0.004) is 'close' (ratio 0.48). run/budget.py "
+    "_twin_inputs / capture/twin.py cast_floating",
+)
+def test_a_float_timestep_rounded_in_the_twin_only_hides_a_bug():
+    torch.manual_seed(38)
+    ref = Timestep().eval()
+    x, t = torch.randn(3, 16), torch.tensor([999.0, 517.0, 3.0])
+    cand = copy.deepcopy(ref).bfloat16()
+    cand.bug = 0.1
+    cand.register_forward_pre_hook(lambda m, a: (a[0].bfloat16(), a[1]))  # t stays fp32
+    with torch.no_grad():  # PyTorch at bf16 as the user runs it: t kept in fp32
+        g = copy.deepcopy(ref).double()(x.double(), t.double())
+        tw = copy.deepcopy(ref).bfloat16()(x.bfloat16(), t)
+        c = cand(x, t)
+    want = _expected(g, tw, c)
+    assert want["status"] == "mismatch"  # independent: the bug is ≫ 2x PyTorch's own error
+    row = _outputs(_run(ref, cand, (x, t)))[("output", 0)]
+    assert row["status"] == "mismatch", row["message"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="w9brk1 bug 3: mode='auto' whose twin cannot run at the candidate's dtype (a "
+    "hard-coded .float() before a Linear) ends the run 'failed' with nothing compared and "
+    "the user's reference never run; issue 15 says auto falls back to allclose when the "
+    "budget cannot run (run/run.py: passes.twin replaces plans[0] before any twin forward "
+    "was tried; run/budget.py prepare never runs the twin)",
+)
+def test_auto_falls_back_to_allclose_when_the_twin_cannot_run():
+    torch.manual_seed(39)
+    ref, x = HardFloat().eval(), torch.randn(3, 4)
+    cand = HardFloatEngine().eval()
+    cand.load_state_dict(ref.state_dict())
+    cand.bfloat16()
+    result = _run(ref, cand, (x,), mode="auto", settings={"quantization": "bf16"})
+    assert result.summary["status"] == "completed"
+    assert result.summary["mode"] == "allclose"
+    row = _outputs(result)[("output", 0)]
+    with torch.no_grad():
+        want = float(np.abs(_np(ref(x)) - _np(cand(x))).max())
+    assert row["max_abs_diff"] == pytest.approx(want, rel=1e-12, abs=0)
+
+
+@pytest.mark.slow
+def test_cli_mode_budget_on_the_tiny_target(in_tmp_cwd, sqlite_tracking_uri, monkeypatch):
+    from test_cli import run_json
+
+    from parity_tracker.track.store import get_client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_tracking_uri)
+    monkeypatch.delenv("PARITY_TEST_PERTURB", raising=False)
+    res, out = run_json("--quantization", "bf16", "--mode", "budget", "--commit", "c1")
+    assert res.exit_code == 0
+    json.loads(res.stdout, parse_constant=_no_constant)
+    s = out["summary"]
+    assert s["mode"] == "budget" and s["passed"]
+    side = "twin (the reference at bfloat16; its own forward not run)"
+    assert s["settings"]["reference_side"] == side
+    params = get_client(sqlite_tracking_uri).get_run(out["run_id"]).data.params
+    assert params["reference_side"] == side
+    _, out2 = run_json("--quantization", "bf16", "--mode", "allclose", "--commit", "c2")
+    assert "reference_side" not in out2["summary"]["settings"]
+    assert out2["summary"]["config_fingerprint"] == s["config_fingerprint"]
