@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -873,3 +874,61 @@ def test_cli_mode_budget_on_the_tiny_target(in_tmp_cwd, sqlite_tracking_uri, mon
     _, out2 = run_json("--quantization", "bf16", "--mode", "allclose", "--commit", "c2")
     assert "reference_side" not in out2["summary"]["settings"]
     assert out2["summary"]["config_fingerprint"] == s["config_fingerprint"]
+
+
+# --- an int8 candidate with the caller's twin, a spilled golden, dumps of the twin side --------
+
+
+def test_int8_dynamic_candidate_with_a_callers_twin_under_auto():
+    """quantize_dynamic (int8 weights, dynamic activations) with a weight-only fake-quant twin:
+    auto picks budget (a twin is set), rows match the hand-built sides, weights are compared
+    dequantized against the twin's fake-quantized fp32 weights."""
+    torch.manual_seed(40)
+    ref, x = Plain().eval(), torch.randn(6, 12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_dynamic's deprecation notice
+        cand = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(ref), {nn.Linear}, dtype=torch.qint8
+        )
+    twin = _fake_quant(ref, torch.round)
+    settings = {"quantization": "int8", "twin": "fake-quant"}
+    result = _run(ref, cand, (x,), mode="auto", settings=settings, twin=twin)
+    assert result.summary["mode"] == "budget"
+    assert result.settings["reference_side"].startswith("twin (the caller's twin")
+    golden = _capture(copy.deepcopy(ref).double(), x.double())
+    t, c = _capture(copy.deepcopy(twin), x), _capture(cand, x)
+    rows = _outputs(result)
+    for n in golden:
+        _assert_row(rows[(n, 0)], _expected(golden[n], t[n], c[n]), n)
+    weights = {r["tag"]: r for r in result.modules.to_pylist() if r["kind"] == "param"}
+    w_c = cand.a.weight().dequantize()
+    want = float(np.abs(_np(w_c) - _np(twin.a.weight)).max())
+    assert weights["checker_a.weight"]["max_abs_diff"] == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_a_golden_that_spills_gives_the_same_verdicts(monkeypatch):
+    import parity_tracker.run.budget as budget
+
+    monkeypatch.setattr(budget, "GOLDEN_RESIDENT_BYTES", 256)  # every golden capture spills
+    ref, cand, inputs, golden_model, golden_in, _ = _bn(True, torch.bfloat16)
+    golden = _capture(golden_model, *golden_in)
+    twin = _capture(copy.deepcopy(ref).bfloat16(), inputs[0].bfloat16())
+    c = _capture(cand, *inputs)
+    rows = _outputs(_run(ref, cand, inputs))
+    for n in golden:
+        _assert_row(rows[(n, 0)], _expected(golden[n], twin[n], c[n]), n)
+    assert rows[("bn", 0)]["status"] == "mismatch"
+
+
+def test_dumped_reference_tensors_are_the_twins(tmp_path):
+    torch.manual_seed(41)
+    ref, x = Plain().eval(), torch.randn(3, 12)
+    cand = _cast_in(copy.deepcopy(ref).bfloat16(), torch.bfloat16)
+    with torch.no_grad():
+        cand.b.bias += 0.2
+    result = _run(ref, cand, (x,), dump_mode=DumpMode.ALL, dump_path=tmp_path, keep_repro=0)
+    with torch.no_grad():
+        twin = copy.deepcopy(ref).bfloat16()(x.bfloat16())
+    (found,) = list(tmp_path.rglob("checker_model__ref.npy"))
+    np.testing.assert_array_equal(np.load(found).astype(np.float64), _np(twin))
+    assert result.first_divergence["module"] == "b"
