@@ -960,7 +960,7 @@ class ClampLinear(nn.Linear):
     "'finite / inf = 0'): once the twin loses ONE value at a tag (fp16 overflow where the "
     "golden is finite), e_twin = +inf and any finite candidate error is ratio 0 → 'close', "
     "however wrong the candidate is on every element the twin kept (here +1000 on 5 of 6 "
-    "elements: 10x the floor, > 1e5x the twin's error there)",
+    "elements: ratio ≈ 10 over those elements, whose floor eps·max|golden| is 97.7)",
 )
 def test_one_overflow_in_the_twin_does_not_excuse_every_other_element():
     ref = Big().eval()
