@@ -985,3 +985,61 @@ def test_one_overflow_in_the_twin_does_not_excuse_every_other_element():
     assert e_c / max(e_t, floor) > 4 * K  # ≈ 10.2: 1000 over a floor of 97.7
     row = _outputs(_run(ref, cand, (x,)))[("output", 0)]
     assert row["status"] == "mismatch", row["message"]
+
+
+class KW(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 10), nn.Linear(10, 2)
+
+    def forward(self, x, scale=1.0, ids=None):
+        h = torch.sigmoid(self.a(x)) * scale
+        if ids is not None:
+            h = h + ids.to(h.dtype)[:, None]
+        return self.b(h)
+
+
+@pytest.mark.parametrize("form", ["mapping", "single_tensor", "tuple_with_ints"])
+def test_input_forms_reach_the_twin_cast_and_the_candidate_raw(form):
+    torch.manual_seed(42)
+    ref = KW().eval()
+    x, ids = torch.randn(4, 6), torch.tensor([0, 3, 1, 2])
+    cand = copy.deepcopy(ref).half()
+    cand.register_forward_pre_hook(
+        lambda m, a, k: (
+            tuple(t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in a),
+            {
+                n: v.half() if torch.is_tensor(v) and v.is_floating_point() else v
+                for n, v in k.items()
+            },
+        ),
+        with_kwargs=True,
+    )
+    inputs = {
+        "mapping": {"x": x, "scale": 3.0, "ids": ids},
+        "single_tensor": x,
+        "tuple_with_ints": (x, 3.0, ids),
+    }[form]
+    args, kw = (
+        ((), inputs)
+        if form == "mapping"
+        else ((x,), {})
+        if form == "single_tensor"
+        else (inputs, {})
+    )
+
+    def half(v):
+        return v.half() if torch.is_tensor(v) and v.is_floating_point() else v
+
+    def wide(v):
+        return v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+
+    g = _capture(
+        copy.deepcopy(ref).double(), *map(wide, args), **{k: wide(v) for k, v in kw.items()}
+    )
+    t = _capture(copy.deepcopy(ref).half(), *map(half, args), **{k: half(v) for k, v in kw.items()})
+    c = _capture(copy.deepcopy(cand), *args, **kw)
+    rows = _outputs(_run(ref, cand, inputs))
+    for n in g:
+        _assert_row(rows[(n, 0)], _expected(g[n], t[n], c[n]), n)
+        assert rows[(n, 0)]["status"] == "equal"
