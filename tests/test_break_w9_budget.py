@@ -723,6 +723,16 @@ def test_failing_budget_run_keeps_a_reproducer_without_warning(tmp_path, recwarn
     assert not [w for w in recwarn if "reproducer" in str(w.message)]
     kept = list(tmp_path.rglob("repro/kept.json"))
     assert kept and json.loads(kept[0].read_text(), parse_constant=_no_constant)
+    # the module reproducer is rebuilt from the reference side: the twin (bf16 weights)
+    from safetensors.torch import load_file
+
+    from parity_tracker.files import repro_lib
+
+    (folder,) = [p.parent for p in tmp_path.rglob("repro.json")]
+    state = load_file(str(folder / "state_dict.safetensors"))
+    assert torch.equal(state["weight"], ref.b.weight.detach().bfloat16())
+    with pytest.raises(AssertionError, match="Linear b output 0"):
+        repro_lib.check(folder)  # the +0.2 bias bug vs PyTorch at bf16
 
 
 def _no_constant(name: str):
