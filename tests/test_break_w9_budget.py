@@ -1053,3 +1053,52 @@ def test_input_forms_reach_the_twin_cast_and_the_candidate_raw(form):
     for n in g:
         _assert_row(rows[(n, 0)], _expected(g[n], t[n], c[n]), n)
         assert rows[(n, 0)]["status"] == "equal"
+
+
+class CountingLinear(nn.Linear):
+    """A Linear that goes wrong on its second call of a forward (a stale-state bug)."""
+
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = super().forward(x)
+        return y + 0.25 if self.calls % 2 == 0 else y
+
+
+class Twice(nn.Module):
+    """One Linear called twice per forward: tags ``checker_a`` and ``checker_a@1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(torch.tanh(self.a(x) * 3))))
+
+
+def test_a_module_called_twice_is_judged_per_call_against_its_own_golden():
+    torch.manual_seed(43)
+    ref, x = Twice().eval(), torch.randn(4, 8)
+    cand = copy.deepcopy(ref).bfloat16()
+    bad = CountingLinear(8, 8).bfloat16()
+    bad.load_state_dict(cand.a.state_dict())
+    cand.a = bad
+    cand = _cast_in(cand, torch.bfloat16)
+    per_call: dict[str, list] = {"g": [], "t": [], "c": []}
+
+    def calls(model, inp, key):
+        h = model.a.register_forward_hook(lambda m, i, o: per_call[key].append(o.clone()))
+        with torch.no_grad():
+            model(inp)
+        h.remove()
+
+    calls(copy.deepcopy(ref).double(), x.double(), "g")
+    calls(copy.deepcopy(ref).bfloat16(), x.bfloat16(), "t")
+    calls(copy.deepcopy(cand), x, "c")  # a copy: its own call counter starts at 0
+    result = _run(ref, cand, (x,))
+    by = {r["tag"]: r for r in result.modules.to_pylist() if r["kind"] == "output"}
+    for i, tag in enumerate(("checker_a", "checker_a@1")):
+        _assert_row(by[tag], _expected(per_call["g"][i], per_call["t"][i], per_call["c"][i]), tag)
+    assert by["checker_a"]["status"] == "equal" and by["checker_a@1"]["status"] == "mismatch"
+    assert result.first_divergence["tag"] == "checker_a@1"
