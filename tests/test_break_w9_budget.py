@@ -1102,3 +1102,42 @@ def test_a_module_called_twice_is_judged_per_call_against_its_own_golden():
         _assert_row(by[tag], _expected(per_call["g"][i], per_call["t"][i], per_call["c"][i]), tag)
     assert by["checker_a"]["status"] == "equal" and by["checker_a@1"]["status"] == "mismatch"
     assert result.first_divergence["tag"] == "checker_a@1"
+
+
+class CastsInside(nn.Module):
+    """Receives the run's fp32 inputs and casts them itself (no pre-hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.a(x.to(self.a.weight.dtype))
+
+
+def test_root_input_row_of_a_candidate_that_casts_inside_compares_cast_and_raw_inputs():
+    """The twin's root input is ``x`` cast to bf16, the candidate's is ``x`` itself: that row
+    now differs by bf16's rounding of ``x`` (before cd57a7c it was the module ``a``'s input)."""
+    torch.manual_seed(44)
+    ref, x = CastsInside().eval(), torch.randn(3, 4)
+    result = _run(ref, copy.deepcopy(ref).bfloat16(), (x,))
+    rows = {r["tag"]: r for r in result.modules.to_pylist() if r["kind"] == "input"}
+    root = rows["checker_model_input_0"]
+    assert root["max_abs_diff"] == float(np.abs(_np(x.bfloat16()) - _np(x)).max())
+    assert root["status"] == "close" and root["error_ratio"] == 0.0
+    assert rows["checker_a_input_0"]["status"] == "equal"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="w9brk1 bug 5 (cosmetic, compare/budget.py _small_scan: max(-lo, hi) with lo = hi "
+    "= 0.0 returns -0.0): an exact side of <= 65536 elements gets golden_max_abs_err -0.0 "
+    "and the message says 'error vs the float64 golden -0'; a max |Δ| is never -0.0",
+)
+def test_an_exact_side_has_a_positive_zero_error():
+    torch.manual_seed(44)
+    ref, x = CastsInside().eval(), torch.randn(3, 4)
+    result = _run(ref, copy.deepcopy(ref).bfloat16(), (x,))
+    root = {r["tag"]: r for r in result.modules.to_pylist()}["checker_model_input_0"]
+    assert math.copysign(1.0, root["golden_max_abs_err"]) == 1.0  # |x - x| max = +0.0
+    assert "golden -0 " not in root["message"]
