@@ -1167,3 +1167,26 @@ def test_a_twin_that_is_not_a_module_is_refused_by_name_before_the_golden(kind):
         hook.remove()
     assert err.value.exit_code == 2
     assert calls == []  # no golden forward (float64) ran before the refusal
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="w9brk1 bug 7 (bad-input message): a module shared by the caller's twin and the "
+    "candidate is refused (exit 2) only at hook install, after the golden forward, as 'the "
+    "candidate shares module objects with the reference (b)': the reference holds no such "
+    "module; validate(walk_shared=True) walks reference vs candidate only (run/validate.py)",
+)
+def test_a_module_shared_by_twin_and_candidate_is_named_as_the_twins_before_the_golden():
+    torch.manual_seed(26)
+    ref, x = Plain().eval(), torch.randn(2, 12)
+    cand = copy.deepcopy(ref).bfloat16()
+    twin = copy.deepcopy(ref).bfloat16()
+    twin.b = cand.b
+    calls = []
+    hook = ref.register_forward_pre_hook(lambda m, a: calls.append(a[0].dtype))  # copied
+    try:
+        with pytest.raises(InputError, match=r"\btwin\b"):
+            _run(ref, _cast_in(cand, torch.bfloat16), (x,), twin=twin)
+    finally:
+        hook.remove()
+    assert calls == []  # refused before the float64 golden forward
