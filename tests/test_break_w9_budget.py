@@ -384,13 +384,6 @@ def test_caller_fake_quant_twin_is_the_reference_side(rounding):
         assert result.passed and {r["status"] for r in rows.values()} == {"equal"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk1 bug 1: twin=reference (the caller passes the reference itself as its twin) "
-    "runs the reference's forward as side 0, but the run param reference_side says 'the "
-    "reference's own forward not run' (run.run: passes.twin is not None → "
-    "twin_reference_side(None), whatever the twin object is)",
-)
 def test_twin_is_the_reference_object_is_not_recorded_as_not_run():
     torch.manual_seed(25)
     ref, x = Plain().eval(), torch.randn(2, 12)
@@ -1128,12 +1121,6 @@ def test_root_input_row_of_a_candidate_that_casts_inside_compares_cast_and_raw_i
     assert rows["checker_a_input_0"]["status"] == "equal"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk1 bug 5 (cosmetic, compare/budget.py _small_scan: max(-lo, hi) with lo = hi "
-    "= 0.0 returns -0.0): an exact side of <= 65536 elements gets golden_max_abs_err -0.0 "
-    "and the message says 'error vs the float64 golden -0'; a max |Δ| is never -0.0",
-)
 def test_an_exact_side_has_a_positive_zero_error():
     torch.manual_seed(44)
     ref, x = CastsInside().eval(), torch.randn(3, 4)
@@ -1143,15 +1130,6 @@ def test_an_exact_side_has_a_positive_zero_error():
     assert "golden -0 " not in root["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk1 bug 6 (bad-input message): twin= that is not an nn.Module (a function, the "
-    "string 'fake-quant', a state_dict) is refused only when the hooks are installed, after "
-    "the float64 golden forward ran, with 'module_register_tensor_checker needs a "
-    "torch.nn.Module, got function; register a foreign engine's tensors with "
-    "tensor_checker.register_tensor instead': it never names `twin` (run/validate.py does "
-    "not check it; run/budget.py _twin_model returns it as given)",
-)
 @pytest.mark.parametrize("kind", ["function", "string"])
 def test_a_twin_that_is_not_a_module_is_refused_by_name_before_the_golden(kind):
     torch.manual_seed(45)
@@ -1169,13 +1147,6 @@ def test_a_twin_that_is_not_a_module_is_refused_by_name_before_the_golden(kind):
     assert calls == []  # no golden forward (float64) ran before the refusal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk1 bug 7 (bad-input message): a module shared by the caller's twin and the "
-    "candidate is refused (exit 2) only at hook install, after the golden forward, as 'the "
-    "candidate shares module objects with the reference (b)': the reference holds no such "
-    "module; validate(walk_shared=True) walks reference vs candidate only (run/validate.py)",
-)
 def test_a_module_shared_by_twin_and_candidate_is_named_as_the_twins_before_the_golden():
     torch.manual_seed(26)
     ref, x = Plain().eval(), torch.randn(2, 12)
