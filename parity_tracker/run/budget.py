@@ -91,8 +91,8 @@ def _twin_model(reference: Any, candidate: Any, twin: Any, settings: Mapping[str
     """``(twin model or None for the reference itself, dtype to cast inputs to or None)``."""
     from parity_tracker.capture.twin import compute_dtype, make_twin
 
-    if twin is not None:
-        return twin, None
+    if twin is not None:  # the caller's twin; the reference itself runs as the reference side
+        return (None, None) if twin is reference else (twin, None)
     override = settings.get("compute_dtype")
     cand_dtype = (
         compute_dtype(candidate, override) if hasattr(candidate, "parameters") or override else None

@@ -389,8 +389,15 @@ def run_parity(
     settings["mode"] = chosen
     candidate_drive = candidate_drive or drive
     # budget: the golden runs before any hook is installed, so shared modules are found first
+    is_budget = chosen == BUDGET
     cand_is_module = validate(
-        reference, candidate, inputs, drive, candidate_drive, walk_shared=chosen == BUDGET
+        reference,
+        candidate,
+        inputs,
+        drive,
+        candidate_drive,
+        walk_shared=is_budget,
+        twin=twin if is_budget else None,
     )
     run_id = uuid.uuid4().hex
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
