@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity_tracker.compare.budget_k import DEFAULT_K
+from parity_tracker.run.mode import REFERENCE_SIDE
 
 from ._page import fmt_num
 from .charts import _first_label, _steps, _trace, base_layout, log_floor, r4, two_panels, txt, vline
@@ -122,18 +123,23 @@ def budget_verdict(summary: Mapping[str, Any]) -> str | None:
     """The verdict bar's budget words: within k× :data:`BUDGET_BASE`, or the worst ratio.
 
     ``None`` for a run of another mode. Reads ``worst_error_ratio`` (``error_ratio_infinite``
-    for +inf) and ``worst_error_ratio_tag`` of the summary.
+    for +inf) and ``worst_error_ratio_tag`` of the summary, and names the reference side when
+    it is the twin (the ``reference_side`` setting, ``run.budget``): the candidate-vs-reference
+    figures beside it (output max |Δ|, SQNR) are then against PyTorch at the candidate's
+    precision, not against the fp32 reference.
     """
     if summary.get("mode") != "budget":
         return None
     ratio, tag = summary.get("worst_error_ratio"), summary.get("worst_error_ratio_tag")
+    side = (summary.get("settings") or {}).get(REFERENCE_SIDE)
+    note = f"; reference side: {side}" if side else ""
     if summary.get("error_ratio_infinite"):
-        return f"worst error_ratio ∞ at {tag} (the candidate loses values PyTorch keeps)"
+        return f"worst error_ratio ∞ at {tag} (the candidate loses values PyTorch keeps){note}"
     if ratio is None:
         return None
     if ratio <= DEFAULT_K and summary.get("passed"):
         return (
             f"within {fmt_num(DEFAULT_K)}× {BUDGET_BASE} "
-            f"(worst error_ratio {fmt_num(ratio)} at {tag})"
+            f"(worst error_ratio {fmt_num(ratio)} at {tag}){note}"
         )
-    return f"worst error_ratio {fmt_num(ratio)}× {BUDGET_BASE} at {tag}"
+    return f"worst error_ratio {fmt_num(ratio)}× {BUDGET_BASE} at {tag}{note}"

@@ -60,20 +60,16 @@ from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.sides import BudgetSides
 from parity_tracker.capture.snapshot import SnapshotStore, Snapshotter, VerifiedPairs
 from parity_tracker.capture.store import SpillCounters, Spilled
+from parity_tracker.compare.assemble import check_result
 from parity_tracker.compare.convert import as_tensor
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.pairing import (
     RELEASED,
     PairComparer,
     dump_plan,
-    first_divergence,
     load,
-    never_called,
     order_key,
     resolve,
-    structure_differences,
-    tag_results,
-    verdict_rows,
 )
 from parity_tracker.compare.results import (
     CheckResult,
@@ -444,19 +440,7 @@ def _assemble(self: TensorChecker, mode: str, resolved, dump_mode, dump_path) ->
     ordered = sorted(resolved, key=lambda x: order_key(x[0]))
     plan = dump_plan(DumpMode(dump_mode), ordered)
     paths, dump_dir = _write_dumps(self, plan, dump_path) if plan else ({}, None)
-    results = tag_results(self._log, ordered, paths)
-    results += never_called(self._log, mode)
-    failing = [i for i, r in enumerate(results) if is_failing(r.comparison.status)]
-    rows = verdict_rows(results, failing)  # both rules read failing rows only; built once
-    return CheckResult(
-        results=results,
-        weights=[r for r in results if r.kind in WEIGHT_KINDS],
-        first_divergence=first_divergence(results, rows),
-        structure_differences=structure_differences(results, rows),
-        passed=not failing,
-        mode=mode,
-        dump_dir=dump_dir,
-    )
+    return check_result(self._log, mode, ordered, paths, dump_dir)
 
 
 def _check_args(self: TensorChecker, mode, rtol, atol, dump_mode, dump_path):

@@ -116,9 +116,18 @@ def install_compiled(model: Any, log: Any, handle: Any) -> None:
         log: the checker's :class:`~parity_tracker.capture.modules.CaptureLog`.
         handle: the ``HookHandle`` that owns the hooks (its ``side``, ``root_name``,
             ``module_names`` are filled in).
-    """
-    from parity_tracker.capture.hooks import _has_forward
 
+    Raises:
+        InputError: a module object of ``model`` (its ``_orig_mod`` or any submodule) is
+            hooked by another side's live handle of ``log``: refused before anything is
+            hooked or recompiled, with ``run_parity``'s message (one owner:
+            ``capture.hooks.refuse_shared_handle``).
+    """
+    from parity_tracker.capture.hooks import _has_forward, refuse_shared_handle
+
+    listed = list(model.named_modules())  # the OptimizedModule's names: "_orig_mod.b", ...
+    handle._names, handle._mods = [n for n, _ in listed], [m for _, m in listed]
+    refuse_shared_handle(handle, log.handles)  # and other sides' installs now see these
     orig = model._orig_mod
     handle.recompiled = _discard_stale_code(model)
     root = root_name(orig)

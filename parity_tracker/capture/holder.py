@@ -33,6 +33,7 @@ from parity_tracker.statuses import BUDGET, RUN_MODES, WEIGHT_KINDS, is_failing
 
 #: the run modes whose small pairs may be compared in bulk (all but the error budget)
 _BULK_MODES = frozenset(RUN_MODES) - {BUDGET}
+_NOT = DumpMode.NOT
 
 
 class Holder:
@@ -63,12 +64,43 @@ class Holder:
         if c.reduce_to is not None:
             cap.value = c.reduce_to(g.tag, g.step, value)
             return
-        # the first capture of a group has nothing to be compared with (issue 19: no call)
-        ref_i = None if len(g.captures) < 2 else self._eager_reference(g, cap.side)
-        if ref_i is None:
+        caps = g.captures
+        n = len(caps)
+        # the first capture of a group has nothing to be compared with; the rest of
+        # _eager_reference inline (issue 19: fewer calls per capture)
+        if n < 2 or c.eager_mode is None:
             self._keep(cap, value, alias)
             return
-        self._eager_compare(g, ref_i, len(g.captures) - 1, value, alias)
+        i = g.ref_index
+        if i is None:
+            i = 0
+        held = caps[i]
+        held_value = held.value
+        if held.side == cap.side:
+            self._keep(cap, value, alias)
+        elif type(held_value) is HeldBytes:  # the usual small pair: held for the bulk now
+            if not self._bulk_bytes(g, i, n - 1, held, cap, held_value, value):
+                self._eager_compare(g, i, n - 1, value, alias, bulk_tried=True)
+        elif isinstance(held_value, (torch.Tensor, Spilled)):
+            self._eager_compare(g, i, n - 1, value, alias)
+        else:
+            self._keep(cap, value, alias)
+
+    def _bulk_bytes(self, g, held_i, new_i, held: Capture, new: Capture, held_value, value) -> bool:
+        """:meth:`_eager_compare`'s first step for a held ``HeldBytes``, inline (issue 19).
+
+        Holds the pair for the bulk comparison when :meth:`_hold_for_bulk` does and releases
+        both captures; False: nothing done (:meth:`_eager_compare` goes on from there).
+        """
+        if new.side < held.side:
+            ref_i, cand_i, ref, cand = new_i, held_i, value, held_value
+        else:
+            ref_i, cand_i, ref, cand = held_i, new_i, held_value, value
+        if not self._hold_for_bulk(g, cand_i, ref, cand):
+            return False
+        g.ref_index = ref_i
+        new.value = held.value = RELEASED  # the pair is held (its bytes as they are)
+        return True
 
     def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted.
@@ -85,14 +117,18 @@ class Holder:
             limit = self.bytes_max = self._bytes_limit()
         if alias:
             if limit and pinned_whole(value, limit):  # what pin would copy-on-write: its bytes
-                cap.value = copy = HeldBytes.of(value)
-                self.c._store.admit(copy, cap)
+                meta = cap.meta
+                cap.value = copy = HeldBytes.of(value, meta[0] if meta else None)
+                self.c._store.admit_small(copy, cap)
             else:
                 cap.value = snap.pin(value)
             return
         snap.bytes_max = limit  # small ones held as their bytes (compare.batch)
         cap.value = copy = snap.take(value)
-        self.c._store.admit(copy, cap)
+        if type(copy) is HeldBytes:  # store.admit's first test, inline (issue 19)
+            self.c._store.admit_small(copy, cap)
+        else:
+            self.c._store.admit(copy, cap)
 
     def _bytes_limit(self) -> int:
         """``BULK_MAX_BYTES`` when this round's small pairs may be compared in bulk, else 0.
@@ -115,19 +151,13 @@ class Holder:
             else 0
         )
 
-    def _eager_reference(self, g: Group, side: int) -> int | None:
-        """Index of the capture the new one is compared against now, or None to hold it."""
-        if self.c.eager_mode is None:
-            return None
-        i = g.ref_index if g.ref_index is not None else 0
-        if len(g.captures) < 2:
-            return None
-        held = g.captures[i]
-        if held.side == side or not isinstance(held.value, (torch.Tensor, Spilled, HeldBytes)):
-            return None
-        return i
+    def _eager_compare(
+        self, g: Group, held_i: int, new_i: int, value: Any, alias: bool, bulk_tried: bool = False
+    ) -> None:
+        """Compare (or hold for the bulk) the new capture ``new_i`` with the held ``held_i``.
 
-    def _eager_compare(self, g: Group, held_i: int, new_i: int, value: Any, alias: bool) -> None:
+        ``bulk_tried``: :meth:`_bulk_bytes` already found the pair not holdable as it is.
+        """
         held = g.captures[held_i]
         new = g.captures[new_i]
         new_is_ref = new.side < held.side
@@ -135,7 +165,7 @@ class Holder:
         held_value = held.value
         as_bytes = type(held_value) is HeldBytes  # a small snapshot's bytes (never pinned)
         ref, cand = (value, held_value) if new_is_ref else (held_value, value)
-        if as_bytes and self._hold_for_bulk(g, cand_i, ref, cand):
+        if as_bytes and not bulk_tried and self._hold_for_bulk(g, cand_i, ref, cand):
             g.ref_index = ref_i
             new.value = held.value = RELEASED  # the pair is held (its bytes as they are)
             return
@@ -205,9 +235,7 @@ class Holder:
         are compared first.
         """
         c = self.c
-        if c.eager_mode not in _BULK_MODES or c.align is not None:
-            return False
-        if c.dump_mode is not DumpMode.NOT:
+        if c.eager_mode not in _BULK_MODES or c.align is not None or c.dump_mode is not _NOT:
             return False
         snap = c._snap
         if snap._hashes and (
@@ -216,13 +244,17 @@ class Holder:
             return False
         if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
             return False
-        limit = min(PENDING_BYTES, c.max_resident_bytes / 16)
+        limit = c._store.max_resident_bytes / 16  # c.max_resident_bytes, without the property
+        if limit > PENDING_BYTES:
+            limit = PENDING_BYTES
         if limit < 2 * BULK_MAX_BYTES:  # a bound too small to hold a pair
             return False
-        if self.held.nbytes + 2 * BULK_MAX_BYTES > limit or len(self.held) >= PENDING_PAIRS:
+        held = self.held
+        if held.nbytes + 2 * BULK_MAX_BYTES > limit or len(held.keys) >= PENDING_PAIRS:
             self.flush()  # the next pair could pass the bound: compare the held ones first
+            held = self.held
         try:
-            return self.held.add((g, cand_i), g.tag, ref, cand)
+            return held.add((g, cand_i), g.tag, ref, cand)
         except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it
             return False
 

@@ -222,8 +222,10 @@ def refuse_shared_handle(handle: HookHandle, handles: Iterable[HookHandle]) -> N
             refuse_shared(shared_modules(other._mods, zip(handle._names, mods, strict=True)))
 
 
-def refuse_shared(shared: list[str]) -> None:
+def refuse_shared(shared: list[str], other: str = "reference") -> None:
     """Refuse two sides that share module objects (``shared``: :func:`shared_modules`).
+
+    ``other`` names the model the candidate shares them with (a budget run's ``twin``).
 
     Both sides' hooks would sit on one object, so every forward records it on both sides:
     its rows compare one forward with itself (``equal`` whatever the candidate computes there)
@@ -235,7 +237,7 @@ def refuse_shared(shared: list[str]) -> None:
     if shared:
         more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
         raise InputError(
-            f"the candidate shares module objects with the reference ({', '.join(shared[:5])}"
+            f"the candidate shares module objects with the {other} ({', '.join(shared[:5])}"
             f"{more}): both sides' hooks would record them in both forwards; pass "
             "copy.deepcopy(candidate) (or deep-copy the shared submodules) so that each side "
             "has its own modules"

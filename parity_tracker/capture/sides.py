@@ -10,10 +10,11 @@ and turns a reference/candidate pair into the budget verdict.
 
 Memory: the golden checker holds its captures in the bounded spilling snapshot store (give it
 ``max_resident_bytes``); with ``release`` a golden capture is let go once its tag is judged.
-The twin checker
-is built with :func:`twin_reducer`, so each twin value is reduced to its
+A separate twin checker
+built with :func:`twin_reducer` reduces each twin value to its
 :class:`~parity_tracker.compare.budget.ErrorScan` against the golden as soon as it is captured
-(the twin's tensors are never held).
+(the twin's tensors are never held). ``run_parity`` runs no separate twin pass (2026-12-01,
+``run.budget``): its twin is the run's reference side, read with ``twin_log=None``.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class BudgetSides:
 
     Args:
         golden_log: the capture log of the golden's checker (``checker._log``).
-        twin_log: the twin's capture log, or ``None`` when the twin is the reference itself
-            (a candidate of the reference's dtype: another implementation).
+        twin_log: the twin's capture log, or ``None`` when the twin is the reference side
+            (the reference itself for a candidate of the reference's dtype, else the twin
+            model ``run_parity`` runs as its reference side: ``run.budget``).
         budgets: per-tag ``k`` (:class:`~parity_tracker.compare.budget.Budgets`; default k=2).
         align: the run's ``align(tag, reference, candidate)``; applied to the golden and to a
             twin tensor as to the reference (their shapes are the reference's).

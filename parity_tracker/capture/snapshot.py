@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from parity_tracker.compare.batch import HeldBytes, holdable
+from parity_tracker.compare.batch import HeldBytes, _readable, holdable
 from parity_tracker.compare.batch import _bytes as held_bytes
+from parity_tracker.compare.batch import _copy as copy_bytes
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
 from parity_tracker.compare.hashing import (
@@ -275,8 +276,10 @@ class Snapshotter:
         - a C-order copy of a non-contiguous source (or the op store's sealed file of its bytes);
         - a clone (the rest).
         """
-        if self.bytes_max and holdable(t, min(self.bytes_max, COW_MIN_BYTES - 1)):
-            return self._take_bytes(t)  # instead of a clone, never of a copy-on-write copy
+        if self.bytes_max and _readable(t):  # holdable(t, min(bytes_max, COW_MIN_BYTES - 1))
+            n = t.nbytes  # instead of a clone, never of a copy-on-write copy
+            if n <= self.bytes_max and n < COW_MIN_BYTES:
+                return self._take_bytes(t, n)
         version = tensor_version(t)
         key = id(t)
         copy = self._reusable(key, t, version)
@@ -306,23 +309,23 @@ class Snapshotter:
             self._remember(key, t, version, copy)
         return copy
 
-    def _take_bytes(self, t: torch.Tensor) -> HeldBytes:
+    def _take_bytes(self, t: torch.Tensor, n: int = -1) -> HeldBytes:
         """:meth:`take`'s copy of a small tensor as its bytes (``HeldBytes.of``, issue 19).
 
         A module's input is usually the previous module's output: the ``HeldBytes`` last taken
         of the same object (same ``id``) is handed out again when it holds exactly the bytes,
         dtype and shape read now. The whole contents are compared (``bytes ==``), not a digest,
         so the shared copy holds the values of now whatever happened in between (a write
-        counted or not, another object under a reused ``id``). Cost: one byte copy and,
-        for an earlier copy of the same object, one ``memcmp`` (then no new ``HeldBytes``).
+        counted or not, another object under a reused ``id``). Cost: one byte copy and, for an
+        earlier copy of the same object, one ``memcmp``. ``n``: ``t.nbytes``, when known.
         """
-        data = held_bytes(t)
-        key = id(t)
+        data = held_bytes(t) if n < 0 else copy_bytes(t, n)
+        key, dtype, shape = id(t), t.dtype, tuple(t.shape)
         ref = self._bytes_seen.get(key)
         old = None if ref is None else ref()
-        if old is not None and old.data == data and old.dtype == t.dtype and old.shape == t.shape:
+        if old is not None and old.data == data and old.dtype == dtype and old.shape == shape:
             return old
-        held = HeldBytes(data, t.dtype, tuple(t.shape))  # HeldBytes.of(t), its bytes read once
+        held = HeldBytes(data, dtype, shape)  # HeldBytes.of(t), its bytes read once
         self._bytes_seen[key] = _key_ref(held, self._bytes_gone, key)  # dropped when it dies
         return held
 

@@ -12,6 +12,7 @@ import itertools
 import os
 from collections.abc import Callable
 from typing import Any
+from weakref import ref as _weak
 
 import torch
 
@@ -141,17 +142,7 @@ class SnapshotStore(BoundedStore):
         (``Snapshotter.take`` borrowed the op store's sealed file) counts nothing.
         """
         if type(copy) is HeldBytes:  # a small tensor's bytes: counted per round (issue 19)
-            small = self.small
-            n = small.admit(copy, cap)
-            if n:
-                self.resident_bytes += n
-                if self.resident_bytes > self.max_resident_bytes:
-                    self._make_room()
-                if self.resident_bytes > self.peak_resident_bytes:
-                    self.peak_resident_bytes = self.resident_bytes
-                heap_trim.trimmer.admitted(n)
-            if small.due():
-                self.resident_bytes -= small.recount()
+            self.admit_small(copy, cap)
             return
         if type(copy) is Spilled:  # the op store's sealed file (``OpStore.sealed_spill``)
             self.borrowed_bytes += copy.nbytes  # nothing resident, nothing written
@@ -173,6 +164,24 @@ class SnapshotStore(BoundedStore):
                 entry.lent, entry.address = (lent, version), address
                 self.lender.watch(lent, self._watcher(key, entry))
         super().admit(key, nbytes, entry)
+
+    def admit_small(self, copy: HeldBytes, cap: Any) -> None:
+        """:meth:`admit` of a ``HeldBytes`` (counted per round: ``SmallCopies.admit``, inline)."""
+        small = self.small
+        small.entries.append((_weak(copy), cap))  # no callback: the same ref every time
+        if copy.owner is not small.token:  # counted once per round
+            copy.owner = small.token
+            n = len(copy.data)
+            if n:
+                small.counted += n
+                resident = self.resident_bytes = self.resident_bytes + n
+                if resident > self.max_resident_bytes:
+                    self._make_room()
+                if self.resident_bytes > self.peak_resident_bytes:
+                    self.peak_resident_bytes = self.resident_bytes
+                heap_trim.trimmer.admitted(n)
+        if len(small.entries) >= small._next_recount:  # small.due()
+            self.resident_bytes -= small.recount()
 
     def _gone(self, ref: _Held) -> None:
         """A snapshot died: stop counting it (not a newer one under its id)."""

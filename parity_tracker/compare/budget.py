@@ -243,8 +243,8 @@ def _small_scan(s: torch.Tensor, g: torch.Tensor, golden_max: bool, dtype) -> Er
     values = torch.stack(parts).tolist()
     if not all(map(math.isfinite, values)):
         return None
-    worst = max(-values[0], values[1])
-    top_g = max(-values[2], values[3]) if golden_max else None
+    worst = max(-values[0], values[1]) + 0.0  # + 0.0: a max |Δ| is never -0.0 (lo = hi = 0)
+    top_g = max(-values[2], values[3]) + 0.0 if golden_max else None
     return ErrorScan(worst, 0, dtype, golden_max=top_g)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from parity_tracker.compare.fused import give_up, kernel_loaded
-from parity_tracker.compare.hashing import _is_cow, bytes_in_place
+from parity_tracker.compare.hashing import array_in_place
 
 _STATE: dict = {"fn": None, "built": False}
 _NP = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.uint16}
@@ -62,40 +62,19 @@ def loaded() -> bool:
 def _array(s: torch.Tensor) -> np.ndarray | None:
     """The side's elements as numpy (bfloat16 as its ``uint16`` bits), or ``None``.
 
-    A copy-on-write tensor (``torch._lazy_clone``: the checker's snapshots of large captures)
-    is read in place through ``const_data_ptr`` (:func:`_shared`): ``numpy()`` asks for
-    writable data and so gives a COW storage still shared (its source, or a second snapshot of
-    the same source, alive) a private copy of all its bytes first, ≈ 8 ms per 8 MiB float64
-    golden at 8×512 (issue 19, wave 6).
+    Read in place (``hashing.array_in_place``), never through ``numpy()``: that marks a
+    model's own tensor's storage not resizable for good (its later ``resize_`` raised), and
+    gives a copy-on-write tensor (``torch._lazy_clone``: the checker's snapshots of large
+    captures) a private copy of all its bytes first, ≈ 8 ms per 8 MiB float64 golden at 8×512
+    (issue 19, wave 6). Writable only so that the loop's compiled signature is that of a
+    writable array (it only reads); the caller keeps ``s`` unresized while it reads.
     """
     if s.dtype not in _NP:
         return None
-    if _is_cow(s):
-        return _shared(s)
     try:
-        if s.dtype == torch.bfloat16:
-            return s.detach().view(torch.int16).numpy().view(np.uint16)
-        return s.detach().numpy()
-    except (RuntimeError, TypeError):  # a view numpy cannot read (conjugate, negative bit)
+        return array_in_place(s, _NP[s.dtype], writeable=True)
+    except ValueError:  # not a strided CPU tensor, or a conjugate/negative bit
         return None
-
-
-def _shared(s: torch.Tensor) -> np.ndarray | None:
-    """The elements of a contiguous COW tensor, read in place (never a private copy), or None.
-
-    The array borrows the tensor's memory: the caller keeps ``s`` alive while it reads (the
-    scan is one call) and never writes (the loop only reads).
-    """
-    if (
-        type(s) not in (torch.Tensor, torch.nn.Parameter)
-        or s.layout != torch.strided
-        or not s.is_contiguous()
-        or s.is_conj()
-        or s.is_neg()
-        or s.device.type != "cpu"
-    ):
-        return None
-    return np.frombuffer(bytes_in_place(s), dtype=_NP[s.dtype])
 
 
 def fast_scan(s: torch.Tensor, g: torch.Tensor) -> tuple[float, float] | None:

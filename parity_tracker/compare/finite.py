@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from parity_tracker.compare.hashing import flat_view
+from parity_tracker.compare.hashing import array_in_place, numpy_in_place
 from parity_tracker.compare.metrics import nonfinite_counts
 
 _NUMPY_FLOATS = frozenset(
@@ -34,7 +34,9 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     numpy rather than torch: torch reductions of 32 Ki elements or more enter an intra-op
     parallel region whose barrier, on a busy machine, costs milliseconds. bfloat16 is finite
     exactly when its exponent field is not all ones. Other dtypes (float8, ...) give ``None``.
-    ``array`` may pass ``t.numpy()`` when the caller already has it.
+    ``array`` may pass ``t``'s elements as numpy when the caller already has them. ``t`` is
+    read in place (``hashing.numpy_in_place``), never through ``numpy()``: that marks the
+    storage not resizable for good, and ``t`` may be a model's own tensor.
 
     A float32/float64 array of at least :data:`DOT_FINITE_MIN` elements is first read once as
     the sum of its squares (``numpy.dot(a, a)``, BLAS): every term is ``+0`` or more, ``+inf``
@@ -47,7 +49,7 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
     µs for ``isfinite`` and its reduction at 16–64 elements (w6bulk, one process).
     """
     if t.dtype in _NUMPY_FLOATS:  # the ufunc's own reduce: ndarray.all's wrapper costs ≈ 0.4 µs
-        a = t.numpy() if array is None else array
+        a = numpy_in_place(t) if array is None else array
         if a.dtype in _DOT_DTYPES:
             if a.size >= DOT_FINITE_MIN:
                 flat = a.reshape(-1)  # a view: the tensor is contiguous
@@ -57,7 +59,7 @@ def _all_finite(t: torch.Tensor, array: np.ndarray | None = None) -> bool | None
                 return True
         return bool(_ALL(np.isfinite(a), axis=None))
     if t.dtype == torch.bfloat16:
-        bits = flat_view(t).view(torch.int16).numpy()
+        bits = array_in_place(t, np.int16)
         return bool(((bits & _EXPONENT_BF16) != _EXPONENT_BF16).all())
     return None
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from parity_tracker.compare.hashing import array_in_place, numpy_in_place
 from parity_tracker.compare.scaled import SAFE_LOW
 from parity_tracker.compare.ulp import _EXP64
 
@@ -163,9 +164,14 @@ class EagerFold:
 
 
 def _widen(dst: np.ndarray, src: torch.Tensor) -> None:
-    """Copy a chunk into the float64 buffer (exact: every real floating dtype fits)."""
+    """Copy a chunk into the float64 buffer (exact: every real floating dtype fits).
+
+    The chunk may be a model's own tensor: read in place (``hashing.numpy_in_place``), never
+    through ``numpy()``, which marks its storage not resizable for good (a later ``resize_``
+    in the model raised).
+    """
     if src.dtype in _DIRECT or src.dtype == torch.float16:
-        np.copyto(dst, src.numpy())
+        np.copyto(dst, numpy_in_place(src))
     else:
         torch.from_numpy(dst).copy_(src)
 
@@ -266,10 +272,14 @@ class KernelFold:
         float16 sides, bfloat16 is read in place as its bits (``uint16``; the loop widens it
         exactly) and float16 is widened into a float32 scratch (exact); any other pair is
         widened into float64 scratch.
+
+        In place is ``hashing.array_in_place``, never ``numpy()`` (which marks a model's own
+        tensor's storage not resizable for good); ``writeable=True`` only so that the loop's
+        compiled signatures stay those of writable arrays (it never writes its inputs).
         """
         n = r.numel()
         if r.dtype == c.dtype and r.dtype in _DIRECT:  # read in place
-            return r.numpy(), c.numpy()
+            return array_in_place(r, writeable=True), array_in_place(c, writeable=True)
         if r.dtype in _TO32 and c.dtype in _TO32:
             return self._to32(r, self._r32, n), self._to32(c, self._c32, n)
         rs, cs = self._r[:n], self._c[:n]
@@ -280,9 +290,9 @@ class KernelFold:
     @staticmethod
     def _to32(x: torch.Tensor, scratch: np.ndarray, n: int) -> np.ndarray:
         if x.dtype == torch.float32:
-            return x.numpy()
+            return array_in_place(x, writeable=True)
         if x.dtype == torch.bfloat16:  # its bits, widened in the loop (``_kernel._wide``)
-            return x.view(torch.int16).numpy().view(np.uint16)
+            return array_in_place(x, np.uint16, writeable=True)
         torch.from_numpy(scratch[:n]).copy_(x)
         return scratch[:n]
 

@@ -294,7 +294,9 @@ class DiffAccumulator:
         """Count ``d > atol + rtol·|r|`` (torch.isclose's allowed error); absr is overwritten."""
         if top <= self.atol:  # tolerance >= atol everywhere
             return
-        above = self._b[:n].numpy()  # numpy compare + count: half the time of torch's
+        # numpy compare + count: half the time of torch's. numpy() is safe here: d, absr and
+        # _b are this accumulator's scratch, never a model's tensor (those are read in place)
+        above = self._b[:n].numpy()
         if self.rtol == 0.0:
             self.mismatch += int(np.count_nonzero(np.greater(d.numpy(), self.atol, out=above)))
             return
@@ -402,7 +404,7 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
     """
     if a.is_complex():
         a, b = torch.view_as_real(a).reshape(-1), torch.view_as_real(b).reshape(-1)
-    if a.numel() <= SERIAL_CHUNK:
+    if a.numel() <= SERIAL_CHUNK:  # a, b: the accumulator's float64 scratch copies (numpy())
         return float(np.einsum("i,i->", a.numpy(), b.numpy()))
     return float(torch.dot(a, b))
 

@@ -25,7 +25,7 @@ from parity_tracker.compare.one_sided import (
     missing,
     reference_index,
 )
-from parity_tracker.compare.results import DumpMode, TagResult
+from parity_tracker.compare.results import DumpMode, TagResult, results_from_columns
 from parity_tracker.compare.tolerances import Tolerances
 from parity_tracker.compare.verdict import first_divergence_index
 from parity_tracker.compare.verdict import structure_differences as verdict_structure
@@ -274,40 +274,48 @@ def unreadable(tag: str, mode: str, exc: BaseException) -> Comparison:
     )
 
 
-def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths, hit: Any = ...) -> TagResult:
-    """The :class:`TagResult` of a resolved group.
+def tag_columns(log: Any, ordered: list[tuple[Any, Comparison, int]], paths) -> dict[str, list]:
+    """The :class:`TagResult` fields of each resolved ``(group, comparison, n)``, by field.
 
-    ``hit``: ``cache_hit(log, g)`` when the caller already knows it (``None`` for every group
-    of a log without cache marks, :func:`tag_results`); by default it is asked here.
+    ``{field: [value of each result, in order]}`` for every ``TagResult`` field, in field
+    order: what :func:`tag_results` makes records of, and what a run's ``modules`` table is
+    built from directly (``compare.results.table_columns``; issue 19: no record per row).
+    ``paths``: ``{id(group): dump paths}``. ``exec_order`` is the reference capture's
+    (``one_sided.reference_index``); a log without cache marks gives every result
+    ``cache_hit`` ``None`` (what :func:`cache_hit` answers), asked once for all.
     """
-    ref_i = g.ref_index
-    return TagResult._fast(  # every field, in field order
-        {
-            "tag": g.tag,
-            "module": g.module,
-            "kind": g.kind,
-            "slot": g.slot,
-            "call_index": g.call_index,
-            "exec_order": g.captures[reference_index(g) if ref_i is None else ref_i].exec_order,
-            "step": g.step,
-            "cache_hit": cache_hit(log, g) if hit is ... else hit,
-            "comparison": comp,
-            "dump_paths": tuple(paths),
-            "n_tensors": n,
-        }
-    )
+    groups = [g for g, _, _ in ordered]
+    get, empty = paths.get, ()
+    hits = [cache_hit(log, g) for g in groups] if log.cache_hits else [None] * len(groups)
+    return {
+        "tag": [g.tag for g in groups],
+        "module": [g.module for g in groups],
+        "kind": [g.kind for g in groups],
+        "slot": [g.slot for g in groups],
+        "call_index": [g.call_index for g in groups],
+        "exec_order": [
+            g.captures[reference_index(g) if g.ref_index is None else g.ref_index].exec_order
+            for g in groups
+        ],
+        "step": [g.step for g in groups],
+        "cache_hit": hits,
+        "comparison": [c for _, c, _ in ordered],
+        "dump_paths": [tuple(get(id(g), empty)) for g in groups],
+        "n_tensors": [n for _, _, n in ordered],
+    }
+
+
+def tag_result(log: Any, g: Any, comp: Comparison, n: int, paths) -> TagResult:
+    """The :class:`TagResult` of one resolved group (:func:`tag_columns`'s fields)."""
+    return tag_results(log, [(g, comp, n)], {id(g): paths})[0]
 
 
 def tag_results(log: Any, ordered: list[tuple[Any, Comparison, int]], paths) -> list[TagResult]:
-    """:func:`tag_result` of each resolved ``(group, comparison, n)``, in order.
+    """The :class:`TagResult` of each resolved ``(group, comparison, n)``, in order.
 
-    ``paths``: ``{id(group): dump paths}``. A log without cache marks gives every result
-    ``cache_hit`` ``None`` (what :func:`cache_hit` answers), asked once for all (issue 19).
+    ``paths``: ``{id(group): dump paths}``; the fields are :func:`tag_columns`'s.
     """
-    hit = ... if log.cache_hits else None
-    empty = ()
-    get = paths.get
-    return [tag_result(log, g, comp, n, get(id(g), empty), hit) for g, comp, n in ordered]
+    return results_from_columns(tag_columns(log, ordered, paths))
 
 
 def never_called(log: Any, mode: str) -> list[TagResult]:

@@ -10,14 +10,24 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from parity_tracker.compare.core import Comparison
-from parity_tracker.statuses import BUDGET, is_failing, is_passing
+from parity_tracker.statuses import BUDGET, WEIGHT_KINDS, is_failing, is_passing
 
-__all__ = ["CheckResult", "DumpMode", "TagResult", "format_line", "print_result"]
+__all__ = [
+    "CheckResult",
+    "DumpMode",
+    "LazyCheckResult",
+    "TagResult",
+    "format_line",
+    "print_result",
+    "result_columns",
+    "results_from_columns",
+    "table_columns",
+]
 
 
 class DumpMode(enum.Enum):
@@ -154,12 +164,68 @@ def _getter(names: tuple[str, ...]) -> Callable[[dict], tuple]:
 
 _COMPARISON_FIELDS = frozenset(f.name for f in fields(Comparison))
 
-#: The ``TagResult`` fields ``to_row`` writes (``dump_paths`` becomes ``dump_path``), and one
-#: C-level getter of them from a record's ``__dict__`` (``CheckResult.to_columns``).
-_TAG_FIELDS = (
-    "tag", "module", "kind", "slot", "call_index", "exec_order", "step", "cache_hit", "dump_paths",
-)  # fmt: skip
-_PICK_TAG = operator.itemgetter(*_TAG_FIELDS)
+#: Every ``TagResult`` field, in field order, and one C-level getter of them from a record's
+#: ``__dict__``: the by-field form of a list of results (:func:`result_columns`).
+RESULT_FIELDS = tuple(f.name for f in fields(TagResult))
+_PICK_RESULT = operator.itemgetter(*RESULT_FIELDS)
+
+
+def result_columns(results: list[TagResult]) -> dict[str, tuple[Any, ...]]:
+    """``{field: (value of each result, in order)}`` for every ``TagResult`` field."""
+    if not results:
+        return {name: () for name in RESULT_FIELDS}
+    by_field = zip(*map(_PICK_RESULT, (r.__dict__ for r in results)), strict=True)
+    return dict(zip(RESULT_FIELDS, by_field, strict=True))
+
+
+def results_from_columns(
+    columns: Mapping[str, Sequence[Any]], made: Mapping[int, TagResult] | None = None
+) -> list[TagResult]:
+    """The ``TagResult`` records of :func:`result_columns`-shaped columns, in order.
+
+    ``made``: records already made for some positions (``{index: record}``), used as they are
+    (a check's first divergence stays the very object in its ``results``).
+    """
+    values = zip(*(columns[name] for name in RESULT_FIELDS), strict=True)
+    out = [TagResult._fast(dict(zip(RESULT_FIELDS, v, strict=True))) for v in values]
+    for i, record in (made or {}).items():
+        out[i] = record
+    return out
+
+
+def result_at(columns: Mapping[str, Sequence[Any]], i: int) -> TagResult:
+    """The ``TagResult`` at position ``i`` of :func:`result_columns`-shaped columns."""
+    return TagResult._fast({name: columns[name][i] for name in RESULT_FIELDS})
+
+
+#: The ``TagResult`` fields that are ``modules`` columns as they are (same name, same value).
+_AS_IS = ("tag", "module", "kind", "slot", "call_index", "step", "cache_hit")
+
+
+def table_columns(columns: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any] | None]:
+    """The ``modules`` table by column from :func:`result_columns`-shaped columns.
+
+    The same values as :meth:`TagResult.to_row` of each result, by column, in
+    ``MODULES_SCHEMA`` order: the ``Comparison`` columns picked at C level from each
+    comparison's ``__dict__`` (``_module_columns``), then the result's own fields (which win,
+    as in ``to_row``): ``exec_order`` ``-1`` → null, ``dump_path`` the first dump path or
+    null. A column no result fills is ``None`` (null in every row). A comparison of another
+    type than ``Comparison`` sends every row through ``to_row``.
+    """
+    cols, _, comp_cols, pick = _module_columns()
+    comps = columns["comparison"]
+    if not comps:
+        return {c: [] for c in cols}
+    if not all(type(c) is Comparison for c in comps):
+        rows = [r.to_row() for r in results_from_columns(columns)]
+        return {c: [row[c] for row in rows] for c in cols}
+    out: dict[str, Any] = dict.fromkeys(cols)
+    picked = zip(*map(pick, (c.__dict__ for c in comps)), strict=True)
+    out.update(zip(comp_cols, picked, strict=True))
+    out.update((name, tuple(columns[name])) for name in _AS_IS)
+    out["exec_order"] = [e if e >= 0 else None for e in columns["exec_order"]]
+    out["dump_path"] = [p[0] if p else None for p in columns["dump_paths"]]
+    return out
 
 
 @dataclass
@@ -198,27 +264,17 @@ class CheckResult:
 
         ``values[i]`` is ``self.to_rows()[i][name]`` (the same objects, no conversion); a
         column no result fills (``run_id``, ``ranks``, ``local_*``) is ``None``: null in every
-        row. Records of the exact types ``TagResult`` and ``Comparison`` are transposed at C
-        level (``operator.itemgetter`` over their ``__dict__``, then ``zip``) instead of one
-        dict per row (issue 19: 2.7 ms → ≈ 1.3 ms for 1,002 results); any other record takes
+        row. Records of the exact type ``TagResult`` are transposed at C level
+        (:func:`result_columns`, then :func:`table_columns`) instead of one dict per row
+        (issue 19: 2.7 ms → ≈ 1.3 ms for 1,002 results); any other record takes
         :meth:`to_rows`'s path.
         """
-        cols, _, comp_cols, pick = _module_columns()
         results = self.results
-        if not all(type(r) is TagResult and type(r.comparison) is Comparison for r in results):
-            rows = self.to_rows()
-            return {c: [row[c] for row in rows] for c in cols}
-        out: dict[str, Any] = dict.fromkeys(cols)
-        if not results:
-            return {c: [] for c in cols}
-        comps = [r.comparison.__dict__ for r in results]
-        out.update(zip(comp_cols, zip(*map(pick, comps), strict=True), strict=True))
-        mine = [r.__dict__ for r in results]
-        tags = dict(zip(_TAG_FIELDS, zip(*map(_PICK_TAG, mine), strict=True), strict=True))
-        tags["exec_order"] = [e if e >= 0 else None for e in tags["exec_order"]]
-        tags["dump_path"] = [p[0] if p else None for p in tags.pop("dump_paths")]
-        out.update(tags)  # the result's own fields win, as in TagResult.to_row
-        return out
+        if all(type(r) is TagResult for r in results):
+            return table_columns(result_columns(results))
+        cols = _module_columns()[0]
+        rows = self.to_rows()
+        return {c: [row[c] for row in rows] for c in cols}
 
     @property
     def failing(self) -> list[TagResult]:
@@ -234,6 +290,62 @@ class CheckResult:
         if found is None:
             raise KeyError(tag)
         return found
+
+
+class LazyCheckResult(CheckResult):
+    """A :class:`CheckResult` kept by column: its ``TagResult`` records made when first read.
+
+    A run reads a check's table (:meth:`to_columns`), ``passed`` and ``dump_dir``, never its
+    records: they are made from the same columns (:func:`results_from_columns`) on the first
+    read of ``results`` or ``weights`` (issue 19: no record per row for a run). The failing
+    records (``made``) exist from the start: ``first_divergence`` and
+    ``structure_differences`` are chosen among them and stay the same objects in ``results``.
+
+    Args:
+        results...structure_differences: as :class:`CheckResult` (``results``/``weights``
+            given: an ordinary check result, e.g. from ``dataclasses.replace``).
+        columns: :func:`result_columns`-shaped columns of every result, in order.
+        made: ``{index: record}`` already made (the failing ones).
+    """
+
+    def __init__(
+        self,
+        results: list[TagResult] | None = None,
+        weights: list[TagResult] | None = None,
+        first_divergence: TagResult | None = None,
+        passed: bool = True,
+        mode: str = "equal",
+        dump_dir: str | None = None,
+        structure_differences: list[TagResult] | None = None,
+        *,
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        made: Mapping[int, TagResult] | None = None,
+    ) -> None:
+        if results is not None or columns is None:
+            self.results = list(results or [])
+            self.weights = [] if weights is None else weights
+        else:
+            self._columns, self._made = columns, dict(made or {})
+        self.first_divergence, self.passed, self.mode = first_divergence, passed, mode
+        self.dump_dir = dump_dir
+        self.structure_differences = list(structure_differences or [])
+
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__
+        if "_columns" not in state or name not in ("results", "weights"):
+            raise AttributeError(name)
+        if name == "results":
+            value: Any = results_from_columns(state["_columns"], state["_made"])
+        else:
+            value = [r for r in self.results if r.kind in WEIGHT_KINDS]
+        state[name] = value
+        return value
+
+    def to_columns(self) -> dict[str, list[Any] | tuple[Any, ...] | None]:
+        """As :meth:`CheckResult.to_columns`, from the columns while no record was made."""
+        if "results" in self.__dict__:  # the records as they are now (a caller may edit them)
+            return super().to_columns()
+        return table_columns(self.__dict__["_columns"])
 
 
 def _budget_base(c: Any) -> str:

@@ -111,7 +111,11 @@ def _exponent(x: torch.Tensor) -> int | None:
 
 
 def _scale(x: torch.Tensor, e: int) -> np.ndarray:
-    """``x · 2**-e`` as a float64 numpy array (complex: (re, im) pairs), exact (two steps)."""
+    """``x · 2**-e`` as a float64 numpy array (complex: (re, im) pairs), exact (two steps).
+
+    ``x`` is ``metrics.DiffAccumulator``'s float64 scratch (a copy), never a model's tensor,
+    so ``numpy()`` (which marks a storage not resizable for good) is safe here.
+    """
     if x.is_complex():
         x = torch.view_as_real(x).reshape(-1)
     half = -e // 2

@@ -1,19 +1,25 @@
-"""The golden and twin passes of a ``mode="budget"`` run (issue 15).
+"""The golden pass of a ``mode="budget"`` run, and the twin that becomes its reference side.
 
-Before the reference and the candidate run (``run_parity``), a budget run captures two more
-sides of every tag, each in its own checker hooked on its own model:
+A budget run has three sides (issue 15): golden, twin, candidate. Before the reference side
+and the candidate run (``run_parity``), :func:`prepare`:
 
-1. **golden**: :func:`~parity_tracker.capture.golden.golden_copy` of the reference, run under
-   :func:`~parity_tracker.capture.golden.golden_mode` on the inputs promoted to float64; its
-   captures are held in the bounded spilling snapshot store (``max_resident_bytes``).
-2. **twin**: the caller's twin, or :func:`~parity_tracker.capture.twin.make_twin` of the
-   reference at the candidate's compute dtype, run on the inputs cast to that dtype. Each twin
-   value is reduced to its error against the golden as soon as it is captured
-   (:func:`~parity_tracker.capture.sides.twin_reducer`). When the candidate computes in the
-   reference's dtype, the twin is the reference itself and no twin pass runs.
+1. runs the **golden**: :func:`~parity_tracker.capture.golden.golden_copy` of the reference,
+   under :func:`~parity_tracker.capture.golden.golden_mode` on the inputs promoted to float64;
+   its captures are held in the bounded spilling snapshot store (``max_resident_bytes``).
+2. picks the **twin**: the caller's twin, or :func:`~parity_tracker.capture.twin.make_twin`
+   of the reference at the candidate's compute dtype. Amended 2026-12-01 (issue 19,
+   measurement 7): whenever a twin model runs, it IS the run's reference side (hooked as
+   side 0, on the run's inputs cast with :func:`~parity_tracker.capture.twin.cast_floating`),
+   so a budget run makes three forwards, not four: the reference-vs-candidate columns compare
+   the candidate with PyTorch at the candidate's own precision (``equal`` when bitwise the
+   twin), and the twin's error against the golden is read from the reference side's captures
+   (``BudgetSides(golden_log, None)``), as when the twin is the reference itself. The user's
+   reference model only builds the golden and the twin: its own forward never runs. When the
+   candidate computes in the reference's dtype, the twin is the reference itself.
 
 :func:`prepare` returns the :class:`~parity_tracker.capture.sides.BudgetSides` the eager
-checker judges each pair with, or the reason ``mode="auto"`` falls back to ``allclose``.
+checker judges each pair with and the reference side's model and inputs, or the reason
+``mode="auto"`` falls back to ``allclose``.
 """
 
 from __future__ import annotations
@@ -35,12 +41,19 @@ class Passes:
     Attributes:
         sides: the budget sides for the eager checker (``None`` when falling back).
         reason: why ``auto`` falls back to ``allclose`` (``""`` when the budget runs).
-        durations_s: seconds of the golden and twin passes.
+        durations_s: seconds of the golden pass.
+        twin: the twin model that is the run's reference side, or ``None`` when the twin is
+            the reference itself (or when falling back).
+        twin_inputs: the run's inputs cast to the twin's dtype (``None`` with a drive).
+        twin_dtype: the dtype the twin was cast to (``None``: the caller's own twin).
     """
 
     sides: Any
     reason: str = ""
     durations_s: dict[str, float] | None = None
+    twin: Any = None
+    twin_inputs: Any = None
+    twin_dtype: Any = None
 
 
 def _refuse_or_fall_back(explicit: bool, reason: str) -> Passes:
@@ -67,28 +80,19 @@ def _golden_pass(run: Any, reference: Any, drive: Any, inputs: Any, seed: int, s
     return checker, list(mode.random_ops)
 
 
-def _twin_pass(run: Any, twin: Any, cast: Any, drive: Any, inputs: Any, seed: int, golden, align):
-    """Run the twin with each value reduced to its ErrorScan (kept whole when ``align``)."""
-    from parity_tracker.capture.sides import twin_reducer
+def _twin_inputs(inputs: Any, cast: Any) -> Any:
+    """The run's inputs for the twin: floating tensors cast to ``cast`` (kept without one)."""
     from parity_tracker.capture.twin import cast_floating
-    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
-    reduce = None if align is not None else twin_reducer(golden._log)
-    checker = TensorChecker(verbose=False, reduce_to=reduce)
-    if inputs is not None and cast is not None:
-        inputs = cast_floating(inputs, cast)
-    plan = run._Plan(0, twin, drive, inputs)
-    with run._eval_mode(twin), module_register_tensor_checker(twin, checker, side=0):
-        run._run_side(plan, checker, None, seed)
-    return checker
+    return inputs if inputs is None or cast is None else cast_floating(inputs, cast)
 
 
 def _twin_model(reference: Any, candidate: Any, twin: Any, settings: Mapping[str, Any]):
     """``(twin model or None for the reference itself, dtype to cast inputs to or None)``."""
     from parity_tracker.capture.twin import compute_dtype, make_twin
 
-    if twin is not None:
-        return twin, None
+    if twin is not None:  # the caller's twin; the reference itself runs as the reference side
+        return (None, None) if twin is reference else (twin, None)
     override = settings.get("compute_dtype")
     cand_dtype = (
         compute_dtype(candidate, override) if hasattr(candidate, "parameters") or override else None
@@ -115,7 +119,10 @@ def prepare(
     capture_ops: bool,
     isolate: bool,
 ) -> Passes:
-    """Run the golden and twin passes, or say why the budget cannot run.
+    """Run the golden pass and pick the run's reference side, or say why the budget cannot run.
+
+    No forward of ``reference`` itself runs here; when a twin model is made (or given), the
+    returned :class:`Passes` carries it as the run's reference side (``twin``, ``twin_inputs``).
 
     Args:
         run: the ``parity_tracker.run.run`` module (its side runner, shared, not copied).
@@ -128,9 +135,9 @@ def prepare(
         twin: the caller's twin model (``ParityCase.twin``), or ``None`` to make one.
         budgets: per-tag ``{glob: k}``.
         k: the default factor (``None``: 2, ``compare.budget.DEFAULT_K``).
-        align: the run's ``align`` (the twin is then kept whole, aligned when judged).
+        align: the run's ``align`` (applied to the golden as to the reference side).
         settings: the run's settings (``compute_dtype`` overrides the candidate's dtype).
-        seed: the run's seed (both passes are seeded like the sides).
+        seed: the run's seed (the golden pass is seeded like the sides).
         spill: the run's spill folder.
         capture_ops: op capture requested (refused: not supported with a budget yet).
         isolate: isolation requested (refused likewise).
@@ -170,12 +177,9 @@ def prepare(
         return Passes(None, f"budget not used: the float64 golden run calls the random op "
                       f"{random_ops[0].op}; compared by allclose instead")  # fmt: skip
     durations = {"golden": time.perf_counter() - t0}
-    t0 = time.perf_counter()
     model, cast = _twin_model(reference, candidate, twin, settings)
-    twin_log = None
-    if model is not None:
-        twin_log = _twin_pass(run, model, cast, drive, inputs, seed, golden, align)._log
-        durations["twin"] = time.perf_counter() - t0
-    sides = BudgetSides(golden._log, twin_log, table, align, release=True)
+    # the twin, when one runs, is the reference side: its error vs the golden is read from the
+    # reference side's captures (``_SELF``), as when the twin is the reference itself
+    sides = BudgetSides(golden._log, None, table, align, release=True)
     sides.owner = golden  # the golden checker owns its snapshots' spill folder: keep it alive
-    return Passes(sides, "", durations)
+    return Passes(sides, "", durations, model, _twin_inputs(inputs, cast), cast)

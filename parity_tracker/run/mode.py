@@ -21,12 +21,30 @@ BUDGET_BLOCKERS = frozenset({"cache", "random"})
 #: ``parity_tracker.distributed`` (its own pairing), which has no golden side.
 BUDGET_NOT_YET = frozenset({"distributed"})
 BUDGET_NOTE = "; error budget against a float64 golden instead of a tolerance"
+#: Run param (and ``mode_reason`` note) of a budget run whose reference side is the twin
+#: (``run.budget``, amended 2026-12-01): its value, :func:`twin_reference_side`, says so.
+REFERENCE_SIDE = "reference_side"
 
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
 #: the adapters, e.g. graph breaks, are facts of the run, not configuration).
 NOT_FINGERPRINTED = frozenset(
-    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint"), *MEASURED_PARAMS}
+    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE), *MEASURED_PARAMS}
 )
+
+
+def twin_reference_side(dtype: Any = None) -> str:
+    """The ``reference_side`` param of a budget run whose twin is its reference side.
+
+    Args:
+        dtype: the dtype the reference was cast to (``make_twin``); ``None``: the caller's twin.
+
+    Returns:
+        e.g. ``"twin (the reference at bfloat16; its own forward not run)"``.
+    """
+    if dtype is None:
+        return "twin (the caller's twin; the reference's own forward not run)"
+    name = str(dtype).removeprefix("torch.")
+    return f"twin (the reference at {name}; its own forward not run)"
 
 
 def _off(value: Any, *off_values: str) -> bool:

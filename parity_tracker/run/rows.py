@@ -28,7 +28,7 @@ class ModuleRows:
 
     def __init__(self, check: Any, run_id: str, error: Mapping[str, Any] | None) -> None:
         cols = check.to_columns()
-        self.num_rows = n = len(check.results)
+        self.num_rows = n = len(cols["tag"])  # the records are not made (LazyCheckResult)
         cols["run_id"] = [run_id] * n
         cols["dump_path"] = [artifact_path(p) if p else p for p in cols["dump_path"]]
         if error:

@@ -32,7 +32,12 @@ from parity_tracker.localize.root_cause import fallback_root_causes
 from parity_tracker.run.heap import MODULE_YOUNG_THRESHOLD, frozen_heap, raise_young
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
-from parity_tracker.run.mode import BUDGET_NOTE, choose_mode
+from parity_tracker.run.mode import (
+    BUDGET_NOTE,
+    REFERENCE_SIDE,
+    choose_mode,
+    twin_reference_side,
+)
 from parity_tracker.run.result import RunResult
 from parity_tracker.run.rows import ModuleRows, with_isolation, with_unreached_named
 from parity_tracker.run.spill import LazySpillRoot
@@ -383,7 +388,17 @@ def run_parity(
     chosen, reason = choose_mode(settings, requested or "auto")
     settings["mode"] = chosen
     candidate_drive = candidate_drive or drive
-    cand_is_module = validate(reference, candidate, inputs, drive, candidate_drive)
+    # budget: the golden runs before any hook is installed, so shared modules are found first
+    is_budget = chosen == BUDGET
+    cand_is_module = validate(
+        reference,
+        candidate,
+        inputs,
+        drive,
+        candidate_drive,
+        walk_shared=is_budget,
+        twin=twin if is_budget else None,
+    )
     run_id = uuid.uuid4().hex
     dump_mode = DumpMode.NOT_EQUAL if dump_mode is None else DumpMode(dump_mode)
     if dump_mode is not DumpMode.NOT and dump_path is None:
@@ -408,6 +423,11 @@ def run_parity(
         if passes.sides is None:
             chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
+        elif passes.twin is not None:  # the twin is the reference side (run.budget)
+            plans[0] = _Plan(0, passes.twin, drive, passes.twin_inputs)
+            side = twin_reference_side(passes.twin_dtype)
+            settings[REFERENCE_SIDE] = side
+            reason = f"{reason}; {REFERENCE_SIDE}: {side}"
     worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
     # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
     budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
