@@ -222,6 +222,7 @@ class TensorChecker(SpillCounters):
     def borrow_spills(self, lender: Any) -> None:
         """Snapshots of buffers ``lender`` (``OpSession.lender``) holds reuse its spill files."""
         self._store.lender = lender
+        self._snap.sealed_spill = lender.sealed_spill  # permuted outputs (w9lend)
 
     @property
     def step(self) -> int:

@@ -116,6 +116,13 @@ def _seal(t: torch.Tensor, digest: str | int | None) -> bool:
     return isinstance(digest, int) and storage_digest(t) == digest
 
 
+def _layout(t: torch.Tensor) -> tuple:
+    """What :meth:`OpStore.sealed_spill` requires unchanged besides the address and bytes."""
+    return (
+        t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.is_conj(), t.is_neg(),
+    )  # fmt: skip
+
+
 def _nbytes(t: torch.Tensor) -> int:
     """Bytes of ``t``'s storage (its elements for a wrapper subclass, which has none)."""
     if type(t) is not _TENSOR and is_traceable_wrapper_subclass(t):  # issue 19: exact first
@@ -187,6 +194,9 @@ class OpStore(BoundedStore):
         self._ids = itertools.count()
         #: ``Held.id`` -> ``watcher(h, address, version)`` calls made when it is spilled
         self._lent: dict[int, list[Callable[[Held, int, int], None]]] = {}
+        #: data address -> (capture, version, layout) of a sealed spill of a dense
+        #: non-contiguous output (:meth:`sealed_spill`; w9lend)
+        self._sealed: dict[int, tuple[Held, int, tuple]] = {}
 
     def hold(
         self,
@@ -233,6 +243,60 @@ class OpStore(BoundedStore):
                 and _span(t) * t.element_size() == nbytes
                 and self.get(h.id) is h
                 and _DATA_ADDRESS(t) == address
+            ):
+                return h
+        return None
+
+    def sealed_spill(self, t: torch.Tensor) -> Spilled | None:
+        """A record reading the sealed spill file of ``t``'s bytes now, or None.
+
+        Issue 19 (w9lend): a permuted (channels-last) module output of an op-level run is the
+        output of its last op, which this store captured and, past its budget, wrote to a
+        sealed file (:func:`_seal`). ``Snapshotter.take`` snapshots it as that file instead of
+        a C-order copy written again. Only when the file provably holds ``t``'s bytes: a
+        sealed capture spilled from ``t``'s data address, with ``t``'s storage offset, shape,
+        strides, dtype and conjugate/negative bits, ``t``'s version counter as it was at the
+        write, and ``t``'s storage digest (xxh3-64 of its span, read now: ≈ 3 ms per 32 MiB)
+        equal to the digest the file was sealed with. A capture still resident that is ``t``'s
+        view (:meth:`_resident_output`) is spilled now, so its file holds ``t``'s bytes of now
+        (and is sealed only if they still hash as the op's output). The file is never written
+        again, so a later write to ``t`` does not change what the record reads. Cost: such
+        captures leave the resident budget early (read back memory-mapped by the comparison).
+        """
+        if type(t) is not _TENSOR or _DATA_ADDRESS is None:
+            return None
+        address = _DATA_ADDRESS(t)
+        h = self._resident_output(t, address) if address in self._by_ptr else None
+        if h is not None:  # still resident: written now, from the very buffer ``t`` is
+            if not self.spill(h.id) or not h.sealed or h.spilled is None:
+                return None
+            return h.spilled.alias(t)
+        entry = self._sealed.get(address)
+        if entry is None:
+            return None
+        h, version, layout = entry
+        spilled = h.spilled
+        if spilled is None or not h.sealed or _layout(t) != layout:
+            return None
+        if tensor_version(t) != version or storage_digest(t) != h.digest:
+            return None
+        return spilled.alias(t)
+
+    def _resident_output(self, t: torch.Tensor, address: int) -> Held | None:
+        """The resident counted capture of a dense non-contiguous output that IS ``t``'s view.
+
+        Same data address and :func:`_layout` (so the same bytes in the same places): spilling
+        it now writes ``t``'s bytes of now, sealed if they are still the op's output.
+        """
+        for h in self._by_ptr.get(address, ()):
+            ht = h.tensor
+            if (
+                h.counted
+                and ht is not None
+                and isinstance(h.digest, int)
+                and self.get(h.id) is h
+                and _DATA_ADDRESS(ht) == address
+                and _layout(ht) == _layout(t)
             ):
                 return h
         return None
@@ -318,6 +382,10 @@ class OpStore(BoundedStore):
         sealed = _seal(t, h.digest)
         # freed with the last record reading it (``Spilled.alias``: a borrower's)
         h.spilled, h.tensor, h.sealed = self.write(t), None, sealed
+        if sealed and h.ptr and isinstance(h.digest, int):  # a dense non-contiguous output
+            version = tensor_version(t)
+            if version is not None:
+                self._sealed[h.ptr] = (h, version, _layout(t))
         watchers = self._lent.pop(h.id, None)
         if watchers:
             address, version = _DATA_ADDRESS(t), tensor_version(t)  # t alive: the written buffer
@@ -330,6 +398,9 @@ class OpStore(BoundedStore):
         self._unindex(h)
         self.discard(h.id)
         self._lent.pop(h.id, None)
+        sealed = self._sealed.get(h.ptr)
+        if sealed is not None and sealed[0] is h:
+            del self._sealed[h.ptr]
         h.tensor = None
         h.spilled = None  # its bytes are freed once no borrowed record reads them
 
@@ -339,4 +410,5 @@ class OpStore(BoundedStore):
             self.release(h)
         self._by_ptr.clear()
         self._ranges.clear()
+        self._sealed.clear()
         super().close()

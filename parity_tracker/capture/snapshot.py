@@ -248,13 +248,14 @@ class Snapshotter:
         #: by the captures of one unchanged activation, see :meth:`_take_bytes`)
         self._bytes_seen: dict[int, _KeyRef] = {}
         self._bytes_gone = _ref_gone(self._bytes_seen)
+        self.sealed_spill: Callable[[torch.Tensor], Any] = lambda _t: None  # OpStore's (w9lend)
 
     def owns(self, value: object) -> bool:
         """True for a live copy this snapshotter made (nobody writes it: no re-check needed)."""
         ref = self._copies.get(id(value))
         return ref is not None and ref() is value
 
-    def take(self, t: torch.Tensor) -> torch.Tensor | HeldBytes:
+    def take(self, t: torch.Tensor) -> torch.Tensor | HeldBytes | Any:
         """A detached copy of ``t`` that no later write to ``t``, counted or not, can change.
 
         Four kinds of copy (issue 19, item 3):
@@ -272,7 +273,7 @@ class Snapshotter:
           from earlier) reaches both: the content hash taken now (:meth:`recorded_hash`) is
           checked against the comparison's (:meth:`verified`), and a changed copy is an
           ``error`` pair, never a verdict on other values.
-        - a C-order copy of a non-contiguous source (so the comparison need not make one);
+        - a C-order copy of a non-contiguous source (or the op store's sealed file of its bytes);
         - a clone (the rest).
         """
         if self.bytes_max and _readable(t):  # holdable(t, min(bytes_max, COW_MIN_BYTES - 1))
@@ -297,6 +298,9 @@ class Snapshotter:
             else:
                 self._hashes[id(copy)] = digest
         elif _C_ORDER and _permuted(src):
+            sealed = self.sealed_spill(src)  # op-level: the op store's file of these bytes
+            if sealed is not None:
+                return sealed
             copy = _c_order_copy(src)
         else:
             copy = src.clone()

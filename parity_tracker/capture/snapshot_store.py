@@ -18,7 +18,7 @@ import torch
 
 from parity_tracker.capture import heap_trim
 from parity_tracker.capture.snapshot import _COW, _DATA_ADDRESS, _IS_COW, _KeyRef
-from parity_tracker.capture.store import BoundedStore, SmallCopies
+from parity_tracker.capture.store import BoundedStore, SmallCopies, Spilled
 from parity_tracker.compare.batch import HeldBytes
 from parity_tracker.compare.convert import tensor_version
 
@@ -138,10 +138,14 @@ class SnapshotStore(BoundedStore):
     def admit(self, copy: torch.Tensor | HeldBytes, cap: Any) -> None:  # type: ignore[override]
         """Count ``copy`` (held by ``cap``) and spill the oldest snapshots past the budget.
 
-        A tensor counts its storage's bytes, a ``HeldBytes`` its ``data``.
+        A tensor counts its storage's bytes, a ``HeldBytes`` its ``data``; a ``Spilled``
+        (``Snapshotter.take`` borrowed the op store's sealed file) counts nothing.
         """
         if type(copy) is HeldBytes:  # a small tensor's bytes: counted per round (issue 19)
             self.admit_small(copy, cap)
+            return
+        if type(copy) is Spilled:  # the op store's sealed file (``OpStore.sealed_spill``)
+            self.borrowed_bytes += copy.nbytes  # nothing resident, nothing written
             return
         key = id(copy)
         held = self._resident.get(key)  # (nbytes, _Held): one look-up (issue 19)
