@@ -504,3 +504,50 @@ def test_no_kernel_process_reads_in_place_and_counts_right(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("OK")
+
+
+@pytest.mark.parametrize("n", [4, 300, 70_000])
+def test_bool_with_non_canonical_bytes_compares_by_value(n):
+    """A bool tensor whose stored bytes are 2 or 255 (a uint8 view) holds True: equal values."""
+    raw = (torch.arange(n) % 4).to(torch.uint8) * 85  # 0, 85, 170, 255
+    ref = raw.view(torch.bool)
+    cand = raw != 0  # canonical bytes, the same truth values
+    assert torch.equal(ref, cand)
+    for mode in ("equal", "allclose"):
+        got = compare_tensors(ref, cand, mode=mode)
+        assert (got.status, got.mismatch_count or 0) == ("equal", 0), got.message
+    flip = cand.clone()
+    flip[1] = False  # raw[1] is 85: True
+    got = compare_tensors(ref, flip, mode="equal")
+    assert (got.status, got.mismatch_count) == ("mismatch", 1)
+
+
+@pytest.mark.parametrize("dims", [20, 32])
+def test_many_dims_permuted_and_transposed(dims):
+    g = torch.Generator().manual_seed(8)
+    shape = (2, 2) + (1,) * (dims - 4) + (2, 3)
+    base = torch.randn(shape, generator=g)
+    t = base.permute(*range(dims - 1, -1, -1))
+    np.testing.assert_array_equal(numpy_in_place(t), _private(t))
+    cand = t.contiguous().clone()
+    cand.reshape(-1)[5] += 1.0
+    got = compare_tensors(t, cand, mode="equal")
+    assert (got.status, got.mismatch_count) == ("mismatch", 1)
+    assert got.max_abs_diff == pytest.approx(abs(float(cand.reshape(-1)[5]) - float(
+        t.contiguous().reshape(-1)[5])), rel=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["transposed", "step"])
+def test_parameter_views_with_grad(layout):
+    """A requires-grad Parameter's non-contiguous view (a model's weight.t())."""
+    g = torch.Generator().manual_seed(6)
+    w = nn.Parameter(torch.randn(12, 10, generator=g))
+    cut = (lambda t: t.t()) if layout == "transposed" else (lambda t: t[::2, 1::3])
+    ref = cut(w)
+    cand = cut(w.detach().clone())
+    cand = cand.contiguous()
+    cand.reshape(-1)[-1] -= 0.25
+    got = compare_tensors(ref, cand, mode="allclose")
+    status, bad, top = _expected(ref, cand, "allclose")
+    assert (got.status, got.mismatch_count, got.max_abs_diff) == (status, bad, top)
+    assert w.untyped_storage().resizable()
