@@ -551,3 +551,17 @@ def test_parameter_views_with_grad(layout):
     status, bad, top = _expected(ref, cand, "allclose")
     assert (got.status, got.mismatch_count, got.max_abs_diff) == (status, bad, top)
     assert w.untyped_storage().resizable()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="w9brk2 bug (low, clarity; pre-existing in compare/convert.py, not w9trust's): "
+    "_from_tensor reads tuple(x.shape) (line ~195) before its is_nested check (line ~201); a "
+    "strided nested tensor's .shape raises, so the pair gets 'could not be read: Internal "
+    "error: NestedTensorImpl doesn't support sizes. Please file an issue.' instead of the "
+    "'nested tensor; register its components separately' that a jagged one gets",
+)
+def test_strided_nested_tensor_gets_the_nested_message():
+    got = compare_tensors(_nested(), _nested(), mode="equal")
+    assert got.status == "error"
+    assert "register its components separately" in got.message, got.message
