@@ -393,3 +393,47 @@ def test_run_modules_table_is_the_records_table(case, monkeypatch, tmp_path):
         assert any(v is not None for v in col)
     assert "checker_unused" in tags or case == "multi_step"
     assert isinstance(check.results[0], TagResult)
+
+
+def test_a_result_read_after_clear_and_a_new_check_is_unchanged():
+    """The columns must not alias the checker's log: ``clear()`` and new captures after."""
+    ref, cand = _pair(unused=True)
+    checker = TensorChecker(verbose=False)
+    module_register_tensor_checker(ref, checker)
+    module_register_tensor_checker(cand, checker)
+    x = torch.ones(1, 2)
+    with torch.no_grad():
+        ref(x)
+        cand(x)
+    first = checker.check_equal()
+    checker.clear()
+    with torch.no_grad():
+        for k in (2.0, 1.0):
+            ref(x * k)
+            cand(x * k)
+    second = checker.check_allclose()
+    want = [t for t, _ in _CALL0] + ["checker_unused.weight", "checker_unused.bias"]
+    want.append("checker_unused")
+    assert [r.tag for r in first.results] == want
+    assert list(first.to_columns()["tag"]) == want
+    assert {r.comparison.mode for r in first.results} == {"equal"}
+    assert first.first_divergence.tag == "checker_b"
+    assert len(second.results) > len(want)
+
+
+def test_isolated_run_keeps_the_records_columns(monkeypatch, tmp_path):
+    """``isolate=True`` rewrites the rows (local_* columns); every other column stays."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = _capture_checks(monkeypatch)
+    ref, cand = _pair(unused=True)
+    result = run_parity(ref, cand, (torch.ones(1, 2),), settings={}, environment=ENV,
+                        isolate=True)  # fmt: skip
+    check = seen[-1]
+    got = result.modules.to_pylist()
+    assert [g["tag"] for g in got] == [r.tag for r in check.results]
+    records = rows_to_table([r.to_row() for r in check.results], MODULES_SCHEMA).to_pylist()
+    for g, want in zip(got, records, strict=True):
+        keep = [k for k in want if not k.startswith("local_") and k not in ("run_id", "dump_path")]
+        bad = [(k, g[k], want[k]) for k in keep if not _same_rows([{k: g[k]}], [{k: want[k]}])]
+        assert bad == [], want["tag"]
+    assert any(g["local_status"] is not None for g in got)
