@@ -315,12 +315,6 @@ def test_keep_alive_under_del_and_gc():
     del bait
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk2 bug: array_in_place keeps the tensor OBJECT alive (_keep = t), not its "
-    "storage; after t.set_(other) the old storage is freed while the numpy view still reads "
-    "it (use-after-free: garbage values or a crash). numpy() held the storage (or refused).",
-)
 @pytest.mark.parametrize(
     ("layout", "reader"),
     [
@@ -553,14 +547,6 @@ def test_parameter_views_with_grad(layout):
     assert w.untyped_storage().resizable()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk2 bug (low, clarity; pre-existing in compare/convert.py, not w9trust's): "
-    "_from_tensor reads tuple(x.shape) (line ~195) before its is_nested check (line ~201); a "
-    "strided nested tensor's .shape raises, so the pair gets 'could not be read: Internal "
-    "error: NestedTensorImpl doesn't support sizes. Please file an issue.' instead of the "
-    "'nested tensor; register its components separately' that a jagged one gets",
-)
 def test_strided_nested_tensor_gets_the_nested_message():
     got = compare_tensors(_nested(), _nested(), mode="equal")
     assert got.status == "error"

@@ -210,25 +210,12 @@ def test_one_sided_and_never_called_printout_and_lookups():
         fresh["nope"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk2 bug (low): LazyCheckResult.weights is derived from .results on first read, "
-    "so a caller who edits .results before reading .weights gets weights that follow the edit; "
-    "a CheckResult's (and main-before-w9rows check()'s) weights are fixed at construction",
-)
 def test_weights_do_not_follow_an_edit_of_results():
     result, _ = _check()
     result.results.clear()
     assert [w.tag for w in result.weights] == _WEIGHTS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk2 bug: check() now returns LazyCheckResult, a subclass of the dataclass "
-    "CheckResult without its own __eq__; the generated __eq__ requires other.__class__ is "
-    "self.__class__, so a check's result never equals a CheckResult of the very same records "
-    "(it did before w9rows: check() returned CheckResult)",
-)
 def test_equals_a_plain_check_result_of_the_same_records():
     result, _ = _check(unused=True)
     plain = CheckResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)})

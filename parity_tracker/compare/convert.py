@@ -84,7 +84,7 @@ def _fail(status: str, message: str, x: Any = None) -> Converted:
         tensor=None,
         dtype=dtype_name(t.dtype) if t is not None else None,
         device=str(t.device) if t is not None else None,
-        shape=tuple(t.shape) if t is not None else None,
+        shape=tuple(t.shape) if t is not None and not t.is_nested else None,
         status=status,
         message=message,
     )
@@ -192,14 +192,14 @@ def _from_tensor(x: torch.Tensor, side: str) -> Converted:
     if _plain(x):
         t = x.detach() if x.requires_grad else x
         return Converted(tensor=t, dtype=dtype_name(x.dtype), device="cpu", shape=tuple(x.shape))
+    if x.is_nested:  # before its shape: a strided nested tensor has none (w9brk2)
+        return _fail("error", f"{side} is a nested tensor; register its components separately", x)
     dtype, device, shape = dtype_name(x.dtype), str(x.device), tuple(x.shape)
     if _is_fake(x):
         return _fail("skipped", f"{side} is a {device} tensor without data", x)
     t = x.detach()
     if is_dtensor(t):
         t = t.full_tensor()
-    if t.is_nested:
-        return _fail("error", f"{side} is a nested tensor; register its components separately", x)
     quant = None
     if t.is_quantized:
         t = t.cpu()

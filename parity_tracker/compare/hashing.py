@@ -245,9 +245,7 @@ def numpy_in_place(t: torch.Tensor) -> np.ndarray:
             (bfloat16, float8: read their bits with ``array_in_place(t, np.uint16)``).
     """
     if t.is_contiguous() and t.is_cpu and not t.is_conj() and not t.is_neg():  # inlined
-        buffer = bytes_in_place(t)  # (≈ 1.8 µs a call, 0.25 of it the checks; numpy(): 0.7)
-        if buffer:  # b"": an empty tensor, nothing borrowed
-            buffer._keep = t
+        buffer = _kept(bytes_in_place(t), t)  # (≈ 1.8 µs a call; numpy(): 0.7)
         array = np.frombuffer(buffer, numpy_dtype(t.dtype))
         array.setflags(write=False)
         return array if t.dim() == 1 else array.reshape(tuple(t.shape))
@@ -315,9 +313,11 @@ def _strided_in_place(t: torch.Tensor, np_dtype: np.dtype) -> np.ndarray:
 
 
 def _kept(buffer: ctypes.Array | bytes, t: torch.Tensor) -> ctypes.Array | bytes:
-    """``buffer`` holding ``t`` alive (``_keep``): a view of it must not outlive its memory."""
+    """``buffer`` holding ``t`` and its storage alive (``_keep``): a view of it must not
+    outlive its memory, even when ``t`` is given another storage (``set_``, ``.data =``;
+    w9brk2). A ``resize_`` that grows the storage still moves it: read, then let go."""
     if not isinstance(buffer, bytes):  # b"": an empty tensor, nothing borrowed
-        buffer._keep = t
+        buffer._keep = (t, t.untyped_storage())
     return buffer
 
 

@@ -334,12 +334,20 @@ class LazyCheckResult(CheckResult):
         state = self.__dict__
         if "_columns" not in state or name not in ("results", "weights"):
             raise AttributeError(name)
-        if name == "results":
-            value: Any = results_from_columns(state["_columns"], state["_made"])
-        else:
-            value = [r for r in self.results if r.kind in WEIGHT_KINDS]
-        state[name] = value
-        return value
+        # both at once, as CheckResult fixes them when built: an edit of ``results`` made
+        # after this read does not reach ``weights`` (w9brk2)
+        results = results_from_columns(state["_columns"], state["_made"])
+        state["results"] = results
+        state["weights"] = [r for r in results if r.kind in WEIGHT_KINDS]
+        return state[name]
+
+    def __eq__(self, other: object) -> bool:
+        """Dataclass equality with any :class:`CheckResult` (lazy or not) of the same fields."""
+        if not isinstance(other, CheckResult):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(CheckResult))
+
+    __hash__ = None  # type: ignore[assignment]  # as the dataclass: equal means same fields
 
     def to_columns(self) -> dict[str, list[Any] | tuple[Any, ...] | None]:
         """As :meth:`CheckResult.to_columns`, from the columns while no record was made."""
