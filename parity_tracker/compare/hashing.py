@@ -313,9 +313,12 @@ def _strided_in_place(t: torch.Tensor, np_dtype: np.dtype) -> np.ndarray:
 
 
 def _kept(buffer: ctypes.Array | bytes, t: torch.Tensor) -> ctypes.Array | bytes:
-    """``buffer`` holding ``t`` and its storage alive (``_keep``): a view of it must not
-    outlive its memory, even when ``t`` is given another storage (``set_``, ``.data =``;
-    w9brk2). A ``resize_`` that grows the storage still moves it: read, then let go."""
+    """``buffer`` holding ``t`` and its storage alive (``_keep``).
+
+    A view of it must not outlive its memory, even when ``t`` is given another storage
+    (``set_``, ``.data =``; w9brk2). A ``resize_`` that grows the storage still moves it:
+    read, then let go.
+    """
     if not isinstance(buffer, bytes):  # b"": an empty tensor, nothing borrowed
         buffer._keep = (t, t.untyped_storage())
     return buffer
