@@ -957,14 +957,6 @@ class ClampLinear(nn.Linear):
         return torch.where(finite.abs() < 60000, finite + self.bug, finite).half()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w9brk1 bug 4 (silent pass; design of issue 15, compare/budget.py error_ratio "
-    "'finite / inf = 0'): once the twin loses ONE value at a tag (fp16 overflow where the "
-    "golden is finite), e_twin = +inf and any finite candidate error is ratio 0 → 'close', "
-    "however wrong the candidate is on every element the twin kept (here +1000 on 5 of 6 "
-    "elements: ratio ≈ 10 over those elements, whose floor eps·max|golden| is 97.7)",
-)
 def test_one_overflow_in_the_twin_does_not_excuse_every_other_element():
     ref = Big().eval()
     with torch.no_grad():

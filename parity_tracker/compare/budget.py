@@ -36,7 +36,11 @@ Non-finite values (never a NaN ratio):
 - ``0 / anything = 0``; ``x / 0 = +inf`` for ``x > 0``; ``finite / inf = 0``; and when both
   ``e_cand`` and ``e_twin`` are ``+inf`` (both lose values, e.g. an fp16 overflow PyTorch
   makes too) the ratio is the number of elements the candidate loses over the number the
-  twin loses (1.0: as many as PyTorch at that precision).
+  twin loses (1.0: as many as PyTorch at that precision);
+- amended 2026-12-01 (w9brk1): when the twin loses values at a tag and its elements are at
+  hand (a tensor, not an :class:`ErrorScan`), the ratio is the larger of the rule above and
+  the same ratio over the elements where the twin's error is finite (:func:`_kept_errors`):
+  one fp16 overflow of PyTorch no longer excuses a candidate that is wrong everywhere else.
 
 ``error_ratio`` may therefore be ``+inf`` (a candidate that loses values PyTorch keeps, or any
 error where the golden and the twin are exact and zero); writers of strict JSON must map it.
@@ -523,7 +527,48 @@ def budget_compare(
     problem = cand_err.problem or twin_err.problem
     if problem:
         return _unusable(base, k, "error", f"budget not computed: {problem}")
-    return _judged(base, k, golden64, cand_err, twin_err)
+    kept = _kept_errors(golden64, twin, candidate) if twin_err.lost else None
+    return _judged(base, k, golden64, cand_err, twin_err, kept)
+
+
+def _kept_errors(golden64: torch.Tensor, twin: Any, candidate: Any) -> tuple | None:
+    """``(e_cand, e_twin, kept, lost)`` over the elements where the twin's error is finite.
+
+    ``e_cand`` is over those of them where the candidate's error is finite too: values the
+    candidate loses stay judged by the module's count rule (``e_cand = e_twin = +inf``).
+
+    A twin that loses values at a tag (e.g. an fp16 overflow: ``e_twin = +inf``) would excuse
+    any finite candidate error there (``finite / inf = 0``), however wrong the candidate is on
+    every element PyTorch kept (w9brk1: +1000 on 5 of 6 elements was ``close``). The ratio is
+    therefore also taken over the kept elements (:func:`_judged`). Element errors follow the
+    module's non-finite rule (equal, NaN-NaN and same-signed inf are exact; any other
+    non-finite is ``+inf``), computed in float64 (complex128) on whole tensors: a rare path.
+    ``None`` when the twin is only an :class:`ErrorScan` (no elements to mask: the rule of the
+    module docstring alone) or keeps no element.
+    """
+    if isinstance(twin, ErrorScan):
+        return None
+    t, c = to_tensor(twin, "twin").tensor, to_tensor(candidate, "candidate").tensor
+    if t is None or c is None:
+        return None
+    wide = torch.complex128 if golden64.is_complex() else torch.float64
+    err_t, err_c = _element_errors(t.to(wide), golden64), _element_errors(c.to(wide), golden64)
+    keep = torch.isfinite(err_t)
+    n = int(keep.sum())
+    if n == 0:
+        return None
+    kept_c = err_c[keep]
+    kept_c = kept_c[torch.isfinite(kept_c)]  # values the candidate loses: the count rule's
+    e_c = float(kept_c.max()) if kept_c.numel() else 0.0
+    return e_c, float(err_t[keep].max()), n, keep.numel() - n
+
+
+def _element_errors(side: torch.Tensor, golden: torch.Tensor) -> torch.Tensor:
+    """``|side − golden|`` per element with the module's non-finite rule (float64)."""
+    err = (side - golden).abs().to(torch.float64)
+    exact = (side == golden) | (torch.isnan(side) & torch.isnan(golden))
+    err[exact] = 0.0
+    return err.nan_to_num_(nan=math.inf, posinf=math.inf)
 
 
 def _same_as_twin(twin: Any, cand_hash: str | None) -> ErrorScan | None:
@@ -543,11 +588,28 @@ def _same_as_twin(twin: Any, cand_hash: str | None) -> ErrorScan | None:
     return ErrorScan(twin.max_abs_err, twin.lost, twin.dtype, golden_max=twin.golden_max)
 
 
-def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan):
-    """The budget record of a pair whose three sides were all usable."""
+def _judged(
+    base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorScan, kept: Any = None
+):
+    """The budget record of a pair whose three sides were all usable.
+
+    ``kept``: :func:`_kept_errors` when the twin loses values here; the ratio is then the
+    larger of the whole-tag ratio and the ratio over the elements the twin keeps, so that one
+    lost value never excuses the rest (one ratio, one verdict).
+    """
     eps = compared_eps(cand.dtype, twin.dtype)
     floor = budget_floor(golden64, eps) if cand.golden_max is None else eps * cand.golden_max
     ratio = error_ratio(cand, twin, floor)
+    kept_note = ""
+    if kept is not None:
+        e_ck, e_tk, n_kept, n_lost = kept
+        kept_ratio = error_ratio(ErrorScan(e_ck, 0), ErrorScan(e_tk, 0), floor)
+        ratio = max(ratio, kept_ratio)
+        kept_note = (
+            f"the twin loses {n_lost} value(s) here; over the {n_kept} it keeps, the "
+            f"candidate's error is {e_ck:.4g} against the twin's {e_tk:.4g} "
+            f"(ratio {kept_ratio:.3g})"
+        )
     status = budget_status(ratio, k, base.status == "equal")
     dtype = _low_dtype(cand.dtype, twin.dtype)
     e_c, e_t = cand.max_abs_err, twin.max_abs_err
@@ -555,6 +617,7 @@ def _judged(base: Comparison, k: float, golden64, cand: ErrorScan, twin: ErrorSc
         _verdict_message(status, e_c, e_t, floor, ratio, k, dtype),
         _far_note(status, base.max_abs_diff, e_c, floor, ratio, k),
         _lost_note(cand, twin),
+        kept_note,
         base.message if status == "mismatch" else "",
     )
     message = "; ".join(p for p in parts if p)
