@@ -26,23 +26,10 @@ from parity_tracker.errors import InputError
 from parity_tracker.run import run_parity
 from parity_tracker.tensor_checker import DumpMode
 from tests.test_budget import Net, capture, engine
+from tests.test_budget_run import ENV, _cast_inputs, _run
 
-ENV = {"commit": "test"}
 BF16_EPS = 2.0**-7  # bfloat16 keeps 8 significant bits (7 stored)
 K = 2.0  # the default budget factor (FlashAttention's tests)
-
-
-def _cast_inputs(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """The candidate casts its floating inputs as an engine would (a root pre-hook)."""
-    model.register_forward_pre_hook(
-        lambda _m, args: tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
-    )
-    return model
-
-
-def _run(reference, candidate, x, **kw):
-    kw.setdefault("mode", "budget")
-    return run_parity(reference, candidate, (x,), environment=ENV, dump_mode=DumpMode.NOT, **kw)
 
 
 def _outputs(result) -> dict[str, dict]:
