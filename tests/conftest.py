@@ -25,9 +25,11 @@ Fixtures any test may use (mlflow is imported only when one of them is requested
 Shared helpers (not fixtures) are in ``tests/helpers.py``.
 
 Hygiene, for every session: target checkpoints are cached under a session tmp folder
-(``PARITY_TRACKER_CACHE_DIR``), and the session FAILS when the run left a file in the checkout
-that was not there before (``git status --porcelain --ignored``, tool caches aside), so
-``make test`` leaves ``git status`` clean and writes nothing into ``./.parity``.
+(``PARITY_TRACKER_CACHE_DIR``), the system temporary folder (``tempfile.tempdir``,
+``$TMPDIR``: default dumps, spill files) is a session tmp folder, and the session FAILS
+when the run left a file in the checkout that was not there before (``git status
+--porcelain --ignored``, tool caches aside), so ``make test`` leaves ``git status`` clean
+and writes nothing into ``./.parity``.
 """
 
 from __future__ import annotations
@@ -111,6 +113,29 @@ def _target_cache(tmp_path_factory: pytest.TempPathFactory):
         yield path
     finally:
         os.environ.pop("PARITY_TRACKER_CACHE_DIR", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_tempdir(tmp_path_factory: pytest.TempPathFactory):
+    """The system temporary folder of the session is a pytest tmp folder.
+
+    ``run_parity`` dumps under ``<system temp>/parity-dumps`` when no ``dump_path`` is given
+    (``run.run.default_dump_root``): without this, every failing run of a test left a folder
+    in the machine's ``/tmp`` (2,400 of them by 2026-12-01). ``tempfile.tempdir`` (this
+    process) and ``$TMPDIR`` (subprocesses) point into the session's tmp folder, restored at
+    the end; pytest's own base folder is fixed before (``mktemp`` first).
+    """
+    path = tmp_path_factory.mktemp("systemp")
+    saved, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(path), str(path)
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = saved
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
 
 
 @pytest.fixture(scope="session")

@@ -187,6 +187,23 @@ def test_nested_under_parent_run(tiny_equal_pair, sqlite_tracking_uri, in_tmp_cw
     assert "first_divergence_order" not in m and m["output_max_abs_diff"] == 0.0
 
 
+def test_runs_of_one_process_get_distinct_names(tiny_equal_pair, sqlite_tracking_uri, in_tmp_cwd):
+    """run_parity seeds Python's random; MLflow's generated names came out the same each run."""
+    reference, candidate, inputs = tiny_equal_pair
+    results = [run_parity(reference, candidate, inputs, environment=ENV) for _ in range(2)]
+    results.append(run_parity(reference, candidate, inputs, settings=SETTINGS, environment=ENV))
+    client = get_client(sqlite_tracking_uri)
+    names = [
+        client.get_run(log_run(r, tracking_uri=sqlite_tracking_uri)).info.run_name for r in results
+    ]
+    target = SETTINGS["target"]
+    want = [f"parity-{results[0].run_id[:8]}", f"parity-{results[1].run_id[:8]}",
+            f"{target}-{results[2].run_id[:8]}"]  # fmt: skip
+    assert names == want and len(set(names)) == 3
+    named = log_run(results[0], tracking_uri=sqlite_tracking_uri, run_name="mine")
+    assert client.get_run(named).info.run_name == "mine"
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -454,10 +454,15 @@ def _verdict_message(status: str, e_c: float, e_t: float, floor: float, ratio: f
     if status == "equal":
         return f"bitwise equal to the reference (error_ratio {_g(ratio)} <= k={_g(k)})"
     where = "within" if status == "close" else "over"
+    # the ratio names its denominator: PyTorch's own error, or the floor when that is larger
+    base = (
+        f"PyTorch's own error at {dtype}"
+        if e_t >= floor
+        else f"the floor eps·max|golden| (PyTorch's own error at {dtype} is below it)"
+    )
     return (
-        f"{where} budget: error vs the float64 golden {_g(e_c)} is {_g(ratio)}x PyTorch's own "
-        f"error at {dtype} (max(twin error {_g(e_t)}, floor {_g(floor)}) = {_g(den)}); "
-        f"allowed k={_g(k)}"
+        f"{where} budget: error vs the float64 golden {_g(e_c)} is {_g(ratio)}x {base} "
+        f"(max(twin error {_g(e_t)}, floor {_g(floor)}) = {_g(den)}); allowed k={_g(k)}"
     )
 
 
@@ -600,21 +605,22 @@ def _judged(
     eps = compared_eps(cand.dtype, twin.dtype)
     floor = budget_floor(golden64, eps) if cand.golden_max is None else eps * cand.golden_max
     ratio = error_ratio(cand, twin, floor)
-    kept_note = ""
+    e_c, e_t = cand.max_abs_err, twin.max_abs_err
+    shown, kept_note = (e_c, e_t), ""  # the errors the verdict's ratio is made of
     if kept is not None:
         e_ck, e_tk, n_kept, n_lost = kept
         kept_ratio = error_ratio(ErrorScan(e_ck, 0), ErrorScan(e_tk, 0), floor)
-        ratio = max(ratio, kept_ratio)
+        if kept_ratio >= ratio:
+            ratio, shown = kept_ratio, (e_ck, e_tk)
         kept_note = (
-            f"the twin loses {n_lost} value(s) here; over the {n_kept} it keeps, the "
-            f"candidate's error is {e_ck:.4g} against the twin's {e_tk:.4g} "
-            f"(ratio {kept_ratio:.3g})"
+            f"the twin loses {n_lost} value(s) here: the ratio is the larger of the whole tag's "
+            f"and that over the {n_kept} element(s) it keeps ({_g(kept_ratio)}; errors "
+            f"{_g(e_ck)} and {_g(e_tk)} there)"
         )
     status = budget_status(ratio, k, base.status == "equal")
     dtype = _low_dtype(cand.dtype, twin.dtype)
-    e_c, e_t = cand.max_abs_err, twin.max_abs_err
     parts = (
-        _verdict_message(status, e_c, e_t, floor, ratio, k, dtype),
+        _verdict_message(status, *shown, floor, ratio, k, dtype),
         _far_note(status, base.max_abs_diff, e_c, floor, ratio, k),
         _lost_note(cand, twin),
         kept_note,

@@ -218,7 +218,8 @@ def log_run(
             ``sqlite:///<cwd>/.parity/mlflow.db``).
         experiment: MLflow experiment name, created with an explicit artifact location.
         parent_run_id: nest under this run (tag ``mlflow.parentRunId``), e.g. a nightly run.
-        run_name: MLflow run name (default: MLflow's generated name).
+        run_name: MLflow run name (default: ``track.stage.default_run_name``, e.g.
+            ``tiny-1a2b3c4d``: target and parity run id, never MLflow's seeded random name).
         commit: overrides the git commit read at run time: the stored record is a new
             ``RunSummary`` with it in ``environment`` (``result.record`` is not edited; better,
             pass the commit to ``run_parity(environment=...)``).

@@ -183,6 +183,17 @@ def _stage_ui(result: RunResult, art: Path, source: Source) -> dict[str, str]:
     return ui_tags(result.record, source, text)
 
 
+def default_run_name(result: RunResult) -> str:
+    """The MLflow run name when none is given: ``<target or "parity">-<parity run id[:8]>``.
+
+    Not MLflow's generated name: ``run_parity`` seeds Python's ``random`` (the sides' fixed
+    seed), and MLflow draws its adjective-noun names from it, so every run of a process got
+    the same name (the runs table could not tell them apart).
+    """
+    target = result.settings.get("target")
+    return f"{target or 'parity'}-{str(result.run_id)[:8]}"
+
+
 def stage_run(
     result: RunResult,
     folder: Path,
@@ -221,7 +232,7 @@ def stage_run(
         "parity_run_id": result.run_id,
         "experiment": experiment,
         "tracking_uri": tracking_uri,
-        "run_name": run_name,
+        "run_name": run_name or default_run_name(result),
         "parent_run_id": parent_run_id,
         "params": run_params(result),
         "metrics": run_metrics(result),
