@@ -21,6 +21,7 @@ import parity_tracker.ops as ops_module
 import parity_tracker.tensor_checker as checker_module
 from parity_tracker.capture import store as store_module
 from parity_tracker.capture.op_store import OpStore
+from parity_tracker.capture.tags import module_tag
 from parity_tracker.run import run_parity
 from parity_tracker.tensor_checker import DumpMode
 
@@ -114,7 +115,7 @@ def test_channels_last_outputs_written_once(monkeypatch, writes, borrowed, ops_b
     mods = _run(ref, cand)
     for i in (0, 1, 2, 3, 4):  # same weights, same input: every output equal, diff 0 (numpy)
         assert np.abs(seen[f"ref{i}"] - seen[f"cand{i}"]).max() == 0.0
-        row = mods[f"checker_{i}"]
+        row = mods[module_tag(str(i))]
         assert (row["status"], row["max_abs_diff"]) == ("equal", 0.0), row
     assert mods["checker_model"]["status"] == "equal"
     # each of the 5 reference outputs (16 or 8 channels x 64 x 64 fp32) read the op store's file
