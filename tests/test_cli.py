@@ -73,6 +73,17 @@ def test_run_failure_exits_1_and_prints_summary(env):
     assert "parity-tracker ui" in res.stdout
 
 
+def test_budget_run_prints_its_worst_error_ratio(env):
+    _, out = run_json("--quantization", "bf16", "--mode", "budget", perturb=True)
+    s = out["summary"]
+    res = invoke("run", TINY, "--quantization", "bf16", "--mode", "budget", perturb=True)
+    assert res.exit_code == 0, res.output
+    want = f"worst error_ratio: {s['worst_error_ratio']:.3g} at {s['worst_error_ratio_tag']}"
+    assert want in res.stdout
+    plain = invoke("run", TINY, "--mode", "allclose", "--rtol", "0", "--atol", "0.01", perturb=True)
+    assert "error_ratio" not in plain.stdout  # no ratio outside budget mode
+
+
 def test_run_shortcut_options_and_allclose(env):
     res, out = run_json("--quantization", "bf16")
     assert out["summary"]["mode"] == "budget"  # a cast: error budget (issue 15)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -68,6 +68,9 @@ def print_run(
     con.print(f"{verdict}  mode={s.get('mode')} ({s.get('mode_reason')})  status={s.get('status')}")
     counts = {k: v for k, v in (s.get("counts") or {}).items() if v}
     con.print("tensors: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    ratio = worst_ratio_line(s)
+    if ratio:
+        con.print(escape(ratio))
     fd = s.get("first_divergence")
     if fd:
         con.print(
@@ -107,6 +110,24 @@ def print_run(
             con.print(f"open it: {url}   |   {cli_exe()} report {run_id}")
         else:
             con.print(f"open it: {ui_command_line(uri)}   |   {cli_exe()} report {run_id}")
+
+
+def worst_ratio_line(summary: Mapping[str, Any]) -> str:
+    """A budget run's worst ``error_ratio`` (``summary.worst_error_ratio``), else ``""``.
+
+    Strict JSON stores an infinite worst ratio as None with ``error_ratio_infinite``
+    (``run.summary.ratio_metrics``); printed ``inf``.
+    """
+    if summary.get("error_ratio_infinite"):
+        value = "inf"
+    elif summary.get("worst_error_ratio") is None:
+        return ""
+    else:
+        value = fmt_n(summary["worst_error_ratio"])
+    return (
+        f"worst error_ratio: {value} at {summary.get('worst_error_ratio_tag')} (the candidate's "
+        "error vs the float64 golden ÷ max(PyTorch's own error, floor); within budget <= k)"
+    )
 
 
 class RichReporter:
