@@ -33,6 +33,42 @@ def test_trims_only_when_the_resident_set_grew_past_the_largest_seen(monkeypatch
     assert t.trims == 2
 
 
+def test_an_armed_trimmer_trims_only_past_the_process_peak(monkeypatch):
+    """Hand-worked, every=100: armed at a process peak of 1000, looks reading 1050 (<= 1100:
+    no trim, though far past the largest after a trim, 0), 1150 (> 1100: trim, 400 after),
+    1050 (<= 1100: no); re-armed at a peak of 1500: 1550 (<= 1600: no), 1650 (> 1600: trim)."""
+    monkeypatch.delenv(heap_trim.ENV, raising=False)
+    calls: list[int] = []
+    peaks = iter([1000, 1500])
+    t = HeapTrimmer(
+        every=100,
+        trim=calls.append,
+        resident=scripted([1050, 1150, 400, 1050, 1550, 1650, 600]),
+        peak=lambda: next(peaks),
+    )
+    t.arm()
+    for _ in range(3):
+        t.admitted(100)
+    assert t.trims == 1
+    t.arm()
+    for _ in range(2):
+        t.admitted(100)
+    assert calls == [0, 0] and t.trims == 2
+
+
+def test_arm_keeps_its_floor_when_the_peak_is_unknown():
+    t = HeapTrimmer(every=10, trim=[].append, resident=scripted([15, 25]), peak=lambda: -1)
+    t.arm()  # -1: unknown, the floor stays 0
+    t.admitted(10)
+    assert t.trims == 1
+
+
+def test_the_default_peak_is_at_least_the_resident_set():
+    if sys.platform != "linux":
+        pytest.skip("/proc/self/statm")
+    assert heap_trim._peak() >= heap_trim._resident() > 0
+
+
 def test_no_trim_when_turned_off_unavailable_or_resident_set_unknown(monkeypatch):
     calls: list[int] = []
     monkeypatch.setenv(heap_trim.ENV, "0")
@@ -56,11 +92,14 @@ def test_store_admissions_are_counted_by_the_process_trimmer(monkeypatch, tmp_pa
         def admitted(self, nbytes: int) -> None:
             seen.append(nbytes)
 
+        def arm(self) -> None:
+            seen.append("arm")
+
     monkeypatch.setattr(heap_trim, "trimmer", Recorder())
     store = BoundedStore(25, tmp_path, on_spill=lambda key, payload: True)
     for key, n in enumerate((10, 20, 30)):  # the 2nd and 3rd admissions spill older entries
         store.admit(key, n)
-    assert seen == [10, 20, 30]
+    assert seen == ["arm", 10, 20, 30]  # a new store arms the trimmer first
 
 
 _FRAGMENT = textwrap.dedent(

@@ -20,6 +20,14 @@ housekeeper, Icinga 2 PR #9998; Dask's "unmanaged memory" notes). A run whose re
 flat pays a read per 8 MiB and no trim; trimming at every period instead cost 4–12 % of a
 full-size run (the forward refaults the returned pages at once), hence the growth condition.
 
+Each new capture store arms the trimmer (:meth:`~HeapTrimmer.arm`) with the process's peak
+resident set so far (:func:`_peak`): a trim is made only while the resident set is
+more than ``every`` past that peak too, that is, while the run is about to make the process's
+peak larger (the figure a user runs out of memory on). Memory the process has already used
+once is not handed back just for the forward to fault it in again: a full-size transformer run
+after a larger job in the same process (measurement 1 next to torchlens) trimmed at every run
+and was 8 % slower for it (0.75 vs 0.69 s; benchmarks/README.md, "heap trim armed, wave 10").
+
 Measured on the 2-core machine (benchmarks/README.md, "heap trim, wave 7"): measurement 5's
 extra peak RSS at depths 8 / 32 / 64 went from 27 / 21–73 / 33–141 MiB (one child to the next)
 to 14–19 / 15–22 / 16–23 MiB; the full-size module- and op-level runs of measurements 1 and 2
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -64,6 +73,21 @@ def _libc_trim() -> Callable[[int], int] | None:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def _peak() -> int:
+    """This process's peak resident set so far (bytes), or -1 where unknown.
+
+    ``getrusage(2)``'s ``ru_maxrss`` (kibibytes on Linux, bytes on macOS), or the resident set
+    now when larger: Linux updates the high-water mark behind ``ru_maxrss`` only when the
+    resident set shrinks, so a process still growing reads a smaller one.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return -1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(peak if sys.platform == "darwin" else peak << 10, _resident())
+
+
 def _resident() -> int:
     """This process's resident set (bytes, ``/proc/self/statm``), or -1 where unreadable."""
     try:
@@ -83,6 +107,8 @@ class HeapTrimmer:
             the first trim (None: none exists, nothing is called).
         resident: returns the resident set in bytes (-1: unknown); default
             ``/proc/self/statm``'s.
+        peak: returns the process's peak resident set in bytes (-1: unknown), read by
+            :meth:`arm`; default ``getrusage(2)``'s ``ru_maxrss``.
 
     Raises:
         ValueError: ``every`` is not a positive byte count.
@@ -96,14 +122,17 @@ class HeapTrimmer:
         every: int = TRIM_EVERY_BYTES,
         trim: object = _UNRESOLVED,
         resident: Callable[[], int] | None = None,
+        peak: Callable[[], int] | None = None,
     ) -> None:
         if every <= 0:
             raise ValueError(f"HeapTrimmer: every must be a positive byte count, got {every}")
         self.every = every
         self._trim = trim
         self._resident = resident or _resident
+        self._peak = peak or _peak
         self._since = 0
         self._high = 0
+        self._floor = 0  # the process's peak at the last arm()
         self.trims = 0
         self.seconds = 0.0
 
@@ -121,13 +150,23 @@ class HeapTrimmer:
                 self.trim()
                 self._high = max(self._high, self._resident())
 
+    def arm(self) -> None:
+        """A run starts: trim only past the process's peak resident set as of now.
+
+        Called by every new capture store (``capture.store.BoundedStore``); ≈ 1 µs. An
+        unknown peak (-1) leaves the floor as it was.
+        """
+        self._floor = max(self._floor, self._peak())
+
     def grown(self) -> bool:
         """Whether the resident set is more than ``every`` bytes above the largest seen.
 
-        False when the resident set cannot be read (no ``/proc``): then nothing is trimmed.
+        The largest seen: the largest resident set after a trim, or the process's peak at the
+        last :meth:`arm`, whichever is larger. False when the resident set cannot be read (no
+        ``/proc``): then nothing is trimmed.
         """
         rss = self._resident()
-        return rss >= 0 and rss > self._high + self.every
+        return rss >= 0 and rss > max(self._high, self._floor) + self.every
 
     def trim(self) -> bool:
         """Trim now (unless turned off or unavailable); whether ``malloc_trim`` was called."""

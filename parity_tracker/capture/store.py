@@ -310,6 +310,7 @@ class BoundedStore:
         self._resident: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
         self.resident_bytes = self.peak_resident_bytes = 0
         self.spilled_bytes = self.spilled_count = 0
+        heap_trim.trimmer.arm()  # trims only past the process's peak so far (issue 19)
 
     def admit(self, key: Hashable, nbytes: int, payload: Any = None) -> None:
         """Count ``nbytes`` resident under ``key``; spill the oldest entries past the budget.
