@@ -38,6 +38,7 @@ import torch
 
 from parity_tracker.adapters.foreign import ForeignCandidate, NameMap, ProbedTag, probe_reference
 from parity_tracker.capture import root_name
+from parity_tracker.compare.hashing import numpy_in_place
 from parity_tracker.errors import InfrastructureError, InputError
 
 #: ``ort_optimization`` setting values and the onnxruntime graph optimisation level of each.
@@ -385,7 +386,14 @@ def _value_names(model: Any) -> set[str]:
 
 
 def _numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    """An input for ONNX Runtime: a tensor read in place (``compare.hashing.numpy_in_place``).
+
+    ``Tensor.numpy()`` would mark the caller's input storage not resizable for good (its own
+    later ``resize_`` raised, w9trust); the view is read within ``InferenceSession.run``.
+    """
+    if not isinstance(x, torch.Tensor):
+        return np.asarray(x)
+    return numpy_in_place(x.detach().cpu().resolve_conj().resolve_neg())
 
 
 def onnx_candidate(

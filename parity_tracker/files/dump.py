@@ -33,6 +33,7 @@ import torch
 import xxhash
 
 from parity_tracker.compare.convert import dense_cpu, quant_info
+from parity_tracker.compare.hashing import numpy_in_place
 from parity_tracker.errors import InputError
 from parity_tracker.files.atomic import atomic_write_json
 from parity_tracker.files.safe_paths import resolve_inside
@@ -107,9 +108,9 @@ def to_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, dict[str, Any], dict[str
         t = t.to(torch.float32)
     elif t.dtype in _WIDEN:
         t = t.to(_WIDEN[t.dtype])
-    try:
-        array = t.contiguous().numpy()
-    except (TypeError, RuntimeError) as exc:
+    try:  # read in place: .numpy() would mark a caller's tensor not resizable (w9trust)
+        array = numpy_in_place(t.contiguous())
+    except (TypeError, RuntimeError, ValueError) as exc:
         raise InputError(f"dtype {info['dtype']} has no lossless numpy form: {exc}") from exc
     info["stored_dtype"] = str(array.dtype)
     return array, info, extra

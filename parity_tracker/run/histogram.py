@@ -19,10 +19,14 @@ from parity_tracker.compare.verdict import worst_key
 def _float64(x: Any) -> np.ndarray:
     """A numpy float64 array of ``x`` (a torch tensor, complex → magnitude, or array-like)."""
     if hasattr(x, "detach"):  # a torch tensor, without importing torch
+        from parity_tracker.compare.hashing import numpy_in_place
+
         x = x.detach().cpu()
         if x.is_complex():
             x = x.abs()
-        x = x.double().numpy()
+        # read in place: .numpy() of a float64 input (.double() returns it as it is) would
+        # mark the caller's storage not resizable for good (w9trust)
+        x = numpy_in_place(x.double().resolve_neg())
     return np.asarray(x, dtype=np.float64)
 
 
