@@ -176,6 +176,48 @@ def test_check_budget_facade_with_three_checkers():
     assert tc.check_budget(golden_tc, twin_tc, k=1000).passed  # repeatable, k applies
 
 
+def test_a_twin_checker_reducing_to_error_scans_gives_the_same_budget():
+    """``TensorChecker(reduce_to=twin_reducer(golden_log))``: the twin's tensors are kept only
+    as their error against the golden. The twin's max error at the output is the numpy one,
+    and every row equals that of a twin checker that keeps its tensors."""
+    from parity_tracker.capture.sides import twin_reducer
+
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    eng = copy.deepcopy(make_twin(model, torch.bfloat16))
+    with torch.no_grad():
+        eng[2].bias += 0.05
+    golden, twin, x = golden_copy(model), make_twin(model, torch.bfloat16), torch.randn(4, 16)
+    golden_tc = TensorChecker(verbose=False)
+    kept_tc, tc_a, tc_b = (TensorChecker(verbose=False) for _ in range(3))
+    reduced_tc = TensorChecker(verbose=False, reduce_to=twin_reducer(golden_tc._log))
+    with torch.no_grad():  # expected, before any hook: |twin - numpy float64 golden| at the end
+        w1, b1, w2, b2 = (p.double().numpy() for p in model.parameters())
+        h = x.double().numpy() @ w1.T + b1
+        h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+        e_twin = np.abs(twin(x.bfloat16()).double().numpy() - (h @ w2.T + b2)).max()
+    for m, c in ((model, tc_a), (eng, tc_a), (model, tc_b), (eng, tc_b), (golden, golden_tc)):
+        module_register_tensor_checker(m, c)
+    module_register_tensor_checker(twin, kept_tc)
+    with torch.no_grad():
+        with golden_mode():  # first: the reducer reads the golden's captures
+            golden(x.double())
+        model(x), eng(x.bfloat16()), model(x), eng(x.bfloat16()), twin(x.bfloat16())
+    twin2 = make_twin(model, torch.bfloat16)  # the same twin, hooked on the reducing checker
+    module_register_tensor_checker(twin2, reduced_tc)
+    with torch.no_grad():
+        twin2(x.bfloat16())
+    with pytest.raises(InputError, match="only feeds a budget"):
+        reduced_tc.check("equal")
+    kept = tc_a.check_budget(golden_tc, kept_tc)
+    reduced = tc_b.check_budget(golden_tc, reduced_tc)
+    assert reduced.get("checker_2").comparison.twin_max_abs_err == pytest.approx(e_twin, rel=1e-9)
+    fields = ("status", "golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+    rows = [{r.tag: tuple(getattr(r.comparison, f) for f in fields) for r in res.results}
+            for res in (kept, reduced)]  # fmt: skip
+    assert rows[0] == rows[1] and len(rows[0]) >= 4
+
+
 def test_diff_worse_also_triggers_on_the_ratio():
     from parity_tracker.analysis.diff import decide
 
