@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from parity_tracker.capture.modules import Capture, Group
-from parity_tracker.capture.snapshot import pinned_whole
+from parity_tracker.capture.snapshot import param_bytes
 from parity_tracker.capture.store import Spilled
 from parity_tracker.compare.batch import (
     BULK_MAX_BYTES,
@@ -87,20 +87,59 @@ class Holder:
             self._keep(cap, value, alias)
 
     def _bulk_bytes(self, g, held_i, new_i, held: Capture, new: Capture, held_value, value) -> bool:
-        """:meth:`_eager_compare`'s first step for a held ``HeldBytes``, inline (issue 19).
+        """:meth:`_eager_compare`'s first step for a held ``HeldBytes``, fused (issue 19).
 
-        Holds the pair for the bulk comparison when :meth:`_hold_for_bulk` does and releases
-        both captures; False: nothing done (:meth:`_eager_compare` goes on from there).
+        :meth:`_hold_for_bulk` of the pair ``held_value`` (bytes) and ``value`` (the live
+        capture ``new``) with its tests in the same order, those that cannot hold for a
+        ``HeldBytes`` side left out (it is no copy-on-write snapshot and no pinned
+        parameter: ``Snapshotter.recorded_hash`` and ``_changed_param`` find it by identity
+        among the snapshotter's own objects), then ``HeldPairs.add_live`` with the capture's
+        shape (``meta``). Holds the pair for the bulk comparison and releases both captures;
+        False: nothing done (:meth:`_eager_compare` goes on from there).
         """
-        if new.side < held.side:
-            ref_i, cand_i, ref, cand = new_i, held_i, value, held_value
-        else:
-            ref_i, cand_i, ref, cand = held_i, new_i, held_value, value
-        if not self._hold_for_bulk(g, cand_i, ref, cand):
+        c = self.c
+        if c.eager_mode not in _BULK_MODES or c.align is not None or c.dump_mode is not _NOT:
             return False
-        g.ref_index = ref_i
+        snap = c._snap
+        if snap._hashes and snap.recorded_hash(value) is not None:
+            return False
+        if snap._pinned and snap._changed_param(value):
+            return False
+        pairs = self._room()
+        if pairs is None:
+            return False
+        live_is_cand = new.side > held.side
+        key = (g, new_i) if live_is_cand else (g, held_i)
+        meta = new.meta
+        try:
+            added = pairs.add_live(
+                key, g.tag, held_value, value, live_is_cand, meta[0] if meta else None
+            )
+        except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it
+            return False
+        if not added:
+            return False
+        g.ref_index = held_i if live_is_cand else new_i
         new.value = held.value = RELEASED  # the pair is held (its bytes as they are)
         return True
+
+    def _room(self) -> HeldPairs | None:
+        """The held pairs, with room for one more pair (:meth:`flush` first when full).
+
+        None when the bound is too small to hold any pair. The bound: at most
+        ``min(PENDING_BYTES, max_resident_bytes / 16)`` held bytes (both sides) and
+        :data:`PENDING_PAIRS` pairs (see :meth:`_hold_for_bulk`).
+        """
+        limit = self.c._store.max_resident_bytes / 16  # c.max_resident_bytes, no property
+        if limit > PENDING_BYTES:
+            limit = PENDING_BYTES
+        if limit < 2 * BULK_MAX_BYTES:  # a bound too small to hold a pair
+            return None
+        held = self.held
+        if held.nbytes + 2 * BULK_MAX_BYTES > limit or len(held.keys) >= PENDING_PAIRS:
+            self.flush()  # the next pair could pass the bound: compare the held ones first
+            held = self.held
+        return held
 
     def _keep(self, cap: Capture, value: torch.Tensor, alias: bool) -> None:
         """Hold ``value`` in ``cap``: parameters pinned (``Snapshotter.pin``), the rest counted.
@@ -116,9 +155,10 @@ class Holder:
         if limit is None:
             limit = self.bytes_max = self._bytes_limit()
         if alias:
-            if limit and pinned_whole(value, limit):  # what pin would copy-on-write: its bytes
-                meta = cap.meta
-                cap.value = copy = HeldBytes.of(value, meta[0] if meta else None)
+            meta = cap.meta  # what pin would copy-on-write: its bytes
+            copy = param_bytes(value, limit, meta[0] if meta else None) if limit else None
+            if copy is not None:
+                cap.value = copy
                 self.c._store.admit_small(copy, cap)
             else:
                 cap.value = snap.pin(value)
@@ -244,15 +284,9 @@ class Holder:
             return False
         if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
             return False
-        limit = c._store.max_resident_bytes / 16  # c.max_resident_bytes, without the property
-        if limit > PENDING_BYTES:
-            limit = PENDING_BYTES
-        if limit < 2 * BULK_MAX_BYTES:  # a bound too small to hold a pair
+        held = self._room()
+        if held is None:
             return False
-        held = self.held
-        if held.nbytes + 2 * BULK_MAX_BYTES > limit or len(held.keys) >= PENDING_PAIRS:
-            self.flush()  # the next pair could pass the bound: compare the held ones first
-            held = self.held
         try:
             return held.add((g, cand_i), g.tag, ref, cand)
         except Exception:  # a tensor whose bytes cannot be read: the per-pair path reports it

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from parity_tracker.compare.batch import HeldBytes, _readable, holdable
-from parity_tracker.compare.batch import _bytes as held_bytes
+from parity_tracker.compare.batch import HeldBytes, readable_dtype
 from parity_tracker.compare.batch import _copy as copy_bytes
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.core import Comparison
@@ -201,13 +200,30 @@ def pinned_whole(t: torch.Tensor, limit: int) -> bool:
     taken before the capture); a view of a larger buffer may not (``pin`` holds it by
     reference, and a counted write after its capture makes its pair an ``error``).
     """
-    return (
-        _COW
-        and holdable(t, limit)
-        and t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    )
+    return _whole_nbytes(t, limit) >= 0
+
+
+def _whole_nbytes(t: torch.Tensor, limit: int) -> int:
+    """``t.nbytes`` when :func:`pinned_whole` holds, else -1 (its tests, issue 19)."""
+    if not _COW or readable_dtype(t) is None:
+        return -1
+    n = t.nbytes  # numel * element_size of a strided tensor (torch's docs)
+    if n > limit or not t.is_contiguous() or t.storage_offset() != 0:
+        return -1
+    return n if t.untyped_storage().nbytes() == n else -1
+
+
+def param_bytes(t: torch.Tensor, limit: int, shape: tuple[int, ...] | None) -> HeldBytes | None:
+    """The values of a :func:`pinned_whole` parameter ``t`` now, as bytes; else None.
+
+    ``HeldBytes.of(t, shape)`` when ``pinned_whole(t, limit)`` holds, fused (issue 19: one
+    read of each property). ``shape``: ``tuple(t.shape)`` when the caller has it (the
+    capture's ``meta``).
+    """
+    n = _whole_nbytes(t, limit)
+    if n < 0:
+        return None
+    return HeldBytes(copy_bytes(t, n), t.dtype, tuple(t.shape) if shape is None else shape)
 
 
 class Snapshotter:
@@ -276,10 +292,13 @@ class Snapshotter:
         - a C-order copy of a non-contiguous source (or the op store's sealed file of its bytes);
         - a clone (the rest).
         """
-        if self.bytes_max and _readable(t):  # holdable(t, min(bytes_max, COW_MIN_BYTES - 1))
-            n = t.nbytes  # instead of a clone, never of a copy-on-write copy
-            if n <= self.bytes_max and n < COW_MIN_BYTES:
-                return self._take_bytes(t, n)
+        limit = self.bytes_max
+        if limit:  # holdable(t, min(bytes_max, COW_MIN_BYTES - 1)): its bytes, not a clone
+            dtype = readable_dtype(t)
+            if dtype is not None:
+                n = t.nbytes
+                if n <= limit and n < COW_MIN_BYTES:  # (never a copy-on-write copy)
+                    return self._take_bytes(t, n, dtype)
         version = tensor_version(t)
         key = id(t)
         copy = self._reusable(key, t, version)
@@ -309,7 +328,7 @@ class Snapshotter:
             self._remember(key, t, version, copy)
         return copy
 
-    def _take_bytes(self, t: torch.Tensor, n: int = -1) -> HeldBytes:
+    def _take_bytes(self, t: torch.Tensor, n: int, dtype: torch.dtype) -> HeldBytes:
         """:meth:`take`'s copy of a small tensor as its bytes (``HeldBytes.of``, issue 19).
 
         A module's input is usually the previous module's output: the ``HeldBytes`` last taken
@@ -317,15 +336,17 @@ class Snapshotter:
         dtype and shape read now. The whole contents are compared (``bytes ==``), not a digest,
         so the shared copy holds the values of now whatever happened in between (a write
         counted or not, another object under a reused ``id``). Cost: one byte copy and, for an
-        earlier copy of the same object, one ``memcmp``. ``n``: ``t.nbytes``, when known.
+        earlier copy of the same object, one ``memcmp``. ``n``: ``t.nbytes``; ``dtype``:
+        ``t.dtype`` (``compare.batch.readable_dtype``).
         """
-        data = held_bytes(t) if n < 0 else copy_bytes(t, n)
-        key, dtype, shape = id(t), t.dtype, tuple(t.shape)
+        data = copy_bytes(t, n)
+        key, shape = id(t), t.shape  # a torch.Size equals the tuple of its sizes
         ref = self._bytes_seen.get(key)
-        old = None if ref is None else ref()
-        if old is not None and old.data == data and old.dtype == dtype and old.shape == shape:
-            return old
-        held = HeldBytes(data, dtype, shape)  # HeldBytes.of(t), its bytes read once
+        if ref is not None:
+            old = ref()
+            if old is not None and old.data == data and old.dtype == dtype and old.shape == shape:
+                return old
+        held = HeldBytes(data, dtype, tuple(shape))  # HeldBytes.of(t), its bytes read once
         self._bytes_seen[key] = _key_ref(held, self._bytes_gone, key)  # dropped when it dies
         return held
 
