@@ -101,8 +101,9 @@ OWN_PACKAGES = ("parity_tracker", "parity_tracker.dashboards", "parity_tracker.b
 def _own_roots() -> tuple[str, ...]:
     roots: list[str] = []
     for name in OWN_PACKAGES:
-        spec = find_spec(name)
-        roots += [str(Path(p).resolve()) for p in (spec.submodule_search_locations or [])]
+        spec = find_spec(name)  # None: a layout without that package (a source checkout)
+        locations = (spec.submodule_search_locations or []) if spec is not None else []
+        roots += [str(Path(p).resolve()) for p in locations]
     return tuple(roots)
 
 

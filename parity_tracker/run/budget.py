@@ -59,7 +59,36 @@ class Passes:
 def _refuse_or_fall_back(explicit: bool, reason: str) -> Passes:
     if explicit:
         raise InputError(f"mode='budget' cannot run: {reason}")
-    return Passes(None, f"budget not used: {reason}; compared by allclose instead")
+    return Passes(None, _fallback_reason(reason))
+
+
+def _fallback_reason(reason: str) -> str:
+    """The ``mode_reason`` part of an ``auto`` run that fell back to allclose."""
+    return f"budget not used: {reason}; compared by allclose instead"
+
+
+def twin_fallback(error: Mapping[str, Any] | None, *, explicit: bool) -> str | None:
+    """Why an ``auto`` budget run falls back to allclose after its reference side failed.
+
+    The twin (the run's reference side) is the first forward of a budget run; a model it
+    cannot run at the candidate's dtype (a hard-coded ``.float()`` before a Linear) raises
+    there. Issue 15: ``auto`` then compares by allclose against the user's reference;
+    an explicit ``mode="budget"`` keeps the failure (``None`` returned).
+
+    Args:
+        error: the run's error record (``run.run._error_record``: type, message, side) or
+            ``None``.
+        explicit: the caller asked for ``mode="budget"``.
+
+    Returns:
+        The reason to append to ``mode_reason``, or ``None``: no fallback.
+    """
+    if explicit or error is None or error.get("side") != "reference":
+        return None
+    if error.get("type") == "KeyboardInterrupt":
+        return None
+    message = (str(error.get("message") or "").splitlines() or [""])[0][:200]
+    return _fallback_reason(f"the twin could not run ({error.get('type')}: {message})")
 
 
 def _golden_pass(run: Any, reference: Any, drive: Any, inputs: Any, seed: int, spill: str):

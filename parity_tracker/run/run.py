@@ -29,6 +29,7 @@ from parity_tracker.capture.tags import named_modules
 from parity_tracker.files.tables import OPS_SCHEMA, rows_to_table
 from parity_tracker.localize.keep import DEFAULT_REPRO_BYTES
 from parity_tracker.localize.root_cause import fallback_root_causes
+from parity_tracker.run.budget import twin_fallback
 from parity_tracker.run.heap import MODULE_YOUNG_THRESHOLD, frozen_heap, raise_young
 from parity_tracker.run.histogram import WorstPair
 from parity_tracker.run.keep import keep_for_run
@@ -375,7 +376,7 @@ def run_parity(
     from parity_tracker.adapters.compiled import CompileStats, is_compiled
     from parity_tracker.capture.tags import root_name
     from parity_tracker.run.environment import start_environment
-    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, DumpMode, TensorChecker
+    from parity_tracker.tensor_checker import DumpMode
 
     if not capture_ops:  # its records live until the check: no early collections (issue 19)
         raise_young(MODULE_YOUNG_THRESHOLD)
@@ -412,7 +413,7 @@ def run_parity(
     ]
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = LazySpillRoot()  # made by the first store that spills
-    ops = passes = None
+    passes = None
     if chosen == BUDGET:
         try:
             passes = _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill,
@@ -428,27 +429,25 @@ def run_parity(
             side = twin_reference_side(passes.twin_dtype)
             settings[REFERENCE_SIDE] = side
             reason = f"{reason}; {REFERENCE_SIDE}: {side}"
-    worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
-    # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
-    budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
-    checker = TensorChecker(
-        verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
-        dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
-        budget=passes.sides if chosen == BUDGET else None, **budget_kw,
-    )  # fmt: skip
-    if capture_ops:
-        from parity_tracker.ops import OpSession
-
-        ops = OpSession(
-            mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step,
-            spill_dir=spill.name, keep_bytes=keep_repro,
-        )  # fmt: skip
-        checker.borrow_spills(ops.lender)  # a buffer both stores hold is spilled once
+    checker, ops, worst = _checker(chosen, passes, capture_ops, tolerances, align, dump_mode,
+                                   spill, keep_repro)  # fmt: skip
     start_ms = int(time.time() * 1000)
     try:
         status, error, durations = _run_both(
             plans, checker, ops, seed, hook_candidate=cand_is_module
         )
+        fallback = twin_fallback(error, explicit=requested == BUDGET) if passes else None
+        if fallback and passes.twin is not None:  # auto: the twin could not run (issue 15)
+            _discard(checker, ops)
+            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {fallback}"
+            settings["mode"] = chosen
+            settings.pop(REFERENCE_SIDE, None)
+            plans[0] = _Plan(0, reference, drive, inputs)
+            checker, ops, worst = _checker(chosen, None, capture_ops, tolerances, align,
+                                           dump_mode, spill, keep_repro)  # fmt: skip
+            status, error, durations = _run_both(
+                plans, checker, ops, seed, hook_candidate=cand_is_module
+            )
         if compiled is not None:  # torch.compile: backend, graph breaks, graphs (run params)
             settings.update(compiled.params())
         settings.update(checker.run_notes)  # rec.note(...) of the drives
@@ -490,6 +489,37 @@ def run_parity(
         start_time_ms=start_ms, root=root_name(reference), worst_tensor_histogram=hist,
     )  # fmt: skip
     return RunResult(run_id, modules, ops_table, summary, settings, dump_dir)
+
+
+def _checker(chosen, passes, capture_ops, tolerances, align, dump_mode, spill, keep_repro):
+    """``(checker, op session or None, WorstPair)`` of a run in mode ``chosen``."""
+    from parity_tracker.tensor_checker import OPS_RUN_RESIDENT_BYTES, TensorChecker
+
+    worst = WorstPair()  # the worst mismatching pair, for the summary's histogram
+    # op-level: the op store holds the same activations; a small snapshot budget (issue 19)
+    budget_kw = {"max_resident_bytes": OPS_RUN_RESIDENT_BYTES} if capture_ops else {}
+    checker = TensorChecker(
+        verbose=False, align=align, eager_mode=chosen, tolerances=dict(tolerances or {}),
+        dump_mode=dump_mode, spill_dir=spill.name, on_compared=worst,
+        budget=passes.sides if chosen == BUDGET else None, **budget_kw,
+    )  # fmt: skip
+    ops = None
+    if capture_ops:
+        from parity_tracker.ops import OpSession
+
+        ops = OpSession(
+            mode=chosen, tolerances=tolerances, step_getter=lambda: checker.step,
+            spill_dir=spill.name, keep_bytes=keep_repro,
+        )  # fmt: skip
+        checker.borrow_spills(ops.lender)  # a buffer both stores hold is spilled once
+    return checker, ops, worst
+
+
+def _discard(checker: Any, ops: Any) -> None:
+    """Let go of a checker (and op session) whose run is not kept."""
+    if ops is not None:
+        ops.close()
+    _unlink(checker)
 
 
 def _unlink(checker: Any) -> None:
