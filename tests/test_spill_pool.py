@@ -141,3 +141,14 @@ def test_op_level_runs_reuse_the_files_and_compare_the_same(fresh_pool, monkeypa
         a = np.tanh(a * np.float32(1.0) + np.float32(0.25))
         b = np.tanh(b * np.float32(1.001) + np.float32(0.25))
     assert out["max_abs_diff"] == pytest.approx(float(np.max(np.abs(a - b))), rel=1e-4)
+
+
+def test_an_explicit_spill_folder_outside_the_temp_folder_is_left_empty(tmp_path, fresh_pool):
+    own = tmp_path.parent / f"{tmp_path.name}-own"  # not inside the (patched) temp folder
+    spill = PooledSpillDir(own)
+    rec = spill.append(torch.from_numpy(_values(12)))
+    assert np.array_equal(rec.load().numpy(), _values(12))
+    del rec
+    gc.collect()
+    spill.close()
+    assert fresh_pool.created == 0 and not any(p.is_file() for p in own.rglob("*"))

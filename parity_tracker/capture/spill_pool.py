@@ -212,32 +212,36 @@ def _alive(pid: int) -> bool:
 pool = SpillPool()
 
 
-def pool_folder(root: str | os.PathLike[str] | None) -> str:
-    """The folder pooled files of spill root ``root`` are made in (created if missing).
+def pool_folder(root: str | os.PathLike[str] | None) -> str | None:
+    """Where pooled files of spill root ``root`` are made, or None when they are not pooled.
 
-    The system temporary folder when ``root`` is inside it (``run_parity``'s per-run roots,
-    ``run/spill.py``) or None, else ``root`` itself.
+    The system temporary folder when ``root`` is None or inside it (``run_parity``'s per-run
+    roots, ``run/spill.py``). An explicit root elsewhere is the caller's folder, left empty
+    when its store closes (``OpSession.close``): its files are not pooled.
     """
     tmp = os.path.realpath(tempfile.gettempdir())
     if root is None:
         return tmp
-    path = os.path.realpath(root)
-    if os.path.commonpath([path, tmp]) == tmp:
-        return tmp
-    os.makedirs(path, exist_ok=True)
-    return path
+    return tmp if os.path.commonpath([os.path.realpath(root), tmp]) == tmp else None
 
 
 class PooledSpillDir(SpillDir):
     """A :class:`SpillDir` whose pack files come from, and go back to, :data:`pool`.
 
-    Records, loads, borrowing (``Spilled.alias``) and the cut checks are ``SpillDir``'s; only
-    where a pack file comes from and where it goes when free differ. Nothing is written under
-    ``root`` (``close`` has nothing to delete unless ``write`` was used).
+    Records, loads, borrowing (``Spilled.alias``) and the removed-or-cut checks are
+    ``SpillDir``'s; only where a pack file comes from and where it goes when free differ.
+    Nothing is written under ``root`` unless :func:`pool_folder` says its files are not pooled
+    (then it is a plain ``SpillDir``).
     """
+
+    def __init__(self, root: str | os.PathLike[str] | None, prefix: str = "spill-") -> None:
+        super().__init__(root, prefix)
+        self._pool_base = pool_folder(root)
 
     def append(self, tensor: torch.Tensor) -> Spilled:
         """Write ``tensor``'s storage span into the current pooled pack file (see ``SpillDir``)."""
+        if self._pool_base is None:
+            return super().append(tensor)
         pack = self._pack
         if (
             not isinstance(pack, _PooledPack)
@@ -249,7 +253,7 @@ class PooledSpillDir(SpillDir):
             if isinstance(pack, _PooledPack) and pack.owner is self:
                 pack.owner = False  # full or cut: pooled (or closed) once its records go
                 pack.idle()
-            self._pack = pack = pool.take(pool_folder(self.root), self)
+            self._pack = pack = pool.take(self._pool_base, self)
         try:
             return super().append(tensor)
         except BaseException:
