@@ -152,3 +152,18 @@ def test_an_explicit_spill_folder_outside_the_temp_folder_is_left_empty(tmp_path
     gc.collect()
     spill.close()
     assert fresh_pool.created == 0 and not any(p.is_file() for p in own.rglob("*"))
+
+
+def test_the_pool_counts_a_free_file_by_its_length_on_disk(fresh_pool):
+    values = [_values(20 + i) for i in range(4)]  # 16 KiB each, at page-aligned offsets
+    spill = PooledSpillDir(None)
+    recs = [spill.append(torch.from_numpy(v.copy())) for v in values]
+    path = recs[0].pack.path
+    del recs
+    gc.collect()
+    assert fresh_pool.free_bytes == os.path.getsize(path) == 4 * values[0].nbytes
+    small = PooledSpillDir(None).append(torch.from_numpy(values[0].copy()))
+    assert small.pack.path == path and fresh_pool.free_bytes == 0
+    del small
+    gc.collect()
+    assert fresh_pool.free_bytes == 4 * values[0].nbytes  # the file did not shrink

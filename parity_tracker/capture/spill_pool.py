@@ -52,11 +52,12 @@ run spills ≈ 330 MiB; free files beyond it are closed, as before)."""
 class _PooledPack(_PackFile):
     """A pack file that counts its live memory maps and goes back to the pool when idle."""
 
-    __slots__ = ("maps", "owner", "pool")
+    __slots__ = ("disk", "maps", "owner", "pool")
 
     def __init__(self, path: Path, pool: SpillPool) -> None:
         super().__init__(path)
         self.maps = 0  # live ``mmap`` views of this file (``view``)
+        self.disk = 0  # the file's length when it was last pooled (it never shrinks)
         self.pool = pool
         #: the PooledSpillDir writing into it now; False: its writer moved on; None: pooled
         self.owner: object = None
@@ -100,7 +101,7 @@ class SpillPool:
     """The free pack files of one process, in one folder at a time.
 
     Args:
-        limit: most bytes of free files kept (the bytes written into each); more are deleted.
+        limit: most bytes of free files kept (their lengths on disk); more are deleted.
     """
 
     def __init__(self, limit: int = POOL_BYTES) -> None:
@@ -116,7 +117,7 @@ class SpillPool:
 
     @property
     def free_bytes(self) -> int:
-        """Bytes written into the free files kept now."""
+        """Bytes on disk of the free files kept now."""
         return self._bytes
 
     def take(self, base: str, owner: object) -> _PooledPack:
@@ -130,7 +131,7 @@ class SpillPool:
             pack = None
             while self._free and pack is None:
                 pack = self._free.pop()
-                self._bytes -= pack.size
+                self._bytes -= pack.disk
                 if not pack.intact():
                     pack.close()
                     pack = None
@@ -149,15 +150,15 @@ class SpillPool:
             if pack.owner is None or pack.fd < 0:  # pooled already, or closed
                 return
             pack.owner = None
-            keep = (
-                self._pid == os.getpid()
-                and pack.path.parent == self._folder
-                and self._bytes + pack.size <= self.limit
-                and pack.intact()
-            )
+            keep = self._pid == os.getpid() and pack.path.parent == self._folder
+            if keep and pack.intact():
+                pack.disk = os.fstat(pack.fd).st_size
+                keep = self._bytes + pack.disk <= self.limit
+            else:
+                keep = False
             if keep:
                 self._free.append(pack)
-                self._bytes += pack.size
+                self._bytes += pack.disk
             else:
                 pack.close()
 
