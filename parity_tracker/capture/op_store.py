@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from parity_tracker.capture.address_ranges import AddressRanges
+from parity_tracker.capture.spill_pool import PooledSpillDir
 from parity_tracker.capture.store import BoundedStore, Spilled, span_elements
 from parity_tracker.compare.convert import tensor_version
 from parity_tracker.compare.hashing import content_hash_in_place, digestible, storage_digest
@@ -187,6 +188,8 @@ class OpStore(BoundedStore):
 
     def __init__(self, max_resident_bytes: int, spill_dir: str | os.PathLike[str] | None):
         super().__init__(max_resident_bytes, spill_dir, self._spill_entry, "ops-spill-")
+        # issue 19 (wave 10): pack files reused once free, not written fresh every run
+        self._dir = PooledSpillDir(spill_dir, prefix="ops-spill-")
         self._by_ptr: dict[int, list[Held]] = {}
         #: the byte range ``[ptr, ptr + storage nbytes)`` of every key of ``_by_ptr``, counted
         #: or not (the largest storage seen at that address while the key lives)

@@ -1,0 +1,265 @@
+"""Op-store spill files kept open for the next spill once free, not deleted (issue 19, wave 10).
+
+An op-level run writes its op captures past the resident budget into pack files
+(:class:`~parity_tracker.capture.store.SpillDir`): ≈ 200 MiB a run on the 8×512 transformer,
+≈ 330 MiB on vae-tiny 256×256. Each file used to be deleted with its last record, so every run
+wrote into page-cache pages the kernel had to allocate again. On a virtual machine whose
+balloon reports free pages to the host (virtio ``VIRTIO_BALLOON_F_REPORTING``, Linux
+``mm/page_reporting.c``: free blocks of ``page_reporting_order`` are reported about 2 s after
+they are freed and the host discards them), each such page is faulted in by the host again:
+``pwrite`` into a new file cost 0.8–1.6 ms/MiB after a 3 s pause on the 2-core machine, into a
+file whose pages were written before 0.06–0.10 ms/MiB (benchmarks/README.md, "op-level spill
+files kept for reuse, wave 10"): ≈ 0.2 s of system time per full-size transformer run.
+
+:class:`PooledSpillDir` is a ``SpillDir`` whose pack files, once they hold no live record and
+no memory map of them is alive, go back to a process-wide :class:`SpillPool`; the next pack
+file is taken from the pool and written again from offset 0, over the same pages. What a pack
+file promises is unchanged: a span is never written while a record or a loaded view could read
+it (the pool takes a file back only when both counts are zero), and a removed or cut file is an
+error at the next append or load, never other bytes (``_PackFile.intact``; such a file is
+never pooled again).
+
+Cost: the pool keeps up to :data:`POOL_BYTES` of free spill files (disk space, and page cache
+the kernel may write back) in a folder ``parity-spill-pool-<pid>-*`` of the system temporary
+folder (or of an explicit spill root outside it) until the process exits (removed then; the
+folder of a process that was killed is removed by the next process that makes one) or a run
+spills into another folder. A forked child never writes its parent's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+
+from parity_tracker.capture.store import PACK_BYTES, SpillDir, Spilled, _PackFile
+
+__all__ = ["POOL_BYTES", "PooledSpillDir", "SpillPool", "pool"]
+
+POOL_BYTES = 512 << 20
+"""Most bytes of free spill files kept open for reuse (512 MiB: a full-size vae-tiny op-level
+run spills ≈ 330 MiB; free files beyond it are closed, as before)."""
+
+
+class _PooledPack(_PackFile):
+    """A pack file that counts its live memory maps and goes back to the pool when idle."""
+
+    __slots__ = ("disk", "maps", "owner", "pool")
+
+    def __init__(self, path: Path, pool: SpillPool) -> None:
+        super().__init__(path)
+        self.maps = 0  # live ``mmap`` views of this file (``view``)
+        self.disk = 0  # the file's length when it was last pooled (it never shrinks)
+        self.pool = pool
+        #: the PooledSpillDir writing into it now; False: its writer moved on; None: pooled
+        self.owner: object = None
+
+    def view(self, offset: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """``n`` elements of ``dtype`` at ``offset``, mapped privately; the map is counted."""
+        if not self.intact():  # removed or cut by someone else: an error, never other bytes
+            raise OSError(f"spill file {self.path} was removed or cut while the run lasted")
+        prot = mmap.PROT_READ | mmap.PROT_WRITE  # private: a write copies the page
+        mm = mmap.mmap(self.fd, n * dtype.itemsize, mmap.MAP_PRIVATE, prot, offset=offset)
+        with self.pool.lock:
+            self.maps += 1
+        weakref.finalize(mm, self._unmapped)  # the tensor (and its views) keep ``mm`` alive
+        return torch.frombuffer(mm, dtype=dtype, count=n)
+
+    def _unmapped(self) -> None:
+        with self.pool.lock:
+            self.maps -= 1
+        self.idle()
+
+    def free(self, offset: int, nbytes: int) -> None:
+        """One record less; with no record and no map left, the file goes back to the pool."""
+        with self.pool.lock:
+            self.live -= 1
+        self.idle()
+
+    def idle(self) -> None:
+        """To the pool if nothing reads it and its writer moved on or is done with it."""
+        if self.live <= 0 and self.maps <= 0 and self.fd >= 0:
+            self.pool.put(self)
+
+    def close(self) -> None:
+        """Close and delete the file (a mapped view keeps its pages and inode alive)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.path.unlink(missing_ok=True)
+
+
+class SpillPool:
+    """The free pack files of one process, in one folder at a time.
+
+    Args:
+        limit: most bytes of free files kept (their lengths on disk); more are deleted.
+    """
+
+    def __init__(self, limit: int = POOL_BYTES) -> None:
+        self.limit = limit
+        self.lock = threading.RLock()
+        self._free: list[_PooledPack] = []
+        self._bytes = 0
+        self._base: str | None = None  # the folder the pool's own folder is made in
+        self._folder: Path | None = None  # the pool's own folder (``parity-spill-pool-*``)
+        self._numbers = itertools.count()
+        self._pid = os.getpid()
+        self.reused = self.created = 0  # pack files taken from the pool / made new
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes on disk of the free files kept now."""
+        return self._bytes
+
+    def take(self, base: str, owner: object) -> _PooledPack:
+        """A pack file under ``base`` for ``owner`` to write from offset 0: a free one, or new."""
+        with self.lock:
+            if self._pid != os.getpid():  # forked: the parent's files are the parent's
+                self._forget()
+            if base != self._base:
+                self.drain()
+                self._base, self._folder = base, None
+            pack = None
+            while self._free and pack is None:
+                pack = self._free.pop()
+                self._bytes -= pack.disk
+                if not pack.intact():
+                    pack.close()
+                    pack = None
+            if pack is None:
+                pack = _PooledPack(self._new_path(base), self)
+                self.created += 1
+            else:
+                self.reused += 1
+                pack.end = pack.live = pack.size = 0
+            pack.owner = owner
+            return pack
+
+    def put(self, pack: _PooledPack) -> None:
+        """``pack`` holds nothing any more: keep it for the next ``take``, or delete it."""
+        with self.lock:
+            if pack.owner is None or pack.fd < 0:  # pooled already, or closed
+                return
+            pack.owner = None
+            keep = self._pid == os.getpid() and pack.path.parent == self._folder
+            if keep and pack.intact():
+                pack.disk = os.fstat(pack.fd).st_size
+                keep = self._bytes + pack.disk <= self.limit
+            else:
+                keep = False
+            if keep:
+                self._free.append(pack)
+                self._bytes += pack.disk
+            else:
+                pack.close()
+
+    def drain(self) -> None:
+        """Delete every free file."""
+        with self.lock:
+            for pack in self._free:
+                pack.close()
+            self._free, self._bytes = [], 0
+
+    def _new_path(self, base: str) -> Path:
+        if self._folder is None or not self._folder.is_dir():
+            _remove_orphans(base)
+            prefix = f"{_PREFIX}{os.getpid()}-"
+            self._folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+            weakref.finalize(self, shutil.rmtree, self._folder, True)  # at exit at the latest
+        return self._folder / f"pack-{next(self._numbers)}.bin"
+
+    def _forget(self) -> None:
+        for pack in self._free:
+            os.close(pack.fd)  # this process's copy of the descriptor; the file is the parent's
+            pack.fd = -1
+        self._free, self._bytes, self._base, self._folder = [], 0, None, None
+        self._pid = os.getpid()
+
+
+_PREFIX = "parity-spill-pool-"
+
+
+def _remove_orphans(base: str) -> None:
+    """Delete the pool folders in ``base`` of this user's processes that no longer exist."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
+            if not entry.name.startswith(_PREFIX) or not pid.isdigit():
+                continue
+            if entry.stat(follow_symlinks=False).st_uid == os.getuid() and not _alive(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, someone else's
+        return True
+    return True
+
+
+#: The process's pool of free spill files (every ``PooledSpillDir`` takes from it).
+pool = SpillPool()
+
+
+def pool_folder(root: str | os.PathLike[str] | None) -> str | None:
+    """Where pooled files of spill root ``root`` are made, or None when they are not pooled.
+
+    The system temporary folder when ``root`` is None or inside it (``run_parity``'s per-run
+    roots, ``run/spill.py``). An explicit root elsewhere is the caller's folder, left empty
+    when its store closes (``OpSession.close``): its files are not pooled.
+    """
+    tmp = os.path.realpath(tempfile.gettempdir())
+    if root is None:
+        return tmp
+    return tmp if os.path.commonpath([os.path.realpath(root), tmp]) == tmp else None
+
+
+class PooledSpillDir(SpillDir):
+    """A :class:`SpillDir` whose pack files come from, and go back to, :data:`pool`.
+
+    Records, loads, borrowing (``Spilled.alias``) and the removed-or-cut checks are
+    ``SpillDir``'s; only where a pack file comes from and where it goes when free differ.
+    Nothing is written under ``root`` unless :func:`pool_folder` says its files are not pooled
+    (then it is a plain ``SpillDir``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None, prefix: str = "spill-") -> None:
+        super().__init__(root, prefix)
+        self._pool_base = pool_folder(root)
+
+    def append(self, tensor: torch.Tensor) -> Spilled:
+        """Write ``tensor``'s storage span into the current pooled pack file (see ``SpillDir``)."""
+        if self._pool_base is None:
+            return super().append(tensor)
+        pack = self._pack
+        if (
+            not isinstance(pack, _PooledPack)
+            or pack.owner is not self
+            or pack.fd < 0
+            or pack.end >= PACK_BYTES
+            or not pack.intact()
+        ):
+            if isinstance(pack, _PooledPack) and pack.owner is self:
+                pack.owner = False  # full or cut: pooled (or closed) once its records go
+                pack.idle()
+            self._pack = pack = pool.take(self._pool_base, self)
+        try:
+            return super().append(tensor)
+        except BaseException:
+            if pack.live <= 0:  # nothing recorded in it: back to the pool (closed if cut)
+                pack.owner = False
+                pack.idle()
+                self._pack = None
+            raise
