@@ -9,6 +9,9 @@ that unwinds the log's call stack after an exception.
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import operator
 import warnings
 from collections import OrderedDict
@@ -50,11 +53,11 @@ class HookHandle:
         self.root_name = ROOT_NAME
         self.explicit = False
         self._handles: list[Any] = []
-        #: the hooks :func:`install` wrote into a module's hook dictionaries itself, five
-        #: entries per module: ``_forward_pre_hooks``, its ``_with_kwargs``,
-        #: ``_forward_hooks``, its ``_with_kwargs`` and the pre hook's id (the forward hook's
-        #: is ``id + 1``); flat, no tuple per module
-        self._direct: list[Any] = []
+        #: the hooks :func:`install` wrote into modules' hook dictionaries itself, in blocks
+        #: ``(pre, pre_kw, post, post_kw, ids)``: the modules' ``_forward_pre_hooks``, their
+        #: ``_with_kwargs``, ``_forward_hooks``, their ``_with_kwargs`` (lists, one dict per
+        #: module) and the pre hooks' ids (a ``range``; each forward hook's is ``id + 1``)
+        self._direct: list[tuple[list, list, list, list, range]] = []
         #: the distinct modules as listed at install, and their ``named_modules()`` names
         #: (the training-mode check walks them)
         self._mods: list[torch.nn.Module] | None = None
@@ -101,18 +104,8 @@ class HookHandle:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        d = self._direct
-        for j in range(0, len(d), 5):  # RemovableHandle.remove's work, as it does it:
-            i = d[j + 4]  # `if id in hooks: del hooks[id]` (≈ 70 ns less than OrderedDict.pop)
-            if i in (hooks := d[j]):
-                del hooks[i]
-            if i in (hooks := d[j + 1]):
-                del hooks[i]
-            i += 1  # the forward hook's id
-            if i in (hooks := d[j + 2]):
-                del hooks[i]
-            if i in (hooks := d[j + 3]):
-                del hooks[i]
+        for block in self._direct:
+            _remove_block(*block)
         self._direct.clear()
         self._mods = None  # the hooked model's modules are not kept alive by a removed handle
         if self in self.log.handles:
@@ -169,10 +162,18 @@ def install(model: torch.nn.Module, log: CaptureLog, handle: HookHandle) -> None
     handle.root_name = plan.root_name
     handle._mods, handle._names = mods, plan.raw_names
     side, names, direct = handle.side, [], handle._direct
-    for i, name, own, plain, is_root in plan.hooked:
+    sites = [
+        ModuleSite(side, name, own, handle if is_root else None, None, log)
+        for _, name, own, _, is_root in plan.hooked
+    ]
+    # the plain modules' hooks in one block (issue 19); a model it refuses: one at a time
+    block = [
+        (mods[e[0]], site) for e, site in zip(plan.hooked, sites, strict=True) if e[3] and not e[4]
+    ]
+    written = _write_block([m for m, _ in block], [site for _, site in block], direct)
+    for (i, name, _, plain, is_root), site in zip(plan.hooked, sites, strict=True):
         mod = mods[i]
-        site = ModuleSite(side, name, own, handle if is_root else None, None, log)
-        if plain and not is_root and _write_direct(mod, site, direct):  # issue 19
+        if plain and not is_root and (written or _write_direct(mod, site, direct)):
             names.append(name)
             continue
         if is_root:
@@ -263,26 +264,77 @@ def _write_direct(mod: torch.nn.Module, site: ModuleSite, direct: list) -> bool:
     As ``register_forward_pre_hook(with_kwargs=True)`` and
     ``register_forward_hook(with_kwargs=True)`` write them (``torch/nn/modules/module.py``; ids
     from ``RemovableHandle.next_id``), without the two handles (≈ 8 → 1.7 µs per module to add
-    and remove, issue 19); ``direct`` gets ``(pre, pre_kw, post, post_kw, id)`` for
-    :meth:`HookHandle.remove`. False (nothing written) unless the four dicts are plain dicts
-    as ``nn.Module.__init__`` sets them up: the caller then takes the public way.
+    and remove, issue 19); ``direct`` gets the block ``([pre], [pre_kw], [post], [post_kw],
+    ids)`` for :meth:`HookHandle.remove`. False (nothing written) unless the four dicts are
+    plain dicts as ``nn.Module.__init__`` sets them up: the caller then takes the public way.
     """
-    d = mod.__dict__
-    pre_d, pre_kw = d.get("_forward_pre_hooks"), d.get("_forward_pre_hooks_with_kwargs")
-    post_d, post_kw = d.get("_forward_hooks"), d.get("_forward_hooks_with_kwargs")
-    if not (
-        type(pre_d) in _DICT_TYPES
-        and type(pre_kw) in _DICT_TYPES
-        and type(post_d) in _DICT_TYPES
-        and type(post_kw) in _DICT_TYPES
-    ):
+    return _write_block([mod], [site], direct)
+
+
+def _write_block(modules: list, sites: list, direct: list) -> bool:
+    """:func:`_write_direct` for many modules at once, in C-level passes (issue 19).
+
+    ``sites``: one per module, in the same order. Writes every module's hooks, or (one module
+    without the four plain dicts) none and returns False. The ids are one block of
+    ``RemovableHandle.next_id``: the ids the modules would get one after the other.
+    """
+    if not modules:
+        return True
+    try:
+        dicts = list(map(_INSTANCE, modules))
+        stores = [list(map(get, dicts)) for get in _HOOK_DICTS]
+    except KeyError:
+        return False
+    if not set(map(type, itertools.chain(*stores))) <= _DICT_TYPES:
         return False
     k = RemovableHandle.next_id
-    RemovableHandle.next_id = k + 2
-    pre_d[k] = post_d[k + 1] = site  # ModuleSite.__call__: the pre-hook and the forward hook
-    pre_kw[k] = post_kw[k + 1] = True
-    direct.extend((pre_d, pre_kw, post_d, post_kw, k))
+    RemovableHandle.next_id = k + 2 * len(sites)
+    ids = range(k, k + 2 * len(sites), 2)
+    pre, pre_kw, post, post_kw = stores
+    _drain(map(operator.setitem, pre, ids, sites))  # ModuleSite.__call__: the pre-hook
+    _drain(map(operator.setitem, pre_kw, ids, itertools.repeat(True)))
+    _drain(map(operator.setitem, post, _after(ids), sites))  # and the forward hook
+    _drain(map(operator.setitem, post_kw, _after(ids), itertools.repeat(True)))
+    direct.append((pre, pre_kw, post, post_kw, ids))
     return True
+
+
+def _remove_block(pre: list, pre_kw: list, post: list, post_kw: list, ids: range) -> None:
+    """Delete one :func:`_write_block` block's hooks, as ``RemovableHandle.remove`` would.
+
+    Every entry is deleted in C-level passes; a hook already gone (removed by hand) sends the
+    block through ``RemovableHandle.remove``'s own test, ``if id in hooks: del hooks[id]``,
+    entry by entry (deleting what is left, idempotently).
+    """
+    try:
+        _drain(map(operator.delitem, pre, ids))
+        _drain(map(operator.delitem, pre_kw, ids))
+        _drain(map(operator.delitem, post, _after(ids)))
+        _drain(map(operator.delitem, post_kw, _after(ids)))
+    except KeyError:
+        for hooks, keys in ((pre, ids), (pre_kw, ids), (post, _after(ids)), (post_kw, _after(ids))):
+            for hook_dict, i in zip(hooks, keys, strict=True):
+                if i in hook_dict:
+                    del hook_dict[i]
+
+
+def _after(ids: range) -> range:
+    """The forward hooks' ids of a block: each pre-hook's id + 1."""
+    return range(ids.start + 1, ids.stop + 1, ids.step)
+
+
+#: the four hook dictionaries :func:`_write_block` writes, read from a module's ``__dict__``
+_HOOK_DICTS = tuple(
+    operator.itemgetter(name)
+    for name in (
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+    )
+)
+_INSTANCE = operator.attrgetter("__dict__")
+_drain = functools.partial(collections.deque, maxlen=0)  # runs an iterator, keeps nothing
 
 
 def _hook_one(

@@ -137,8 +137,8 @@ class CaptureLog:
         self.groups: dict[tuple[str, int], Group] = {}
         self.ordered = 0
         self.exec: dict[int, int] = {}
+        #: ``(side, step, module) -> calls``: the module calls of each side and step
         self.calls: dict[tuple[int, int, str], int] = {}
-        self.called: dict[int, set[str]] = {}
         self.ran: set[int] = set()
         self.sides: set[int] = set()
         self.explicit_manual = False
@@ -154,6 +154,17 @@ class CaptureLog:
         #: ``(tag, step) -> reason``: values the candidate's engine cannot expose (compiled or
         #: foreign engines, ``parity_tracker.adapters``); such tags are ``skipped``, not missing.
         self.not_observable: dict[tuple[str, int], str] = {}
+
+    @property
+    def called(self) -> dict[int, set[str]]:
+        """The display names of the modules called on each side (``{side: names}``, from calls)."""
+        called: dict[int, set[str]] = {}
+        for side, _, name in self.calls:
+            names = called.get(side)
+            if names is None:
+                names = called[side] = set()
+            names.add(name)
+        return called
 
     @property
     def created(self) -> int:
@@ -195,29 +206,46 @@ class CaptureLog:
         return self._record(tag, value, side, kind, module, slot, call_index, step)
 
     def _record(self, tag, value, side, kind, module, slot, call_index, step) -> Group:
-        """:meth:`capture` with every argument given by position (the hooks' path, issue 19)."""
-        groups = self.groups
-        key = (tag, step)
-        group = groups.get(key)
-        if group is None:  # created = len(groups): groups are only ever added
-            group = groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
-        order = self.exec.get(side, 0)
-        self.exec[side] = order + 1
+        """:meth:`capture` with every argument given by position (:meth:`_record_all`, one leaf)."""
+        return self._record_all(((tag, slot, value),), side, kind, module, call_index, step)[0]
+
+    def _record_all(self, leaves, side, kind, module, call_index, step) -> list[Group]:
+        """Record each ``(tag, slot, value)`` of ``leaves`` for ``side``: their groups, in order.
+
+        The one record path of every capture (issue 19: the hooks record a call's inputs or
+        outputs in one call, not one call per leaf). A tensor is captured (its shape, dtype
+        and device kept as ``meta``) and handed to ``on_tensor`` before the next leaf is
+        recorded; ``None`` and :class:`NonTensor` leaves are kept as they are, any other value
+        converted (:func:`~parity_tracker.compare.convert.as_tensor`) first.
+        """
+        groups, counts, on_tensor = self.groups, self.exec, self.on_tensor
+        alias = kind == "param"
+        out = []
         self.sides.add(side)
-        if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
-            shape, dtype = value.shape, value.dtype  # meta(value), its shared tuple inline
-            try:
-                found = _METAS.get((shape, dtype) if value.is_cpu else (shape, dtype, value.device))
-            except TypeError:  # a symbolic size: meta formats it
-                found = None
-            cap = Capture(side, None, order, True, found or meta(value))
-            group.captures.append(cap)
-            self.on_tensor(group, cap, value, kind == "param")
-            return group
-        if not (value is None or isinstance(value, NonTensor)):
-            value = as_tensor(value, tag)
-        self._add(group, side, value, order, alias=kind == "param")
-        return group
+        for tag, slot, value in leaves:
+            key = (tag, step)
+            group = groups.get(key)
+            if group is None:  # created = len(groups): groups are only ever added
+                group = groups[key] = Group(tag, step, kind, module, slot, call_index, len(groups))
+            out.append(group)
+            order = counts.get(side, 0)
+            counts[side] = order + 1
+            if isinstance(value, torch.Tensor):  # the usual leaf: _add's tensor branch, inline
+                shape, dtype = value.shape, value.dtype  # meta(value), its shared tuple inline
+                try:
+                    found = _METAS.get(
+                        (shape, dtype) if value.is_cpu else (shape, dtype, value.device)
+                    )
+                except TypeError:  # a symbolic size: meta formats it
+                    found = None
+                cap = Capture(side, None, order, True, found or meta(value))
+                group.captures.append(cap)
+                on_tensor(group, cap, value, alias)
+                continue
+            if not (value is None or isinstance(value, NonTensor)):
+                value = as_tensor(value, tag)
+            self._add(group, side, value, order, alias=alias)
+        return out
 
     def commit(self, groups: Iterable[Group]) -> None:
         """Give groups their results order (first registration order)."""
@@ -282,35 +310,42 @@ class CaptureLog:
         if site.root is not None:
             self.ran.add(side)
             site.root.warn_training(mod)
-        key = (side, step, name)
-        k = self.calls.get(key, 0)
-        self.calls[key] = k + 1
-        called = self.called.get(side)
-        if called is None:
-            called = self.called[side] = set()
-        called.add(name)
-        names = _input_names(name, k, len(args), tuple(kwargs) if kwargs else ())
-        values = (*args, *kwargs.values()) if kwargs else args
-        record, groups = self._record, []
-        for (arg, tag, slot), value in zip(names, values, strict=True):
+        calls, key = self.calls, (side, step, name)
+        k = calls.get(key, 0)
+        calls[key] = k + 1
+        if kwargs:
+            keys, values = tuple(kwargs), (*args, *kwargs.values())
+        else:
+            keys, values = (), args
+        sig = site.sig  # the input names of the site's last call signature (issue 19)
+        if sig is None or sig[0] != k or sig[1] != len(args) or sig[2] != keys:
+            sig = site.sig = (k, len(args), keys, _input_names(name, k, len(args), keys))
+        leaves: list[tuple[str, str, Any]] = []
+        # one name per value by construction (sig); zip(strict=True) would cost ≈ 0.4 µs a call
+        for (arg, tag, slot), value in zip(sig[3], values):  # noqa: B905
             if value is None or isinstance(value, torch.Tensor):  # value_leaves' one leaf
-                groups.append(record(tag, value, side, "input", name, slot, k, step))
-                continue
-            leaves: list[tuple[str, str, Any]] = []
-            value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
-            for leaf_tag, leaf_slot, leaf in leaves:
-                groups.append(record(leaf_tag, leaf, side, "input", name, leaf_slot, k, step))
+                leaves.append((tag, slot, value))
+            else:
+                value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
+        groups = self._record_all(leaves, side, "input", name, k, step) if leaves else []
         own = site.own and site.own_done != self.epoch
         if own and self._capture_own(side, mod, site.own, groups):
             site.own_done = self.epoch  # every own tensor captured: later calls skip them
         site.frames.append((self.epoch, k, groups))
 
     def _capture_own(self, side: int, mod: torch.nn.Module, own, groups: list[Group]) -> bool:
-        """Capture ``mod``'s own tensors not captured yet into ``groups``; whether all now are."""
+        """Capture ``mod``'s own tensors not captured yet into ``groups``; whether all now are.
+
+        Consecutive tensors of one owner and kind are recorded in one :meth:`_record_all`
+        (issue 19); a name counts as captured once its record is made.
+        """
         done = self.weights_done.get(side)
         if done is None:
             done = self.weights_done[side] = set()
         all_done = True
+        batch: list[tuple[str, str, Any]] = []
+        names: list[str] = []
+        key = None
         for qname, owner, local, kind in own:
             if qname in done:
                 continue
@@ -322,10 +357,20 @@ class CaptureLog:
             if value is None:
                 all_done = False
                 continue
-            done.add(qname)
             kind = "param" if kind == PACKED else kind
-            groups.append(self._record(_param_tag(qname), value, side, kind, owner, local, 0, 0))
+            if key != (owner, kind):
+                self._record_own(batch, names, side, key, groups, done)
+                batch, names, key = [], [], (owner, kind)
+            batch.append((_param_tag(qname), local, value))
+            names.append(qname)
+        self._record_own(batch, names, side, key, groups, done)
         return all_done
+
+    def _record_own(self, batch, names, side, key, groups: list[Group], done: set[str]) -> None:
+        """Record one owner's own tensors of one kind (``key``: owner, kind), mark them done."""
+        if batch:
+            groups += self._record_all(batch, side, key[1], key[0], 0, 0)
+            done.update(names)
 
     def leave(self, site: ModuleSite, mod: torch.nn.Module, output: Any) -> None:
         """A hooked module's call returned: capture its outputs (the root: unused weights)."""
@@ -339,13 +384,13 @@ class CaptureLog:
         if site.all_own is None and self.stack and self.stack[-1] == site.key:
             self.stack.pop()
         if output is None or isinstance(output, torch.Tensor):  # output_leaves' one leaf
-            tag = _output_tag(name, k)
-            outs = [self._record(tag, output, side, "output", name, "output", k, step)]
+            out = site.out  # the site's last (call index, output tag) (issue 19)
+            if out is None or out[0] != k:
+                out = site.out = (k, _output_tag(name, k))
+            leaves = ((out[1], "output", output),)
         else:
-            outs = [
-                self._record(tag, leaf, side, "output", name, slot, k, step)
-                for tag, slot, leaf in output_leaves(call_base(name, k), output)
-            ]
+            leaves = output_leaves(call_base(name, k), output)
+        outs = self._record_all(leaves, side, "output", name, k, step)
         ordered = self.ordered  # commit(outs + groups), inline
         for gs in (outs, groups):
             for g in gs:
@@ -401,10 +446,12 @@ class ModuleSite:
         all_names: ``(all_own, the qualified names it lists)``, made at the root's first call.
         frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
         own_done: the log epoch in which every own tensor was captured.
+        sig, out: the input names and the single output's tag of the last call (formatted
+            again only when the call index or the signature changes).
     """
 
-    __slots__ = ("all_names", "all_own", "frames", "key", "log", "name", "own", "own_done")
-    __slots__ += ("root", "side")
+    __slots__ = ("all_names", "all_own", "frames", "key", "log", "name", "out", "own")
+    __slots__ += ("own_done", "root", "side", "sig")
 
     def __init__(
         self, side: int, name: str, own: list, root: Any, all_own: list | None, log: Any = None
@@ -414,6 +461,9 @@ class ModuleSite:
         self.all_names: tuple[list, frozenset[str]] | None = None  # all_own and its names
         self.frames: list[tuple[int, int, list[Group]]] = []
         self.own_done = 0  # epochs start at 1
+        #: ``(call index, positional count, keywords, input_names)`` of the last call
+        self.sig: tuple[int, int, tuple[str, ...], tuple] | None = None
+        self.out: tuple[int, str] | None = None  # (call index, single-output tag) of the last
 
     def __call__(self, module, args, kwargs, output=_PRE_HOOK) -> None:
         """The forward pre-hook (``output`` not given) and forward hook of the module."""

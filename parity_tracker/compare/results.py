@@ -187,7 +187,8 @@ def results_from_columns(
     (a check's first divergence stays the very object in its ``results``).
     """
     values = zip(*(columns[name] for name in RESULT_FIELDS), strict=True)
-    out = [TagResult._fast(dict(zip(RESULT_FIELDS, v, strict=True))) for v in values]
+    # each v has one value per field (the zip above); a zip(strict=True) per row: ≈ 0.4 µs
+    out = [TagResult._fast(dict(zip(RESULT_FIELDS, v))) for v in values]  # noqa: B905
     for i, record in (made or {}).items():
         out[i] = record
     return out

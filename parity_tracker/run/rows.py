@@ -44,7 +44,8 @@ class ModuleRows:
         if self._rows is None:
             n, names = self.num_rows, list(self._cols)
             values = [[None] * n if v is None else v for v in self._cols.values()]
-            self._rows = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+            rows = zip(*values, strict=True)  # one value per name in each (no strict zip per row)
+            self._rows = [dict(zip(names, row)) for row in rows]  # noqa: B905
         return self._rows
 
     def replace_rows(self, rows: list[dict[str, Any]]) -> None:
