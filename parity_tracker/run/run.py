@@ -425,6 +425,7 @@ def run_parity(
             chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
             settings["mode"] = chosen
         elif passes.twin is not None:  # the twin is the reference side (run.budget)
+            base_reason = reason.removesuffix(BUDGET_NOTE)  # a fall-back's (no twin note)
             plans[0] = _Plan(0, passes.twin, drive, passes.twin_inputs)
             side = twin_reference_side(passes.twin_dtype)
             settings[REFERENCE_SIDE] = side
@@ -439,7 +440,7 @@ def run_parity(
         fallback = twin_fallback(error, explicit=requested == BUDGET) if passes else None
         if fallback and passes.twin is not None:  # auto: the twin could not run (issue 15)
             _discard(checker, ops)
-            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {fallback}"
+            chosen, reason = "allclose", f"{base_reason}; {fallback}"
             settings["mode"] = chosen
             settings.pop(REFERENCE_SIDE, None)
             plans[0] = _Plan(0, reference, drive, inputs)
