@@ -10,7 +10,6 @@ budget is too small to hold a bulk pair) that must agree with the independent ex
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -37,6 +36,10 @@ def _want(ref: torch.Tensor, cand: torch.Tensor, mode: str = "equal") -> tuple[s
         return "mismatch", None  # a dtype mismatch: never equal (count not asserted)
     if a.dtype in (torch.bfloat16, torch.float16) or not a.dtype.is_floating_point:
         a, b = (a.double(), b.double()) if not a.dtype.is_complex else (a, b)
+    if a.dtype == torch.complex32:  # no numpy form: widened
+        a, b = a.to(torch.complex64), b.to(torch.complex64)
+    if a.dtype in (torch.uint16, torch.uint32):
+        a, b = a.to(torch.int64), b.to(torch.int64)
     if a.dtype.is_floating_point and a.dtype.itemsize == 1:  # float8: by value, widened
         a, b = a.double(), b.double()
     x, y = a.numpy(), b.numpy()
@@ -66,7 +69,6 @@ def _seq(tag, ref_make, cand_make, mutate_after_ref=None, cand_first=False):
         ref = ref_make()
         cand = cand_make(ref)
         first, second = ((1, cand), (0, ref)) if cand_first else ((0, ref), (1, cand))
-        private_first = second_private = None
         private_first = first[1].detach().clone()
         steps = [("reg", tag, first[1], first[0])]
         if mutate_after_ref is not None:
@@ -124,7 +126,11 @@ _CASES = {
     "resize_after_ref": (lambda: torch.arange(4.0), lambda r: r, lambda r, c: r.resize_(2, 2)),
     "resize_same_numel_1d": (lambda: torch.arange(4.0), lambda r: r, lambda r, c: r.resize_(4, 1)),
     "as_strided_shared_storage": (_strided_pair, lambda r: r, _as_strided_write),
-    "shape_only_differs": (lambda: torch.arange(6.0).reshape(2, 3), lambda r: r.reshape(3, 2), None),
+    "shape_only_differs": (
+        lambda: torch.arange(6.0).reshape(2, 3),
+        lambda r: r.reshape(3, 2),
+        None,
+    ),
     "flat_vs_2d": (lambda: torch.arange(6.0).reshape(2, 3), lambda r: r.reshape(6), None),
     "0d_vs_1": (lambda: torch.tensor(1.0), lambda r: r.reshape(1), None),
     "empty_0x3_vs_3x0": (lambda: torch.zeros(0, 3), lambda r: torch.zeros(3, 0), None),
@@ -145,7 +151,11 @@ _CASES = {
         lambda r: -torch.arange(1.0, 5.0),
         None,
     ),
-    "stride0_expand": (lambda: torch.tensor(1.0).expand(4), lambda r: torch.tensor([1.0, 1, 1, 2]), None),
+    "stride0_expand": (
+        lambda: torch.tensor(1.0).expand(4),
+        lambda r: torch.tensor([1.0, 1, 1, 2]),
+        None,
+    ),
     "stride0_equal": (lambda: torch.tensor(1.0).expand(2, 3), lambda r: torch.ones(2, 3), None),
     "transposed_live": (
         lambda: torch.arange(12.0).reshape(3, 4),
@@ -179,24 +189,63 @@ _CASES = {
         None,
     ),
     "int64_vs_int32": (lambda: torch.arange(3), lambda r: torch.arange(3, dtype=torch.int32), None),
-    "int_one_off": (lambda: torch.arange(7), lambda r: torch.arange(7).index_fill(0, torch.tensor([6]), 0), None),
-    "bool_flip": (lambda: torch.ones(5, dtype=torch.bool), lambda r: torch.tensor([1, 1, 0, 1, 1]).bool(), None),
+    "int_one_off": (
+        lambda: torch.arange(7),
+        lambda r: torch.arange(7).index_fill(0, torch.tensor([6]), 0),
+        None,
+    ),
+    "bool_flip": (
+        lambda: torch.ones(5, dtype=torch.bool),
+        lambda r: torch.tensor([1, 1, 0, 1, 1]).bool(),
+        None,
+    ),
     "neg_zero": (lambda: torch.zeros(3), lambda r: -torch.zeros(3), None),
     "nan_same": (lambda: torch.full((3,), math.nan), lambda r: torch.full((3,), math.nan), None),
     "nan_vs_num": (lambda: torch.full((3,), math.nan), lambda r: torch.zeros(3), None),
     "at_bound_last_differs": (
         lambda: torch.zeros(BULK_MAX_BYTES // 4),
-        lambda r: torch.zeros(BULK_MAX_BYTES // 4).index_fill(0, torch.tensor([BULK_MAX_BYTES // 4 - 1]), 1.0),
+        lambda r: torch.zeros(BULK_MAX_BYTES // 4).index_fill(
+            0, torch.tensor([BULK_MAX_BYTES // 4 - 1]), 1.0
+        ),
         None,
     ),
     "over_bound_last_differs": (
         lambda: torch.zeros(BULK_MAX_BYTES // 4 + 1),
-        lambda r: torch.zeros(BULK_MAX_BYTES // 4 + 1).index_fill(0, torch.tensor([BULK_MAX_BYTES // 4]), 1.0),
+        lambda r: torch.zeros(BULK_MAX_BYTES // 4 + 1).index_fill(
+            0, torch.tensor([BULK_MAX_BYTES // 4]), 1.0
+        ),
         None,
     ),
     "at_bound_bytes_bf16": (
         lambda: torch.zeros(BULK_MAX_BYTES // 2, dtype=torch.bfloat16),
-        lambda r: torch.zeros(BULK_MAX_BYTES // 2, dtype=torch.bfloat16).index_fill(0, torch.tensor([0]), 1.0),
+        lambda r: torch.zeros(BULK_MAX_BYTES // 2, dtype=torch.bfloat16).index_fill(
+            0, torch.tensor([0]), 1.0
+        ),
+        None,
+    ),
+    "complex32": (
+        lambda: torch.ones(4, dtype=torch.complex32),
+        lambda r: torch.ones(4, dtype=torch.complex32).index_fill(0, torch.tensor([3]), 2.0),
+        None,
+    ),
+    "uint16": (
+        lambda: torch.arange(5).to(torch.uint16),
+        lambda r: torch.tensor([65535, 1, 2, 3, 4]).to(torch.uint16),
+        None,
+    ),
+    "uint32_equal": (
+        lambda: torch.arange(5).to(torch.uint32),
+        lambda r: torch.arange(5).to(torch.uint32),
+        None,
+    ),
+    "channels_last_4d": (
+        lambda: torch.arange(24.0).reshape(1, 2, 3, 4),
+        lambda r: (
+            torch.arange(24.0)
+            .reshape(1, 2, 3, 4)
+            .contiguous(memory_format=torch.channels_last)
+            .index_fill(3, torch.tensor([0]), 0.0)
+        ),
         None,
     ),
     "parameter_live": (
@@ -380,9 +429,11 @@ def test_seed_facade_chains_multi_step(case, config):
     cand_got = _private_capture(make_cand(), drive)
     checker = TensorChecker(verbose=False, **_CONFIGS[config])
     ref, cand = make_ref(), make_cand()
-    with module_register_tensor_checker(ref, checker), module_register_tensor_checker(
-        cand, checker
-    ), torch.no_grad():
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
         for k, x in enumerate(xs):
             checker.step = k
             ref(x.clone())
@@ -418,6 +469,66 @@ class Decoder(nn.Module):
         return self.post(self.kv(x))
 
 
+class Decoder2(Decoder):
+    """Two tokens a step: the cache is captured, written and captured again in one step
+    (``kv`` and ``kv@1``), and ``post`` reads it after both writes."""
+
+    def forward(self, x):
+        self.kv(x)
+        return self.post(self.kv(x + 0.5))
+
+
+def _calls_capture(model, xs):
+    """{(module, call, step): output clone} by this test's own hooks."""
+    got, calls = {}, {}
+    step = [0]
+
+    def post(m, a, out, key):
+        k = calls.get((key, step[0]), 0)
+        calls[(key, step[0])] = k + 1
+        got[(key, k, step[0])] = out.detach().clone()
+
+    hs = [mod.register_forward_hook(lambda m, a, o, key=n: post(m, a, o, key))
+          for n, mod in model.named_modules() if n]  # fmt: skip
+    with torch.no_grad():
+        for s_, x in enumerate(xs):
+            step[0] = s_
+            model(x)
+    for h in hs:
+        h.remove()
+    return got
+
+
+@pytest.mark.parametrize("bad_step", [None, 0, 1])
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_kv_cache_two_writes_a_step(config, bad_step):
+    xs = [torch.arange(3.0) + 10 * k for k in range(2)]
+    ref_got = _calls_capture(Decoder2(), xs)
+    cand_got = _calls_capture(Decoder2(bad_step), xs)
+    checker = TensorChecker(verbose=False, **_CONFIGS[config])
+    ref, cand = Decoder2(), Decoder2(bad_step)
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
+        for k, x in enumerate(xs):
+            checker.step = k
+            ref(x)
+            cand(x)
+        rows = [r for r in checker.check("equal").to_rows() if r["kind"] == "output"]
+    seen = 0
+    for r in rows:
+        if r["module"] not in ("kv", "post"):
+            continue
+        call = 1 if "@1" in r["tag"] else 0
+        key = (r["module"], call, r["step"])
+        want = _want(ref_got[key], cand_got[key])
+        assert (r["status"], r["mismatch_count"]) == want, (r["tag"], r["step"], want)
+        seen += 1
+    assert seen == 2 * 3  # kv, kv@1, post at 2 steps
+
+
 @pytest.mark.parametrize("bad_step", [None, 0, 2])
 @pytest.mark.parametrize("config", sorted(_CONFIGS))
 def test_kv_cache_decode_loop_captured_mutated_recaptured(config, bad_step):
@@ -432,15 +543,19 @@ def test_kv_cache_decode_loop_captured_mutated_recaptured(config, bad_step):
     cand_got = _private_capture(Decoder(bad_step), drive)
     checker = TensorChecker(verbose=False, **_CONFIGS[config])
     ref, cand = Decoder(), Decoder(bad_step)
-    with module_register_tensor_checker(ref, checker), module_register_tensor_checker(
-        cand, checker
-    ), torch.no_grad():
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
         for k, x in enumerate(xs):
             checker.step = k
             ref(x)
             cand(x)
         rows = checker.check("equal").to_rows()
-    assert _assert_rows(rows, ref_got, cand_got) == 4 * 6  # model, kv, post: input and output, 4 steps
+    assert (
+        _assert_rows(rows, ref_got, cand_got) == 4 * 6
+    )  # model, kv, post: input and output, 4 steps
     if bad_step is not None:
         bad = [r for r in rows if r["status"] != "equal"]
         assert bad, "a differing cache row must show"
@@ -481,9 +596,11 @@ def test_parameter_written_after_its_capture_keeps_its_captured_values(who, conf
     checker = TensorChecker(verbose=False, **_CONFIGS[config])
     ref, cand = Scale(n, 1.0), Scale(n, 2.0)
     x = torch.ones(n)
-    with module_register_tensor_checker(ref, checker), module_register_tensor_checker(
-        cand, checker
-    ), torch.no_grad():
+    with (
+        module_register_tensor_checker(ref, checker),
+        module_register_tensor_checker(cand, checker),
+        torch.no_grad(),
+    ):
         ref(x)
         if who == "ref_after_its_capture":
             _PARAM_WRITES[write](ref.weight, 2.0)
@@ -600,7 +717,10 @@ def test_auto_twin_failure_at_step_1_of_a_drive():
 
     auto, plain = _fallback_and_plain(drive=drive, big_only=True, bug=0.25)
     s = auto.summary
-    assert s["mode"] == "allclose" and s["status"] == "completed", (s["mode_reason"], s.get("error"))
+    assert s["mode"] == "allclose" and s["status"] == "completed", (
+        s["mode_reason"],
+        s.get("error"),
+    )
     rows = auto.modules.to_pylist()
     assert {r["step"] for r in rows} == {0, 1}
     keys = [(r["tag"], r["step"]) for r in rows]
@@ -678,4 +798,277 @@ def test_auto_fallback_reason_drops_the_twin_notes():
     reason = auto.summary["mode_reason"]
     assert "reference_side" not in reason and "its own forward not run" not in reason, reason
     assert "error budget against a float64 golden" not in reason, reason
-    assert reason.startswith("quantization=bf16") and reason.endswith("compared by allclose instead")
+    assert reason.startswith("quantization=bf16") and reason.endswith(
+        "compared by allclose instead"
+    )
+
+
+# ---------------------------------------------------------------- heap trimmer armed at the peak
+def test_trimmer_armed_at_the_peak_hand_worked(monkeypatch):
+    """every=10, peak 100 at arm(): reads 105 (<= 110: none), 115 (> 110: trim; after: 90),
+    112 (> max(90, 100) + 10: trim; after: 100) → 2 trims; a later arm() with an unknown
+    peak (-1) keeps the floor (reads 105: none)."""
+    from parity_tracker.capture import heap_trim
+    from parity_tracker.capture.heap_trim import HeapTrimmer
+
+    monkeypatch.delenv(heap_trim.ENV, raising=False)
+    calls: list[int] = []
+    seq = iter([105, 115, 90, 112, 100, 105])
+    peaks = iter([100, -1])
+    t = HeapTrimmer(every=10, trim=calls.append, resident=lambda: next(seq),
+                    peak=lambda: next(peaks))  # fmt: skip
+    t.arm()
+    for _ in range(3):
+        t.admitted(10)
+    assert t.trims == 2 and len(calls) == 2
+    t.arm()
+    t.admitted(10)
+    assert t.trims == 2
+
+
+@pytest.mark.parametrize("case", sorted(_CHAINS))
+def test_trimming_at_every_admission_changes_no_fused_verdict(case, monkeypatch):
+    from parity_tracker.capture import heap_trim
+    from parity_tracker.capture.heap_trim import HeapTrimmer
+
+    trims = []
+    rising = iter(range(1 << 40, 1 << 62, 1 << 30))
+    monkeypatch.delenv(heap_trim.ENV, raising=False)
+    monkeypatch.setattr(heap_trim, "trimmer", HeapTrimmer(
+        every=1, trim=lambda pad: trims.append(pad) or 0, resident=lambda: next(rising),
+        peak=lambda: 0))  # fmt: skip
+    make_ref, make_cand = _CHAINS[case]
+    x = torch.linspace(-3, 3, 6)
+    ref_got = _private_capture(make_ref(), lambda m, s: _one_step(m, s, x))
+    cand_got = _private_capture(make_cand(), lambda m, s: _one_step(m, s, x))
+    res = run_parity(make_ref(), make_cand(), (x.clone(),), mode="equal", environment=ENV,
+                     dump_mode=DumpMode.NOT)  # fmt: skip
+    assert _assert_rows(res.modules.to_pylist(), ref_got, cand_got) >= 4
+    assert trims
+
+
+# ---------------------------------------------------------------- in-place readers
+def _odd_tensors():
+    g = torch.Generator().manual_seed(9)
+    base = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    z = torch.complex(base, base.flip(0))
+    return {
+        "transposed_f64": base.t(),
+        "step_f32": base.float()[::2, 1::3],
+        "neg_view_f64": torch._neg_view(base),
+        "neg_view_f32_T": torch._neg_view(base.float()).t(),
+        "conj_c128": z.conj(),
+        "conj_c64_T": z.to(torch.complex64).conj().t(),
+        "0d_f64": base[2, 3],
+        "bf16_T": base.bfloat16().t(),
+        "f16": base.half(),
+        "int32_T": (base * 10).int().t(),
+        "stride0": base[1, :3].expand(4, 3),
+        "empty": base[:0],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_odd_tensors()))
+def test_histogram_reads_values_in_place_and_leaves_storage_resizable(name):
+    from parity_tracker.run.histogram import _float64
+
+    t = _odd_tensors()[name]
+    private = t.detach().resolve_conj().resolve_neg().clone()
+    want = (private.abs() if private.is_complex() else private).double().contiguous().numpy()
+    got = _float64(t)
+    assert got.dtype == np.float64 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    del got
+    if t._base is None and t.untyped_storage().nbytes():
+        assert t.untyped_storage().resizable()
+
+
+@pytest.mark.parametrize("name", sorted(_odd_tensors()))
+def test_dump_to_numpy_values_and_widening(name):
+    from parity_tracker.files.dump import to_numpy
+
+    t = _odd_tensors()[name]
+    private = t.detach().resolve_conj().resolve_neg().clone().contiguous()
+    wide = {torch.bfloat16: torch.float32}.get(private.dtype, private.dtype)
+    want = private.to(wide).numpy()
+    array, info, _ = to_numpy(t)
+    assert info["dtype"] == str(t.dtype).removeprefix("torch.")
+    assert info["shape"] == list(t.shape)
+    assert array.dtype == want.dtype and array.shape == want.shape, (array.dtype, want.dtype)
+    np.testing.assert_array_equal(array, want)
+
+
+@pytest.mark.parametrize("name", sorted(_odd_tensors()))
+def test_onnx_feed_values(name):
+    pytest.importorskip("onnx")
+    from parity_tracker.adapters.onnx import _numpy
+
+    t = _odd_tensors()[name]
+    if t.dtype == torch.bfloat16:
+        pytest.skip("numpy has no bfloat16")
+    want = t.detach().resolve_conj().resolve_neg().clone().contiguous().numpy()
+    got = _numpy(t)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64])
+def test_users_tensor_stays_resizable_after_histogram_dump_and_feed(dtype):
+    from parity_tracker.files.dump import to_numpy
+    from parity_tracker.run.histogram import _float64
+
+    t = torch.arange(12, dtype=torch.float64).to(dtype).reshape(3, 4)
+    want = t.double().clone().numpy()
+    np.testing.assert_array_equal(_float64(t), want)
+    a, _, _ = to_numpy(t)
+    np.testing.assert_array_equal(a.astype(np.float64), want)
+    del a
+    if dtype != torch.bfloat16:
+        pytest.importorskip("onnx")
+        from parity_tracker.adapters.onnx import _numpy
+
+        f = _numpy(t)
+        np.testing.assert_array_equal(f.astype(np.float64), want)
+        del f
+    import gc
+
+    gc.collect()
+    assert t.untyped_storage().resizable()
+    t.resize_(5, 5)  # the model may still grow it
+    assert tuple(t.shape) == (5, 5)
+
+
+# ---------------------------------------------------------------- dedupe of re-captured pairs
+@pytest.mark.parametrize("n", [1, 6])
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_one_object_under_two_tags_with_per_tag_tolerances(config, n):
+    """One reference object and one candidate object, each under tags ``a`` then ``b`` (a
+    module's output, the next one's input): the pair under ``b`` repeats ``a``'s bytes; ``a``
+    has a loose tolerance, ``b`` the default. Δ = 0.5 everywhere: ``a`` close, ``b`` mismatch."""
+    mode = "allclose"
+    kw = dict(_CONFIGS[config])
+    if kw["eager_mode"]:
+        kw["eager_mode"] = mode
+    checker = TensorChecker(verbose=False, tolerances={"a": (0.0, 1.0)}, **kw)
+    ref, cand = torch.full((n,), 2.0), torch.full((n,), 2.5)
+    for tag in ("a", "b"):
+        checker.register_tensor(tag, ref, side=0)
+    for tag in ("a", "b"):
+        checker.register_tensor(tag, cand, side=1)
+    rows = {r["tag"]: r for r in checker.check(mode).to_rows()}
+    assert (rows["a"]["status"], rows["a"]["mismatch_count"]) == ("close", 0)
+    assert (rows["b"]["status"], rows["b"]["mismatch_count"]) == ("mismatch", n)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.uint8, torch.float32])
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_one_byte_and_empty_pairs_under_many_tags(config, dtype):
+    """CPython shares one ``bytes`` object per 1-byte value and one empty ``bytes``: the
+    dedupe keyed by ``id`` of the reference bytes must still compare each tag's own pair."""
+    checker = TensorChecker(verbose=False, **_CONFIGS[config])
+    one = torch.ones(1, dtype=dtype)
+    zero = torch.zeros(1, dtype=dtype)
+    cases = {  # tag: (ref, cand)
+        "same1": (one.clone(), one.clone()),
+        "diff1": (one.clone(), zero.clone()),
+        "diff1_shape": (one.clone(), one.clone().reshape(1, 1)),
+        "same1_again": (one.clone(), one.clone()),
+        "empty": (torch.zeros(0, dtype=dtype), torch.zeros(0, dtype=dtype)),
+        "empty_shape": (torch.zeros(0, dtype=dtype), torch.zeros(0, 1, dtype=dtype)),
+        "diff1_again": (one.clone(), zero.clone()),
+    }
+    for tag, (r, _) in cases.items():
+        checker.register_tensor(tag, r, side=0)
+    for tag, (_, c) in cases.items():
+        checker.register_tensor(tag, c, side=1)
+    rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
+    for tag, (r, c) in cases.items():
+        assert rows[tag]["status"] == _want(r, c)[0], (tag, rows[tag])
+
+
+@pytest.mark.parametrize("order", ["bad_last", "bad_first"])
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_three_sides_one_candidate_differs(config, order):
+    """One reference and two candidates under one tag, one candidate 1 element off: one row,
+    never passing (deferred: the mismatch of 1; eager: an error naming the limit)."""
+    checker = TensorChecker(verbose=False, **_CONFIGS[config])
+    r = torch.arange(6.0)
+    good, bad = r.clone(), r.clone()
+    bad[5] = -1
+    cands = [good, bad] if order == "bad_last" else [bad, good]
+    checker.register_tensor("t", r, side=0)
+    checker.register_tensor("t", cands[0], side=1)
+    checker.register_tensor("t", cands[1], side=2)
+    (row,) = checker.check("equal").to_rows()
+    if _CONFIGS[config]["eager_mode"] is None:
+        assert (row["status"], row["mismatch_count"]) == ("mismatch", 1), row
+    else:  # the first candidate's verdict, or the error of the refused second one
+        assert row["status"] in ("error", "mismatch"), row
+
+
+# ---------------------------------------------------------------- flushes mid-round
+@pytest.mark.parametrize(
+    "resident", [None, 16 * 2 * BULK_MAX_BYTES, 16 * 2 * BULK_MAX_BYTES * 3 + 1, 1 << 20]
+)
+def test_many_small_pairs_with_flushes_keep_every_verdict(resident):
+    """2,100 small pairs (past PENDING_PAIRS = 2048) in one step, sizes cycling over the bulk
+    bound, every 7th candidate 1 element off and every 11th reference written in place after
+    its capture (before the candidate's): each row's status and count as numpy says."""
+    kw = {} if resident is None else {"max_resident_bytes": resident}
+    checker = TensorChecker(verbose=False, eager_mode="equal", **kw)
+    sizes = [1, 7, BULK_MAX_BYTES // 4, BULK_MAX_BYTES // 4 + 1, 300]
+    want = {}
+    g = torch.Generator().manual_seed(12)
+    for k in range(2100):
+        n = sizes[k % len(sizes)]
+        r = torch.randn(n, generator=g)
+        c = r.clone()
+        if k % 7 == 0:
+            c[n // 2] += 1
+        tag = f"t{k}"
+        private_r = r.clone()
+        checker.register_tensor(tag, r, side=0)
+        if k % 11 == 0:
+            r.add_(1)  # after its capture: the captured values stay private_r
+        checker.register_tensor(tag, c, side=1)
+        want[tag] = _want(private_r, c)
+    rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
+    assert len(rows) == 2100
+    for tag, (status, count) in want.items():
+        assert (rows[tag]["status"], rows[tag]["mismatch_count"]) == (status, count), tag
+
+
+# ---------------------------------------------------------------- op-level and a drive
+@pytest.mark.parametrize("case", sorted(_CHAINS))
+def test_run_parity_op_level_module_rows_with_inplace_writes(case):
+    make_ref, make_cand = _CHAINS[case]
+    x = torch.linspace(-3, 3, 6)
+    ref_got = _private_capture(make_ref(), lambda m, s: _one_step(m, s, x))
+    cand_got = _private_capture(make_cand(), lambda m, s: _one_step(m, s, x))
+    res = run_parity(make_ref(), make_cand(), (x.clone(),), mode="equal", environment=ENV,
+                     dump_mode=DumpMode.NOT, capture_ops=True)  # fmt: skip
+    assert _assert_rows(res.modules.to_pylist(), ref_got, cand_got) >= 4
+
+
+@pytest.mark.parametrize("mode", ["equal", "allclose", "auto"])
+@pytest.mark.parametrize("bad_step", [None, 1, 3])
+def test_run_parity_kv_decode_drive(mode, bad_step):
+    xs = [torch.arange(3.0) + 10 * k for k in range(4)]
+
+    def drive_private(m, step):
+        for k, x in enumerate(xs):
+            step[0] = k
+            m(x)
+
+    def drive(m, rec):
+        for k, x in enumerate(xs):
+            rec(k)
+            m(x)
+
+    ref_got = _private_capture(Decoder(), drive_private)
+    cand_got = _private_capture(Decoder(bad_step), drive_private)
+    res = run_parity(Decoder(), Decoder(bad_step), drive=drive, mode=mode, environment=ENV,
+                     dump_mode=DumpMode.NOT)  # fmt: skip
+    m = "equal" if mode == "equal" else "allclose"
+    assert _assert_rows(res.modules.to_pylist(), ref_got, cand_got, m) == 24
+    assert res.summary["passed"] == (bad_step is None)
