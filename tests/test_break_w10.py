@@ -1184,3 +1184,61 @@ def test_numpy_backed_parameter_written_after_capture_deferred():
         cand(torch.ones(4))
         (w,) = [r for r in checker.check("equal").to_rows() if r["kind"] == "param"]
     assert (w["status"], w["mismatch_count"]) == ("mismatch", 4)
+
+
+class AddVec(nn.Module):
+    def __init__(self, d) -> None:
+        super().__init__()
+        self.d = d
+
+    def forward(self, x):
+        return x + self.d
+
+
+class ZeroInplace(nn.Module):
+    def forward(self, x):
+        return x.zero_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_worst_histogram_holds_the_values_of_capture_time(dtype):
+    """The candidate's worst tensor (``a``'s output, |Δ| = 0, 1e-3, 1, 100) is zeroed in place
+    by the next module: the summary's histogram is of the captured values (hand-worked: numel
+    4, one zero, three non-zero differences from 1e-3 to 100)."""
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0], dtype=dtype)
+    d = torch.tensor([0.0, 1e-3, 1.0, 100.0], dtype=dtype)
+    ref = Chain(Ident(), Ident())
+    cand = Chain(AddVec(d), ZeroInplace())
+    res = run_parity(ref, cand, (x,), mode="equal", environment=ENV, dump_mode=DumpMode.NOT)
+    h = res.summary["worst_tensor_histogram"]
+    assert h is not None and h["numel"] == 4 and h["nonfinite"] == 0, h
+    assert h["zero_count"] == 1 and sum(h["counts"]) == 3, h
+    got_lo, got_hi = h["edges"][0], h["edges"][-1]
+    want_lo = float((x + d)[1].double() - x[1].double())  # 1e-3 as the dtype rounds it
+    assert got_lo == pytest.approx(abs(want_lo), rel=1e-12) and got_hi == pytest.approx(100.0)
+    assert x.untyped_storage().resizable()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64, torch.complex64])
+def test_dump_holds_capture_time_values_widened(dtype, tmp_path):
+    """A dumped candidate tensor zeroed in place after its capture: the ``.npy`` holds the
+    values of capture time (bf16 widened to float32), the reference's too."""
+    import json
+
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0]).to(dtype)
+    d = torch.tensor([0.0, 0.25, 1.0, 64.0]).to(dtype)
+    ref = Chain(Ident(), Ident())
+    cand = Chain(AddVec(d), ZeroInplace())
+    want_c = (x + d).to(torch.float32 if dtype == torch.bfloat16 else dtype).numpy()
+    want_r = x.to(torch.float32 if dtype == torch.bfloat16 else dtype).numpy().copy()
+    res = run_parity(ref, cand, (x.clone(),), mode="equal", environment=ENV,
+                     dump_mode=DumpMode.ALL, dump_path=tmp_path)  # fmt: skip
+    index = json.loads((res.dump_dir / "index.json").read_text(), parse_constant=pytest.fail)
+    entries = index["files"]
+    by = {(e["tag"], e["side"]): e for e in entries if e.get("step", 0) == 0}
+    tag = next(t for (t, s) in by if t.endswith("m.0"))
+    c = np.load(res.dump_dir / by[(tag, 1)]["file"])
+    r = np.load(res.dump_dir / by[(tag, 0)]["file"])
+    assert c.dtype == want_c.dtype and r.dtype == want_r.dtype
+    np.testing.assert_array_equal(c, want_c)
+    np.testing.assert_array_equal(r, want_r)
