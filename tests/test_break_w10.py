@@ -248,6 +248,21 @@ _CASES = {
         ),
         None,
     ),
+    "nan_payloads_f32": (
+        lambda: torch.tensor([0x7FC00000, 0x3F800000], dtype=torch.int32).view(torch.float32),
+        lambda r: torch.tensor([0x7FC00001, 0x3F800000], dtype=torch.int32).view(torch.float32),
+        None,
+    ),
+    "nan_sign_bf16": (
+        lambda: torch.tensor([0x7FC0, 0x3F80], dtype=torch.int16).view(torch.bfloat16),
+        lambda r: torch.tensor([-64, 0x3F80], dtype=torch.int16).view(torch.bfloat16),  # 0xFFC0
+        None,
+    ),
+    "inf_vs_nan_f16": (
+        lambda: torch.tensor([math.inf, 1.0], dtype=torch.float16),
+        lambda r: torch.tensor([math.nan, 1.0], dtype=torch.float16),
+        None,
+    ),
     "parameter_live": (
         lambda: torch.arange(4.0),
         lambda r: nn.Parameter(torch.arange(4.0) + 1),
@@ -1242,3 +1257,57 @@ def test_dump_holds_capture_time_values_widened(dtype, tmp_path):
     assert c.dtype == want_c.dtype and r.dtype == want_r.dtype
     np.testing.assert_array_equal(c, want_c)
     np.testing.assert_array_equal(r, want_r)
+
+
+class Raising(nn.Module):
+    """A caller's twin whose second module raises (after ``a`` was captured)."""
+
+    def __init__(self, src: nn.Module) -> None:
+        super().__init__()
+        self.a = copy_module(src.a).bfloat16()
+        self.b = nn.ReLU()
+        self.c = copy_module(src.c).bfloat16()
+
+    def forward(self, x):
+        self.b(self.a(x.to(torch.bfloat16)))
+        raise ValueError("caller's twin: unsupported\nsecond line")
+
+
+def copy_module(m):
+    import copy
+
+    return copy.deepcopy(m)
+
+
+def test_auto_with_a_callers_twin_that_raises_late():
+    ref, cand = _pair(bug=0.25)
+    res = run_parity(ref, cand, (_x(),), mode="auto", environment=ENV, twin=Raising(ref),
+                     settings={"quantization": "bf16"}, dump_mode=DumpMode.NOT)  # fmt: skip
+    s = res.summary
+    ref2, cand2 = _pair(bug=0.25)
+    plain = run_parity(ref2, cand2, (_x(),), mode="allclose", environment=ENV,
+                       settings={"quantization": "bf16"}, dump_mode=DumpMode.NOT)  # fmt: skip
+    assert s["mode"] == "allclose" and s["status"] == "completed", s["mode_reason"]
+    assert "(ValueError: caller's twin: unsupported)" in s["mode_reason"]
+    assert "second line" not in s["mode_reason"]
+    assert _clean(res.modules.to_pylist()) == _clean(plain.modules.to_pylist())
+
+
+@pytest.mark.parametrize("cand_first", [False, True], ids=["ref_first", "cand_first"])
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_allclose_verdicts_agree_across_paths(case, cand_first):
+    """``allclose``: the fused eager path, the deferred path and the per-pair eager paths give
+    one row (status, count, max |Δ|); where numpy says equal, it is ``equal``."""
+    ref_make, cand_make, mutate = _CASES[case]
+    got = {}
+    for name, cfg in _CONFIGS.items():
+        kw = dict(cfg)
+        if kw["eager_mode"]:
+            kw["eager_mode"] = "allclose"
+        checker = TensorChecker(verbose=False, **kw)
+        want = _play(checker, _seq("t", ref_make, cand_make, mutate, cand_first))
+        (row,) = checker.check("allclose").to_rows()
+        got[name] = (row["status"], row["mismatch_count"], repr(row["max_abs_diff"]))
+        if want[0] in ("equal", "shape_mismatch"):
+            assert row["status"] == want[0], (name, row)
+    assert len(set(got.values())) == 1, got
