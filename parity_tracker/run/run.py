@@ -414,6 +414,7 @@ def run_parity(
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = LazySpillRoot()  # made by the first store that spills
     passes = None
+    base_reason = reason.removesuffix(BUDGET_NOTE)  # an allclose fall-back's (no budget notes)
     if chosen == BUDGET:
         try:
             passes = _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill,
@@ -422,10 +423,9 @@ def run_parity(
             spill.cleanup()
             raise
         if passes.sides is None:
-            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
+            chosen, reason = "allclose", f"{base_reason}; {passes.reason}"
             settings["mode"] = chosen
         elif passes.twin is not None:  # the twin is the reference side (run.budget)
-            base_reason = reason.removesuffix(BUDGET_NOTE)  # a fall-back's (no twin note)
             plans[0] = _Plan(0, passes.twin, drive, passes.twin_inputs)
             side = twin_reference_side(passes.twin_dtype)
             settings[REFERENCE_SIDE] = side
