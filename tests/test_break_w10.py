@@ -1319,3 +1319,49 @@ def test_allclose_verdicts_agree_across_paths(case, cand_first):
         if want[0] in ("equal", "shape_mismatch"):
             assert row["status"] == want[0], (name, row)
     assert len(set(got.values())) == 1, got
+
+
+@pytest.mark.parametrize("change", ["resize_", "as_strided_", "set_same_bytes", "t_"])
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_same_object_recaptured_under_a_second_tag_after_a_shape_change(config, change):
+    """One reference object under tags ``A`` then ``B``, its shape changed in between with
+    its bytes as they were: ``B``'s reference has the new shape (the candidate of ``B`` has
+    the old one: shape_mismatch); ``A``'s pair is equal."""
+    checker = TensorChecker(verbose=False, **_CONFIGS[config])
+    t = torch.arange(6.0).reshape(2, 3)
+    old = t.clone()
+    checker.register_tensor("A", t, side=0)
+    if change == "resize_":
+        t.resize_(3, 2)
+    elif change == "as_strided_":
+        t.as_strided_((3, 2), (2, 1))
+    elif change == "set_same_bytes":
+        t.set_(t.untyped_storage(), 0, (6,), (1,))
+    else:
+        t.t_()
+    new_shape = tuple(t.shape)
+    assert new_shape != tuple(old.shape)
+    checker.register_tensor("B", t, side=0)
+    checker.register_tensor("A", old.clone(), side=1)
+    checker.register_tensor("B", old.clone(), side=1)
+    rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
+    assert rows["A"]["status"] == "equal", rows["A"]
+    assert rows["B"]["status"] == "shape_mismatch", rows["B"]
+    assert tuple(rows["B"]["ref_shape"]) == new_shape
+
+
+@pytest.mark.parametrize("config", sorted(_CONFIGS))
+def test_same_object_recaptured_after_a_dtype_change_through_data(config):
+    """``t.data = t.data.view(torch.int32)``: the same object, the same bytes, a new dtype;
+    ``B``'s float32 candidate never equals its int32 reference."""
+    checker = TensorChecker(verbose=False, **_CONFIGS[config])
+    t = torch.arange(6.0)
+    old = t.clone()
+    checker.register_tensor("A", t, side=0)
+    t.data = t.data.view(torch.int32)
+    checker.register_tensor("B", t, side=0)
+    checker.register_tensor("A", old.clone(), side=1)
+    checker.register_tensor("B", old.clone(), side=1)
+    rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
+    assert rows["A"]["status"] == "equal", rows["A"]
+    assert rows["B"]["status"] not in ("equal", "close"), rows["B"]
