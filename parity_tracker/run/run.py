@@ -414,6 +414,7 @@ def run_parity(
     # snapshots and op captures past their resident budgets spill here; deleted after the check
     spill = LazySpillRoot()  # made by the first store that spills
     passes = None
+    base_reason = reason.removesuffix(BUDGET_NOTE)  # an allclose fall-back's (no budget notes)
     if chosen == BUDGET:
         try:
             passes = _budget_passes(plans, requested, twin, budgets, align, settings, seed, spill,
@@ -422,7 +423,7 @@ def run_parity(
             spill.cleanup()
             raise
         if passes.sides is None:
-            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {passes.reason}"
+            chosen, reason = "allclose", f"{base_reason}; {passes.reason}"
             settings["mode"] = chosen
         elif passes.twin is not None:  # the twin is the reference side (run.budget)
             plans[0] = _Plan(0, passes.twin, drive, passes.twin_inputs)
@@ -439,7 +440,7 @@ def run_parity(
         fallback = twin_fallback(error, explicit=requested == BUDGET) if passes else None
         if fallback and passes.twin is not None:  # auto: the twin could not run (issue 15)
             _discard(checker, ops)
-            chosen, reason = "allclose", f"{reason.removesuffix(BUDGET_NOTE)}; {fallback}"
+            chosen, reason = "allclose", f"{base_reason}; {fallback}"
             settings["mode"] = chosen
             settings.pop(REFERENCE_SIDE, None)
             plans[0] = _Plan(0, reference, drive, inputs)
