@@ -435,3 +435,64 @@ def test_two_threads_appending_into_one_spill_dir_never_share_a_span(fresh_pool,
     assert out["a"].offset != out["b"].offset
     assert np.array_equal(out["a"].load().numpy(), a)
     assert np.array_equal(out["b"].load().numpy(), b)
+
+
+class _Scale(nn.Module):
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_back_to_back_runs_whose_snapshots_borrow_op_spills_compare_right(fresh_pool, monkeypatch):
+    import parity_tracker.tensor_checker as checker_module
+    from parity_tracker import ops as ops_module
+    from parity_tracker.capture.snapshot import SnapshotStore
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    monkeypatch.setattr(ops_module, "DEFAULT_MAX_RESIDENT_BYTES", 256 << 10)
+    monkeypatch.setattr(checker_module, "OPS_RUN_RESIDENT_BYTES", 0)
+    borrowed: list[int] = []
+    real = SnapshotStore._borrow
+
+    def spy(self, entry, lent, address, version):
+        ok = real(self, entry, lent, address, version)
+        borrowed.append(int(ok))
+        return ok
+
+    monkeypatch.setattr(SnapshotStore, "_borrow", spy)
+    n = 1 << 15  # 128 KiB outputs: snapshotted copy-on-write, so borrowable
+    ks = [1.0 + i / 64 for i in range(16)]
+    for run, bad in enumerate([None, 3, None, 9]):
+        x = torch.from_numpy(_values(70 + run, n))
+        cand_ks = [k * (1.5 if i == bad else 1.0) for i, k in enumerate(ks)]
+        res = run_parity(
+            nn.Sequential(*[_Scale(k) for k in ks]),
+            nn.Sequential(*[_Scale(k) for k in cand_ks]),
+            (x,),
+            mode="equal",
+            capture_ops=True,
+            dump_mode=DumpMode.NOT,
+        )
+        mods = {r["tag"]: r for r in res.modules.to_pylist()}
+        a = b = x.numpy().copy()
+        for i, (ka, kb) in enumerate(zip(ks, cand_ks, strict=True)):
+            a, b = a * np.float32(ka), b * np.float32(kb)
+            row = mods[f"checker_{i}"]
+            assert row["status"] == ("equal" if np.array_equal(a, b) else "mismatch"), (run, i)
+            if row["status"] == "mismatch":
+                assert row["max_abs_diff"] == pytest.approx(float(np.max(np.abs(a - b))))
+    assert sum(borrowed) > 0 and fresh_pool.reused > 0
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_another_users_orphan_folder_is_left_alone(fresh_pool, tmp_path):
+    theirs = tmp_path / "parity-spill-pool-0999998-z"  # a dead pid, but not this user's
+    theirs.mkdir()
+    (theirs / "pack-0.bin").write_bytes(b"y" * 10)
+    os.chown(theirs, 12345, 12345)
+    _spill(_values(80))
+    assert (theirs / "pack-0.bin").read_bytes() == b"y" * 10
