@@ -429,7 +429,7 @@ def test_two_op_sessions_alive_at_once_keep_their_own_bytes(fresh_pool):
 def test_two_threads_appending_into_one_spill_dir_never_share_a_span(fresh_pool, monkeypatch, kind):
     a, b = _values(60), _values(61)
     spill = PooledSpillDir(None) if kind == "pooled" else store.SpillDir(None)
-    _spill(_values(62), spill)  # the pack exists: both appends go into it
+    first = _spill(_values(62), spill)  # the pack exists (kept): both appends go into it
     barrier = threading.Barrier(2, timeout=0.5)
     pwrite = os.pwrite
 
@@ -449,6 +449,7 @@ def test_two_threads_appending_into_one_spill_dir_never_share_a_span(fresh_pool,
     for t in threads:
         t.join()
     monkeypatch.setattr(os, "pwrite", pwrite)
+    assert out["a"].pack is first.pack is out["b"].pack
     assert out["a"].offset != out["b"].offset
     assert np.array_equal(out["a"].load().numpy(), a)
     assert np.array_equal(out["b"].load().numpy(), b)
