@@ -52,10 +52,11 @@ run spills ≈ 330 MiB; free files beyond it are closed, as before)."""
 class _PooledPack(_PackFile):
     """A pack file that counts its live memory maps and goes back to the pool when idle."""
 
-    __slots__ = ("disk", "maps", "owner", "pool")
+    __slots__ = ("disk", "maps", "owner", "pid", "pool")
 
     def __init__(self, path: Path, pool: SpillPool) -> None:
         super().__init__(path)
+        self.pid = os.getpid()  # a forked child never deletes its parent's file (w10brk2)
         self.maps = 0  # live ``mmap`` views of this file (``view``)
         self.disk = 0  # the file's length when it was last pooled (it never shrinks)
         self.pool = pool
@@ -94,7 +95,8 @@ class _PooledPack(_PackFile):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self.path.unlink(missing_ok=True)
+        if self.pid == os.getpid():
+            self.path.unlink(missing_ok=True)
 
 
 class SpillPool:
@@ -204,7 +206,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # exists, someone else's
+    except (OSError, OverflowError):  # exists, someone else's; or no pid at all: left alone
         return True
     return True
 
@@ -240,9 +242,17 @@ class PooledSpillDir(SpillDir):
         self._pool_base = pool_folder(root)
 
     def append(self, tensor: torch.Tensor) -> Spilled:
-        """Write ``tensor``'s storage span into the current pooled pack file (see ``SpillDir``)."""
+        """Write ``tensor``'s storage span into the current pooled pack file (see ``SpillDir``).
+
+        One append at a time in the process (the pool's lock): two threads appending into one
+        pack would read the same ``end`` and write one span twice (w10brk2).
+        """
         if self._pool_base is None:
             return super().append(tensor)
+        with pool.lock:  # one append at a time: ``end`` and ``live`` are read, then set
+            return self._append(tensor)
+
+    def _append(self, tensor: torch.Tensor) -> Spilled:
         pack = self._pack
         if (
             not isinstance(pack, _PooledPack)
@@ -255,11 +265,16 @@ class PooledSpillDir(SpillDir):
                 pack.owner = False  # full or cut: pooled (or closed) once its records go
                 pack.idle()
             self._pack = pack = pool.take(self._pool_base, self)
+        # pinned while it is written: a record freed meanwhile (a gc pass, another
+        # thread) must not pool the file this append writes into (w10brk2)
+        pack.maps += 1
         try:
             return super().append(tensor)
         except BaseException:
             if pack.live <= 0:  # nothing recorded in it: back to the pool (closed if cut)
                 pack.owner = False
-                pack.idle()
                 self._pack = None
             raise
+        finally:
+            pack.maps -= 1
+            pack.idle()

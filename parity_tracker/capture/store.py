@@ -74,10 +74,20 @@ class Spilled:
         The caller has proved that ``tensor`` holds the same bytes as the span written here
         and that its own view (offset 0) covers no more than it. The new record keeps this one
         alive, so a file deleted when its record is collected (``weakref.finalize``) lives as
-        long as either record.
+        long as either record; in a shared file it also holds the span itself, so ``delete``
+        of either record leaves the other readable (a pooled file is written again once free:
+        ``capture.spill_pool``, w10brk2).
+
+        Raises:
+            OSError: this record was deleted (its span may hold other bytes now).
         """
         out = Spilled(self.path, tensor, self.nbytes)
         out.base, out.pack, out.offset = self, self.pack, self.offset
+        if self._free is not None:  # its own hold on the span: ``delete`` of either frees one
+            if not self._free.alive:
+                raise OSError(f"spill record of {self.path} was deleted")
+            self.pack.live += 1
+            out._free = weakref.finalize(out, self.pack.free, self.offset, self.nbytes)
         return out
 
     def load(self, *, to_device: bool = False) -> torch.Tensor:
@@ -86,7 +96,12 @@ class Spilled:
         Args:
             to_device: move it back to the device it was spilled from (a copy for non-CPU
                 devices).
+
+        Raises:
+            OSError: the record was deleted (``delete``), or its file removed or cut.
         """
+        if self._free is not None and not self._free.alive:  # its span may be written again
+            raise OSError(f"spill record of {self.path} was deleted")
         if 0 in self.size:
             t = torch.empty_strided(self.size, self.stride, dtype=self.dtype)
         else:
