@@ -405,27 +405,11 @@ def test_two_op_sessions_alive_at_once_keep_their_own_bytes(fresh_pool):
             s.close()
 
 
-# w10brk2 bug (fixed): two threads appending into ONE PooledSpillDir both read the pack's
+# w10brk2 bug (fixed, both kinds): two threads appending into ONE spill dir both read the pack's
 # ``end`` before either sets it (``os.pwrite`` releases the GIL): both records get the same
 # offset and the later write replaces the earlier record's bytes (before the pool a plain
 # SpillDir had the same race; its lost ``live`` updates mostly showed as "removed or cut").
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "pooled",
-        pytest.param(
-            "plain",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="w10brk2, not fixed (before the pool too): a plain SpillDir "
-                "(BoundedStore, the module snapshots' store) appended from two threads at once "
-                "(hooks under nn.DataParallel's threads) gives both records one offset "
-                "(_PackFile.append reads and sets ``end`` around a GIL-releasing pwrite): one "
-                "record reads the other's bytes",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("kind", ["pooled", "plain"])  # plain: fixed after w10brk2 (_PACK_LOCK)
 def test_two_threads_appending_into_one_spill_dir_never_share_a_span(fresh_pool, monkeypatch, kind):
     a, b = _values(60), _values(61)
     spill = PooledSpillDir(None) if kind == "pooled" else store.SpillDir(None)

@@ -20,6 +20,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -128,6 +129,11 @@ _PAGE = mmap.ALLOCATIONGRANULARITY
 PACK_BYTES = 64 << 20
 
 
+#: Guards a pack file's ``end``, ``size``, ``live`` and ``fd`` (``_PackFile.append`` / ``free``);
+#: re-entrant, and nothing inside it allocates a GC-tracked object.
+_PACK_LOCK = threading.RLock()
+
+
 class _PackFile:
     """One spill file holding many records at page-aligned offsets, deleted with its last one.
 
@@ -157,16 +163,33 @@ class _PackFile:
             self.broken = st.st_nlink == 0 or st.st_size < self.size
         return not self.broken
 
-    def append(self, data: memoryview) -> int:
-        """Write ``data`` at the next page boundary; its offset."""
-        offset = pos = self.end
-        while data:
-            n = os.pwrite(self.fd, data, pos)
-            data, pos = data[n:], pos + n
-        if pos > offset:
-            self.size = pos
-        self.end = -(-max(pos, offset + 1) // _PAGE) * _PAGE
-        self.live += 1
+    def append(self, data: memoryview) -> int | None:
+        """Write ``data`` (bytes) at the next page boundary; its offset, or None: file closed.
+
+        The span is reserved (and the record counted) before the write, under
+        :data:`_PACK_LOCK`: ``os.pwrite`` releases the GIL, so two threads appending at once
+        read the same ``end`` and wrote one span twice, one record then reading the other's
+        bytes (w10brk2). Nothing inside the lock makes a GC-tracked object, so no finalizer
+        (``free``) runs there. A write that fails frees its reservation and raises.
+        """
+        n = data.nbytes
+        with _PACK_LOCK:
+            if self.fd < 0:  # its last record was freed meanwhile: closed and deleted
+                return None
+            offset = self.end
+            self.end = -(-(offset + max(n, 1)) // _PAGE) * _PAGE
+            self.live += 1
+        pos = offset
+        try:
+            while data:
+                k = os.pwrite(self.fd, data, pos)
+                data, pos = data[k:], pos + k
+        except BaseException:
+            self.free(offset, n)  # no record was made
+            raise
+        with _PACK_LOCK:
+            if pos > offset and pos > self.size:  # an empty record writes nothing
+                self.size = pos
         return offset
 
     def view(self, offset: int, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -180,10 +203,13 @@ class _PackFile:
 
     def free(self, offset: int, nbytes: int) -> None:
         """One record less; the last one closes and deletes the file."""
-        self.live -= 1
-        if self.live <= 0 and self.fd >= 0:
-            os.close(self.fd)  # a mapped view keeps its pages (and the inode) alive
-            self.fd = -1
+        with _PACK_LOCK:  # counted with the reservations of ``append``
+            self.live -= 1
+            fd = self.fd if self.live <= 0 else -1
+            if fd >= 0:
+                self.fd = -1
+        if fd >= 0:
+            os.close(fd)  # a mapped view keeps its pages (and the inode) alive
             self.path.unlink(missing_ok=True)
 
 
@@ -241,12 +267,15 @@ class SpillDir:
         The record frees its span when it is collected (or deleted); the file goes
         with its last record.
         """
-        pack = self._pack
-        if pack is None or pack.fd < 0 or pack.end >= PACK_BYTES or not pack.intact():
-            pack = self._pack = _PackFile(self._folder() / f"pack-{next(self._packs)}.bin")
         flat = _flat_cpu(tensor)
         nbytes = flat.numel() * flat.element_size()
-        offset = pack.append(_readonly_bytes(flat))
+        data = _readonly_bytes(flat)
+        offset = None
+        while offset is None:  # a pack closed by its last free meanwhile: the next one
+            pack = self._pack
+            if pack is None or pack.fd < 0 or pack.end >= PACK_BYTES or not pack.intact():
+                pack = self._pack = _PackFile(self._folder() / f"pack-{next(self._packs)}.bin")
+            offset = pack.append(data)
         out = Spilled(pack.path, tensor, nbytes)
         out.pack, out.offset = pack, offset
         out._free = weakref.finalize(out, pack.free, offset, nbytes)
