@@ -343,3 +343,16 @@ def gc_state():
     gc.unfreeze()
     gc.set_threshold(*thresholds)
     (gc.enable if enabled else gc.disable)()
+
+
+@pytest.fixture
+def fresh_pool(tmp_path, monkeypatch):
+    """A spill pool of this test's own (``capture.spill_pool.pool``), its files under
+    ``tmp_path`` (the system temp folder for the test); drained afterwards."""
+    from parity_tracker.capture import spill_pool
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pool = spill_pool.SpillPool()
+    monkeypatch.setattr(spill_pool, "pool", pool)
+    yield pool
+    pool.drain()

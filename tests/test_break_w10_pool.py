@@ -22,16 +22,9 @@ from torch import nn
 
 from parity_tracker.capture import spill_pool, store
 from parity_tracker.capture.spill_pool import PooledSpillDir, SpillPool
+from parity_tracker.capture.tags import module_tag
 
-
-@pytest.fixture(autouse=True)
-def fresh_pool(tmp_path, monkeypatch):
-    """A pool of this test's own, its files under ``tmp_path``."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    pool = SpillPool()
-    monkeypatch.setattr(spill_pool, "pool", pool)
-    yield pool
-    pool.drain()
+pytestmark = pytest.mark.usefixtures("fresh_pool")  # tests/conftest.py: a pool of its own
 
 
 def _values(seed: int, n: int = 1 << 12) -> np.ndarray:
@@ -483,7 +476,7 @@ def test_back_to_back_runs_whose_snapshots_borrow_op_spills_compare_right(fresh_
         a = b = x.numpy().copy()
         for i, (ka, kb) in enumerate(zip(ks, cand_ks, strict=True)):
             a, b = a * np.float32(ka), b * np.float32(kb)
-            row = mods[f"checker_{i}"]
+            row = mods[module_tag(str(i))]
             assert row["status"] == ("equal" if np.array_equal(a, b) else "mismatch"), (run, i)
             if row["status"] == "mismatch":
                 assert row["max_abs_diff"] == pytest.approx(float(np.max(np.abs(a - b))))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -18,15 +17,7 @@ from torch import nn
 from parity_tracker.capture import spill_pool
 from parity_tracker.capture.spill_pool import PooledSpillDir, SpillPool
 
-
-@pytest.fixture(autouse=True)
-def fresh_pool(tmp_path, monkeypatch):
-    """A pool of this test's own, its files under ``tmp_path``."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    pool = SpillPool()
-    monkeypatch.setattr(spill_pool, "pool", pool)
-    yield pool
-    pool.drain()
+pytestmark = pytest.mark.usefixtures("fresh_pool")  # tests/conftest.py: a pool of its own
 
 
 def _values(seed: int, n: int = 1 << 12) -> np.ndarray:
