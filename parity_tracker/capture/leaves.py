@@ -206,7 +206,7 @@ def output_leaves(base: str, output: Any) -> list[tuple[str, str, Any]]:
 
 
 #: Python numbers: no ``__dlpack__``, so :func:`flatten` makes each one :func:`scalar_leaf`
-_PY_NUMBERS = frozenset({bool, int, float, complex})
+PY_NUMBERS = frozenset({bool, int, float, complex})
 
 
 def input_leaves(
@@ -247,7 +247,7 @@ def value_leaves(base: str, name: str, tag: str, slot: str, value: Any, out: lis
         out.append((tag, slot, value))
         return
     kind = type(value)
-    if kind in _PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
+    if kind in PY_NUMBERS:  # flatten's one leaf too (use_cache flags, issue 19)
         out.append((tag, slot, scalar_leaf(value)))
         return
     if kind is tuple or kind is list:  # flatten's leaves, its tensor children directly
@@ -263,6 +263,111 @@ def value_leaves(base: str, name: str, tag: str, slot: str, value: Any, out: lis
     for p, leaf in flatten(value):
         suffix = f"{name}.{p}" if p else name
         out.append((input_tag(base, suffix), f"input.{suffix}", leaf))
+
+
+def opaque_leaf(obj: Any) -> NonTensor | None:
+    """:func:`flatten`'s one leaf for ``obj`` when it is neither walked nor converted, else None.
+
+    The same tests as :func:`flatten`, in its order (tensor-like, number, dataclass instance,
+    ``Mapping``, tuple or list): None when any holds (``obj`` is a tensor-like leaf, a scalar or
+    a structure, see :func:`flatten`); otherwise the :class:`NonTensor` naming ``type(obj)``,
+    which is what :func:`flatten` yields for ``obj`` at any depth below 32 (a ``DynamicCache``
+    input, say). Asked again at every call: none of these tests is decided by the type alone
+    (``__dlpack__`` may be an instance attribute, ``Mapping`` registrations change).
+    """
+    if obj is None or is_tensor_like(obj) or isinstance(obj, _SCALARS):
+        return None
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return None
+    if isinstance(obj, (Mapping, tuple, list)):
+        return None
+    return NonTensor(type(obj).__name__)
+
+
+def planned_value_leaves(
+    plans: dict, base: str, name: str, tag: str, slot: str, value: Any, out: list
+) -> None:
+    """:func:`value_leaves` of a structured input, with the input's plan kept in ``plans``.
+
+    ``plans`` (one dict per module call signature, ``ModuleSite.sig``) keeps, per input name,
+    the ``(tag, slot)`` of each child of a tuple or list input (``(type, length, names)``:
+    formatted once, used while the input is a tuple/list of that exact type and length). What
+    each child is (a tensor or ``None`` taken directly, anything else flattened as
+    :func:`value_leaves` does) and whether a non-sequence input is an opaque leaf
+    (:func:`opaque_leaf`) are tested at every call; any other input goes through
+    :func:`value_leaves`. The leaves, tags and slots are :func:`value_leaves`'.
+    """
+    kind = type(value)
+    if kind is tuple or kind is list:
+        plan = plans.get(name)
+        n = len(value)
+        if plan is None or plan[0] is not kind or plan[1] != n:
+            plan = plans[name] = (kind, n, _child_names(base, name, n))
+        for (ctag, cslot, i), v in zip(plan[2], value):  # noqa: B905 (one name a child)
+            if v is None or isinstance(v, torch.Tensor):  # position_embeddings (cos, sin)
+                out.append((ctag, cslot, v))
+            else:
+                for p, leaf in flatten(v, (i,), 1):
+                    s = f"{name}.{p}"
+                    out.append((input_tag(base, s), f"input.{s}", leaf))
+        return
+    leaf = opaque_leaf(value)
+    if leaf is not None:  # flatten's key "": the input's own tag and slot
+        out.append((tag, slot, leaf))
+        return
+    value_leaves(base, name, tag, slot, value, out)
+
+
+def _child_names(base: str, name: str | None, n: int) -> tuple[tuple[str, str, str], ...]:
+    """``(tag, slot, index)`` of children ``0 … n-1`` of input ``name`` (None: of the output)."""
+    if name is None:
+        return tuple((output_tag(base, str(i)), f"output.{i}", str(i)) for i in range(n))
+    return tuple((input_tag(base, f"{name}.{i}"), f"input.{name}.{i}", str(i)) for i in range(n))
+
+
+def planned_output_leaves(
+    plan: tuple | None, base: str, output: Any
+) -> tuple[list[tuple[str, str, Any]], tuple | None]:
+    """:func:`output_leaves` of a structured output, and the plan for the site's next call.
+
+    ``plan`` (the last one returned for this module and call index, or None) keeps the
+    ``(tag, slot)`` of each child: ``(type, length, names)`` for a tuple or list output,
+    ``(type, field names, names)`` for a dataclass output (a Hugging Face ``ModelOutput``),
+    used only while the output is of that exact type and length / field-name tuple. Tested at
+    every call, in :func:`flatten`'s order: tensor-like, number, tuple/list, dataclass
+    instance; each child is a tensor or ``None`` (taken directly), an opaque leaf
+    (:func:`opaque_leaf`, under the child's own tag) or walked by :func:`flatten`. Anything
+    else goes through :func:`output_leaves` (no plan). The leaves, tags and slots are
+    :func:`output_leaves`'.
+    """
+    if output is None or is_tensor_like(output) or isinstance(output, _SCALARS):
+        return output_leaves(base, output), None
+    kind = type(output)
+    if kind is tuple or kind is list:
+        key: Any = len(output)
+        values: Any = output
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        key = field_names(output)
+        values = [getattr(output, f, None) for f in key]
+    else:
+        return output_leaves(base, output), None
+    if plan is None or plan[0] is not kind or plan[1] != key:
+        if kind is tuple or kind is list:
+            names = _child_names(base, None, key)
+        else:
+            names = tuple((output_tag(base, f), f"output.{f}", f) for f in key)
+        plan = (kind, key, names)
+    out: list[tuple[str, str, Any]] = []
+    for (ctag, cslot, path), v in zip(plan[2], values):  # noqa: B905 (one name a child)
+        if v is None or isinstance(v, torch.Tensor):
+            out.append((ctag, cslot, v))
+            continue
+        leaf = opaque_leaf(v)
+        if leaf is not None:  # flatten(v, (path,), 1) yields (path, leaf)
+            out.append((ctag, cslot, leaf))
+        else:
+            out += [(output_tag(base, p), f"output.{p}", x) for p, x in flatten(v, (path,), 1)]
+    return out, plan
 
 
 def own_tensors(

@@ -22,11 +22,13 @@ import torch
 from parity_tracker.capture.hook_marks import MARK
 from parity_tracker.capture.leaves import (
     PACKED,
+    PY_NUMBERS,
     NonTensor,
     input_names,
-    output_leaves,
+    planned_output_leaves,
+    planned_value_leaves,
     read_own,
-    value_leaves,
+    scalar_leaf,
 )
 from parity_tracker.capture.ops import suspended
 from parity_tracker.capture.tags import (
@@ -319,14 +321,16 @@ class CaptureLog:
             keys, values = (), args
         sig = site.sig  # the input names of the site's last call signature (issue 19)
         if sig is None or sig[0] != k or sig[1] != len(args) or sig[2] != keys:
-            sig = site.sig = (k, len(args), keys, _input_names(name, k, len(args), keys))
+            sig = site.sig = (k, len(args), keys, _input_names(name, k, len(args), keys), {})
         leaves: list[tuple[str, str, Any]] = []
         # one name per value by construction (sig); zip(strict=True) would cost ≈ 0.4 µs a call
         for (arg, tag, slot), value in zip(sig[3], values):  # noqa: B905
             if value is None or isinstance(value, torch.Tensor):  # value_leaves' one leaf
                 leaves.append((tag, slot, value))
-            else:
-                value_leaves(call_base(name, k), arg, tag, slot, value, leaves)
+            elif type(value) in PY_NUMBERS:  # value_leaves' one leaf too (use_cache flags)
+                leaves.append((tag, slot, scalar_leaf(value)))
+            else:  # the signature's plan of this input's leaves (sig[4])
+                planned_value_leaves(sig[4], call_base(name, k), arg, tag, slot, value, leaves)
         groups = self._record_all(leaves, side, "input", name, k, step) if leaves else []
         own = site.own and site.own_done != self.epoch
         if own and self._capture_own(side, mod, site.own, groups):
@@ -388,8 +392,11 @@ class CaptureLog:
             if out is None or out[0] != k:
                 out = site.out = (k, _output_tag(name, k))
             leaves = ((out[1], "output", output),)
-        else:
-            leaves = output_leaves(call_base(name, k), output)
+        else:  # the plan of the site's last structured output, for this call index
+            plan = site.out_plan
+            plan = plan[1] if plan is not None and plan[0] == k else None
+            leaves, plan = planned_output_leaves(plan, call_base(name, k), output)
+            site.out_plan = None if plan is None else (k, plan)
         outs = self._record_all(leaves, side, "output", name, k, step)
         ordered = self.ordered  # commit(outs + groups), inline
         for gs in (outs, groups):
@@ -447,11 +454,13 @@ class ModuleSite:
         frames: ``(log epoch, call index, groups)`` of this module's calls in progress.
         own_done: the log epoch in which every own tensor was captured.
         sig, out: the input names and the single output's tag of the last call (formatted
-            again only when the call index or the signature changes).
+            again only when the call index or the signature changes); ``sig`` also keeps the
+            plan of its structured inputs' leaves (tuple children's tags).
+        out_plan: the tags of the last structured output's children, for its call index.
     """
 
     __slots__ = ("all_names", "all_own", "frames", "key", "log", "name", "out", "own")
-    __slots__ += ("own_done", "root", "side", "sig")
+    __slots__ += ("out_plan", "own_done", "root", "side", "sig")
 
     def __init__(
         self, side: int, name: str, own: list, root: Any, all_own: list | None, log: Any = None
@@ -461,9 +470,12 @@ class ModuleSite:
         self.all_names: tuple[list, frozenset[str]] | None = None  # all_own and its names
         self.frames: list[tuple[int, int, list[Group]]] = []
         self.own_done = 0  # epochs start at 1
-        #: ``(call index, positional count, keywords, input_names)`` of the last call
-        self.sig: tuple[int, int, tuple[str, ...], tuple] | None = None
+        #: ``(call index, positional count, keywords, input_names, plans)`` of the last call;
+        #: plans: ``leaves.planned_value_leaves``' per structured input of that signature
+        self.sig: tuple[int, int, tuple[str, ...], tuple, dict] | None = None
         self.out: tuple[int, str] | None = None  # (call index, single-output tag) of the last
+        #: ``(call index, leaves.planned_output_leaves' plan)`` of the last structured output
+        self.out_plan: tuple[int, tuple] | None = None
 
     def __call__(self, module, args, kwargs, output=_PRE_HOOK) -> None:
         """The forward pre-hook (``output`` not given) and forward hook of the module."""

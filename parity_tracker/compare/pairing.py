@@ -323,7 +323,8 @@ def never_called(log: Any, mode: str) -> list[TagResult]:
     ran = [s for s in log.hooked if s in log.ran]
     if not ran:
         return []
-    called = set().union(*(log.called.get(s, set()) for s in log.hooked))
+    by_side = log.called  # derived from the call counts: read once, not once per side
+    called = set().union(*(by_side.get(s, set()) for s in log.hooked))
     names: dict[str, None] = {}
     for s in ran:
         for name in log.hooked[s]:
