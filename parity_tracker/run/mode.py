@@ -25,11 +25,39 @@ BUDGET_NOTE = "; error budget against a float64 golden instead of a tolerance"
 #: (``run.budget``, amended 2026-12-01): its value, :func:`twin_reference_side`, says so.
 REFERENCE_SIDE = "reference_side"
 
+#: Run params naming the two sides by class (:func:`side_names`): what the report's title
+#: calls a run whose settings name no ``target`` / ``candidate`` (a ``run_parity`` of the
+#: caller's own models, a ``module:function`` target without a ``candidate`` setting).
+REFERENCE_MODEL, CANDIDATE_MODEL = "reference_model", "candidate_model"
+
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
-#: the adapters, e.g. graph breaks, are facts of the run, not configuration).
+#: the adapters, e.g. graph breaks, are facts of the run, not configuration; the sides' class
+#: names, so renaming a class keeps a configuration's baselines).
 NOT_FINGERPRINTED = frozenset(
-    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE), *MEASURED_PARAMS}
+    {
+        *ENV_KEYS,
+        *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE),
+        *(REFERENCE_MODEL, CANDIDATE_MODEL),
+        *MEASURED_PARAMS,
+    }
 )
+
+
+def side_names(reference: Any, candidate: Any) -> dict[str, str]:
+    """``{REFERENCE_MODEL: ..., CANDIDATE_MODEL: ...}``: each side's class name.
+
+    A ``torch.compile``-d module (``OptimizedModule``) is named by the module it compiles,
+    ``"MyNet (torch.compile)"``; anything else (an ``nn.Module``, an ONNX or foreign candidate
+    wrapper) by ``type(side).__name__``.
+    """
+    return {REFERENCE_MODEL: _class_name(reference), CANDIDATE_MODEL: _class_name(candidate)}
+
+
+def _class_name(side: Any) -> str:
+    inner = getattr(side, "_orig_mod", None)  # torch._dynamo's OptimizedModule
+    if inner is not None and type(side).__name__ == "OptimizedModule":
+        return f"{type(inner).__name__} (torch.compile)"
+    return type(side).__name__
 
 
 def twin_reference_side(dtype: Any = None) -> str:
