@@ -218,3 +218,57 @@ def test_run_sides_prefers_the_settings_then_the_classes():
     compiled = torch.compile(RefNet())  # named by what it compiles; nothing is compiled here
     assert side_names(RefNet(), compiled) == {
         "reference_model": "RefNet", "candidate_model": "RefNet (torch.compile)"}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the seed facade
+
+
+def _facade(twin_as_reference: bool):
+    """The README's facade budget check of a plain bf16 cast (the engine is the twin's copy).
+
+    ``twin_as_reference``: the twin is hooked on the main checker in the reference's place
+    and ``check_budget(golden_tc)`` gets no twin checker (``run_parity``'s sides); else the
+    README's four checkers-worth of sides (reference, candidate, golden, twin)."""
+    from parity_tracker.capture.golden import golden_copy, golden_mode
+    from parity_tracker.capture.twin import make_twin
+    from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
+
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    golden, twin = golden_copy(model), make_twin(model, torch.bfloat16)
+    eng = copy.deepcopy(twin)
+    with torch.no_grad():  # expected, before any hook: the output against the fp32 reference
+        fp32_gap = (eng(x.bfloat16()).double() - model(x).double()).abs().max().item()
+    tc, golden_tc, twin_tc = (TensorChecker(verbose=False) for _ in range(3))
+    module_register_tensor_checker(twin if twin_as_reference else model, tc)
+    module_register_tensor_checker(eng, tc)
+    module_register_tensor_checker(golden, golden_tc)
+    if not twin_as_reference:
+        module_register_tensor_checker(twin, twin_tc)
+    with torch.no_grad():
+        (twin(x.bfloat16()) if twin_as_reference else model(x)), eng(x.bfloat16())
+        if not twin_as_reference:
+            twin(x.bfloat16())
+        with golden_mode():
+            golden(x.double())
+    result = tc.check_budget(golden_tc, None if twin_as_reference else twin_tc)
+    return result, fp32_gap
+
+
+def test_facade_budget_compares_with_the_reference_the_caller_hooked():
+    """design.md (budget mode, facade): the verdict columns are the same either way; the
+    reference-vs-candidate columns are against whatever the caller hooked as the reference."""
+    as_readme, fp32_gap = _facade(twin_as_reference=False)
+    as_run, _ = _facade(twin_as_reference=True)
+    readme_rows = {r["tag"]: r for r in as_readme.to_rows()}
+    run_rows = {r["tag"]: r for r in as_run.to_rows()}
+    assert set(readme_rows) == set(run_rows) and as_readme.passed and as_run.passed
+    for tag, row in run_rows.items():
+        for col in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
+            assert readme_rows[tag][col] == row[col], (tag, col)
+        # the engine IS the twin, bit for bit: run_parity's reading
+        assert row["status"] == "equal" and row["max_abs_diff"] == 0, tag
+    out = readme_rows["checker_model"]  # against the fp32 reference: a cast is only close
+    assert out["status"] == "close"
+    assert out["max_abs_diff"] == pytest.approx(fp32_gap, rel=1e-9) and fp32_gap > 0
