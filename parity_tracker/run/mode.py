@@ -29,6 +29,9 @@ REFERENCE_SIDE = "reference_side"
 #: calls a run whose settings name no ``target`` / ``candidate`` (a ``run_parity`` of the
 #: caller's own models, a ``module:function`` target without a ``candidate`` setting).
 REFERENCE_MODEL, CANDIDATE_MODEL = "reference_model", "candidate_model"
+#: Both, for the readers that list settings (``RunInfo.settings``, the MLflow view's columns):
+#: the class names are facts of the run, not settings.
+SIDE_NAMES = (REFERENCE_MODEL, CANDIDATE_MODEL)
 
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
 #: the adapters, e.g. graph breaks, are facts of the run, not configuration; the sides' class
@@ -37,7 +40,7 @@ NOT_FINGERPRINTED = frozenset(
     {
         *ENV_KEYS,
         *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE),
-        *(REFERENCE_MODEL, CANDIDATE_MODEL),
+        *SIDE_NAMES,
         *MEASURED_PARAMS,
     }
 )
