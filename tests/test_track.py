@@ -135,6 +135,8 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
     found = find_runs(tracking_uri=store_uri, experiment=exp, target="tiny", quantization="none")
     assert [f.run_id for f in found] == [run_id]
     assert found[0].commit == "feedbeef" and found[0].settings["mode"] == "equal"
+    assert set(found[0].settings) == {*SETTINGS, "mode"}  # the class names are params only
+    assert found[0].params["candidate_model"] == type(candidate).__name__
     assert found[0].fingerprint == result.fingerprint and found[0].status == "FINISHED"
     assert find_runs(tracking_uri=store_uri, experiment=exp, quantization="int8") == []
 
