@@ -57,10 +57,10 @@ def side_names(reference: Any, candidate: Any) -> dict[str, str]:
 
 
 def _class_name(side: Any) -> str:
-    inner = getattr(side, "_orig_mod", None)  # torch._dynamo's OptimizedModule
-    if inner is not None and type(side).__name__ == "OptimizedModule":
-        return f"{type(inner).__name__} (torch.compile)"
-    return type(side).__name__
+    name = type(side).__name__
+    if name == "OptimizedModule" and hasattr(side, "_orig_mod"):  # torch._dynamo's wrapper
+        return f"{type(side._orig_mod).__name__} (torch.compile)"
+    return name
 
 
 def twin_reference_side(dtype: Any = None) -> str:
