@@ -44,14 +44,17 @@ def wide(t: torch.Tensor) -> np.ndarray:
 def expected(ref: torch.Tensor, cand: torch.Tensor, mode: str) -> tuple[str, int, float]:
     """(status, mismatch count, max |c − r|) of ``mode`` (``equal`` / ``allclose``) from numpy.
 
-    NaN matches NaN by position; allclose uses :data:`TORCH_TESTING_TOL` for the dtypes it
-    lists, exact equality for the others (integers, bool).
+    NaN matches NaN by position and an inf only the same inf (``torch.testing``); allclose
+    uses :data:`TORCH_TESTING_TOL` for the dtypes it lists, exact equality for the others
+    (integers, bool).
     """
     a, b = wide(ref).reshape(-1), wide(cand).reshape(-1)
     with np.errstate(invalid="ignore"):
         same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind in "fc" else a == b
         rtol, atol = TORCH_TESTING_TOL.get(ref.dtype, (0.0, 0.0))
-        near = same if mode == "equal" else same | (np.abs(b - a) <= atol + rtol * np.abs(a))
+        finite = np.isfinite(a) & np.isfinite(b)  # |c - inf| <= rtol * inf would hold
+        near = same | (finite & (np.abs(b - a) <= atol + rtol * np.abs(a)))
+        near = same if mode == "equal" else near
         bad = ~near
         top = float(np.max(np.abs(b - a))) if a.size else 0.0
     status = "equal" if same.all() else ("mismatch" if bad.any() else "close")
