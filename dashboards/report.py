@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parity_tracker.compare.columns import BUDGET_COLUMNS
 from parity_tracker.compare.verdict import WORST_ORDER, first_divergence, structure_differences
-from parity_tracker.statuses import FAILING, PASSING, STATUSES, is_failing
+from parity_tracker.statuses import BUDGET, FAILING, PASSING, STATUSES, is_failing
 
 from ._page import STATUS_COLORS, chip_items, fmt_num, fmt_shape, href, render
 from .budget_chart import budget_figure, budget_verdict, is_budget
@@ -64,6 +65,7 @@ _ROW_KEYS = (
     "tag", "module", "kind", "step", "exec_order", "status", "max_abs_diff", "max_rel_diff",
     "mismatch_count", "numel", "sqnr_db", "cosine", "ref_shape", "cand_shape", "ref_dtype",
     "cand_dtype", "cache_hit", "local_status", "local_max_abs_diff", "dump_path", "message",
+    *BUDGET_COLUMNS,
 )  # fmt: skip
 _HIST_KEYS = ("tag", "step", "numel", "zero_count", "nonfinite", "counts", "edges", "scale")
 
@@ -109,7 +111,7 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
     counts = Counter(r.get("status") or "—" for r in modules)
     return render(
         "report.html.j2",
-        title=f"parity: {settings.get('target', '?')} vs {settings.get('candidate', '?')}",
+        title="parity: {} vs {}".format(*run_sides(settings)),
         charts=True,
         tables=True,
         where=_where,
@@ -129,6 +131,7 @@ def render_run_report(result: Any, *, tensor_base_url: str = "") -> str:
         **_histogram(result, summary, settings, modules),
         worst_order=WORST_ORDER,
         modules=modules,
+        budget=summary.get("mode") == BUDGET or is_budget(modules),
         failing_statuses=sorted(FAILING),
         table_statuses=sorted({r.get("status") or "" for r in modules}, key=_status_rank),
         table_kinds=sorted({r.get("kind") or "" for r in modules} - {""}),
@@ -315,6 +318,22 @@ def _verdict(
     return {"cls": cls, "word": word, "line": line, "extra": extra}
 
 
+def run_sides(settings: Mapping[str, Any]) -> tuple[str, str]:
+    """What the title calls the two sides: ``(target, candidate)``.
+
+    The ``target`` setting, else the reference's class (``run.mode.REFERENCE_MODEL``, recorded
+    by ``run_parity``); the ``candidate`` setting (a builtin target's engine), else the
+    candidate's class (``CANDIDATE_MODEL``); ``"?"`` where a run recorded neither (a run logged
+    before the class names were recorded).
+    """
+    from parity_tracker.run.mode import CANDIDATE_MODEL, REFERENCE_MODEL
+
+    def first(*keys: str) -> str:
+        return next((str(settings[k]) for k in keys if settings.get(k) not in ("", None)), "?")
+
+    return first("target", REFERENCE_MODEL), first("candidate", CANDIDATE_MODEL)
+
+
 def _header(settings: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
     """Title, then a compact grid: commit, mode and why, run ids, every other setting."""
     env = dict(summary.get("environment") or {})
@@ -331,9 +350,10 @@ def _header(settings: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str
     ]
     shown = {"target", "candidate", "mode", *env}
     items += [(k, v) for k, v in settings.items() if k not in shown and v not in ("", None)]
+    target, candidate = run_sides(settings)
     return {
-        "target": settings.get("target") or "?",
-        "candidate": settings.get("candidate") or "?",
+        "target": target,
+        "candidate": candidate,
         "meta": [(k, v) for k, v in items if v],
         "mode": summary.get("mode") or settings.get("mode"),
         "reason": summary.get("mode_reason"),

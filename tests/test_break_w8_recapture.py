@@ -23,6 +23,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from numpy_expected import TORCH_TESTING_TOL, wide
 from torch import nn
 
 from parity_tracker.capture.tags import input_tag, module_tag
@@ -30,14 +31,6 @@ from parity_tracker.compare.batch import HeldPairs
 from parity_tracker.statuses import PASSING
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
-# torch.testing's _DTYPE_PRECISIONS (written out here, not imported from the code under test)
-_DEFAULT_TOL = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1.3e-6, 1e-5),
-}
 _DTYPES = [
     torch.float32,
     torch.float16,
@@ -203,14 +196,6 @@ def _input(rng: random.Random, dtype: torch.dtype, n: int, specials: bool) -> to
 
 
 # ----------------------------------------------------------------------------- the oracle
-def _f64(t: torch.Tensor) -> np.ndarray:
-    if t.dtype.is_complex:
-        return t.to(torch.complex128).numpy()
-    if t.dtype.is_floating_point:
-        return t.to(torch.float64).numpy()
-    return t.to(torch.int64).numpy()
-
-
 def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str, default=None):
     if mode == "equal":
         return (None, None)
@@ -219,12 +204,12 @@ def _tol(tag: str, dtype: torch.dtype, overrides: dict, mode: str, default=None)
     for pattern, pair in overrides.items():
         if fnmatch.fnmatchcase(tag, pattern):
             return pair
-    return default or _DEFAULT_TOL[dtype]
+    return default or TORCH_TESTING_TOL[dtype]
 
 
 def _expected(ref, cand, tag: str, mode: str, overrides: dict, default=None):
     """(status, mismatch_count, rtol, atol) from numpy on the values at capture time."""
-    r, c = _f64(ref), _f64(cand)
+    r, c = wide(ref), wide(cand)
     both_nan = np.isnan(r) & np.isnan(c) if r.dtype.kind in "fc" else np.zeros(r.shape, bool)
     same = (r == c) | both_nan
     rtol, atol = _tol(tag, ref.dtype, overrides, mode, default)

@@ -26,22 +26,13 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from numpy_expected import Source, expected, use_fold, wide
 from torch import nn
 
 from parity_tracker.capture.tags import call_base, module_tag
-from parity_tracker.compare import fused
 from parity_tracker.compare.core import compare_tensors
 from parity_tracker.compare.hashing import array_in_place, numpy_in_place
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
-
-_TOL = {  # torch.testing's _DTYPE_PRECISIONS, written out
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1.3e-6, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
 
 _NUMPY_DTYPES = [
     torch.bool,
@@ -116,29 +107,6 @@ def test_odd_layouts_read_their_values_and_leave_storage_resizable(dtype, view):
     base.resize_(1000)  # the model may still grow it
 
 
-def _wide(t: torch.Tensor) -> np.ndarray:
-    """A private float64 / complex128 numpy copy of ``t``'s values (C order)."""
-    t = t.detach().clone().contiguous()
-    if t.is_quantized:
-        t = t.dequantize()
-    if t.dtype.is_complex:
-        return t.to(torch.complex128).numpy()
-    return t.to(torch.float64).numpy()
-
-
-def _expected(ref: torch.Tensor, cand: torch.Tensor, mode: str):
-    """(status, mismatch count, max |c - r|) from numpy on private widened copies."""
-    a, b = _wide(ref).reshape(-1), _wide(cand).reshape(-1)
-    with np.errstate(invalid="ignore"):
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        rtol, atol = _TOL.get(ref.dtype, (0.0, 0.0))
-        near = same if mode == "equal" else same | (np.abs(b - a) <= atol + rtol * np.abs(a))
-        bad = ~near
-    status = "equal" if same.all() else ("mismatch" if bad.any() else "close")
-    top = float(np.max(np.abs(b - a))) if a.size else 0.0
-    return status, int(bad.sum()), top
-
-
 _CMP_DTYPES = [
     torch.bool,
     torch.uint8,
@@ -193,7 +161,7 @@ def test_compare_tensors_on_odd_layouts_matches_numpy(dtype, view, kind):
     ref, cand = _VIEWS[view](base), _VIEWS[view](cand_base)
     for mode in ("equal", "allclose"):
         got = compare_tensors(ref, cand, mode=mode)
-        status, bad, top = _expected(ref, cand, mode)
+        status, bad, top = expected(ref, cand, mode)
         assert got.status == status, (mode, got.status, got.message)
         assert (got.mismatch_count or 0) == bad
         if status != "equal" and not dtype.is_complex:
@@ -210,7 +178,7 @@ def test_float32_ulp_and_sqnr_on_views(view):
     pick = {"contiguous": lambda t: t, "transposed": lambda t: t.t(), "offset": lambda t: t[3:]}
     ref, cand = pick[view](full), pick[view](cand_full)
     got = compare_tensors(ref, cand, mode="allclose")
-    a, b = _wide(ref), _wide(cand)
+    a, b = wide(ref), wide(cand)
     assert got.max_ulp == 1.0
     sqnr = 10 * math.log10(float(np.sum(a * a)) / float(np.sum((b - a) ** 2)))
     assert got.sqnr_db == pytest.approx(sqnr, rel=1e-9)
@@ -236,7 +204,7 @@ def test_dtypes_numpy_lacks_compare_by_value(dtype, layout):
     if layout == "transposed":
         ref, cand = ref.t(), cand.t()
     got = compare_tensors(ref, cand, mode="equal")
-    status, bad, _ = _expected(ref.to(torch.complex64 if dtype.is_complex else torch.float64),
+    status, bad, _ = expected(ref.to(torch.complex64 if dtype.is_complex else torch.float64),
                                cand.to(torch.complex64 if dtype.is_complex else torch.float64),
                                "equal")  # fmt: skip
     assert (got.status, got.mismatch_count or 0) == (status, bad)
@@ -253,7 +221,7 @@ def test_quantized_compares_dequantized_values():
     cand = torch.quantize_per_tensor(x + 0.2 * (torch.arange(64).reshape(8, 8) == 10), 0.05, 3,
                                      torch.quint8)  # fmt: skip
     got = compare_tensors(ref, cand, mode="equal")
-    status, bad, top = _expected(ref, cand, "equal")
+    status, bad, top = expected(ref, cand, "equal")
     assert (got.status, got.mismatch_count) == (status, bad) and bad >= 1
     assert got.max_abs_diff == pytest.approx(top, rel=1e-6)
     with pytest.raises((TypeError, ValueError)):
@@ -388,21 +356,12 @@ def test_conjugate_and_negative_bits_compare_values(bit, layout):
 # ----- models that change a compared tensor after a differing pair ---------------------------
 
 
-class _Source(nn.Module):
-    def __init__(self, values: torch.Tensor) -> None:
-        super().__init__()
-        self.values = values
-
-    def forward(self, x):
-        return self.values.clone()
-
-
 class _Mutate(nn.Module):
     """Keeps ``a``'s output and changes it (``how``) at the start of its next forward."""
 
     def __init__(self, values: torch.Tensor, how: str) -> None:
         super().__init__()
-        self.a, self.how = _Source(values), how
+        self.a, self.how = Source(values), how
         self.kept: list[torch.Tensor] = []
 
     def forward(self, x):
@@ -420,16 +379,6 @@ class _Mutate(nn.Module):
         return x + 1
 
 
-def _use_fold(fold: str, monkeypatch) -> None:
-    if fold == "numpy":
-        monkeypatch.setattr(fused, "kernel_loaded", lambda: False)
-        monkeypatch.setattr(fused, "kernel", lambda: None)
-        return
-    pytest.importorskip("numba")
-    if fused.kernel() is None:
-        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
-
-
 _HOWS = ["resize_grow", "resize_shrink", "set_", "data"]
 
 
@@ -437,7 +386,7 @@ _HOWS = ["resize_grow", "resize_shrink", "set_", "data"]
 @pytest.mark.parametrize("how", _HOWS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32])
 def test_model_changes_a_compared_tensor_after_a_differing_pair(dtype, how, fold, monkeypatch):
-    _use_fold(fold, monkeypatch)
+    use_fold(fold, monkeypatch)
     n = 64 * 80
     g = torch.Generator().manual_seed(2)
     ref_v = (torch.randn(n, generator=g, dtype=torch.float64) * 30).to(dtype).reshape(64, 80)
@@ -456,7 +405,7 @@ def test_model_changes_a_compared_tensor_after_a_differing_pair(dtype, how, fold
             ref(x)
             cand(x)
         rows = {r["tag"]: r for r in checker.check("equal").to_rows()}
-    want_status, want_bad, want_top = _expected(ref_v, cand_v, "equal")
+    want_status, want_bad, want_top = expected(ref_v, cand_v, "equal")
     assert want_bad == 2
     for k in range(3):
         tag = module_tag("a") if k == 0 else module_tag(call_base("a", k))
@@ -542,7 +491,7 @@ def test_parameter_views_with_grad(layout):
     cand = cand.contiguous()
     cand.reshape(-1)[-1] -= 0.25
     got = compare_tensors(ref, cand, mode="allclose")
-    status, bad, top = _expected(ref, cand, "allclose")
+    status, bad, top = expected(ref, cand, "allclose")
     assert (got.status, got.mismatch_count, got.max_abs_diff) == (status, bad, top)
     assert w.untyped_storage().resizable()
 

@@ -264,6 +264,19 @@ def test_report_rebuilds_html(two_commits, tmp_path):
     assert invoke("report", "deadbeef" * 4).exit_code == 2
 
 
+def test_report_title_of_a_custom_target_names_its_candidate(env, tmp_path):
+    """``cli_targets:loose`` sets no ``candidate``: the title names the candidate's class (the
+    seeded ``nn.Sequential``), where it read ``vs ?``; ``tiny`` keeps its ``candidate``."""
+    import re
+
+    for target, want in (("cli_targets:loose", "Sequential"), (TINY, "copy")):
+        res = invoke("run", target, "--commit", "c1", "--json")
+        out = tmp_path / "r.html"
+        assert invoke("report", json.loads(res.stdout)["run_id"], "-o", str(out)).exit_code == 0
+        title = re.search(r"<title>(.*?)</title>", out.read_text()).group(1)
+        assert title == f"parity: {target} vs {want}"
+
+
 def test_ui_dry_run_binds_loopback(env):
     res = invoke("ui", "--dry-run", "--port", "5123", "--json")
     assert res.exit_code == 0

@@ -88,7 +88,10 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
     assert run.info.status == "FINISHED" and run.info.run_name == "tiny-1"
     params = run.data.params
     assert set(params) == set(SETTINGS) | set(ENV_KEYS) | {"mode", "mode_reason",
-                                                           "config_fingerprint"}  # fmt: skip
+        "config_fingerprint", "reference_model", "candidate_model"}  # fmt: skip
+    # the sides' class names (the report's title when no target names them), not fingerprinted
+    assert params["reference_model"] == type(reference).__name__
+    assert params["candidate_model"] == type(candidate).__name__
     assert {k: params[k] for k in SETTINGS} == SETTINGS
     assert params["git_commit"] == "feedbeef" and params["git_branch"] == "feature/x"
     assert params["git_dirty"] == "False" and params["num_threads"] == "2"
@@ -132,6 +135,8 @@ def test_round_trip_params_tags_metrics_artifacts(tiny_pair, store_uri, in_tmp_c
     found = find_runs(tracking_uri=store_uri, experiment=exp, target="tiny", quantization="none")
     assert [f.run_id for f in found] == [run_id]
     assert found[0].commit == "feedbeef" and found[0].settings["mode"] == "equal"
+    assert set(found[0].settings) == {*SETTINGS, "mode"}  # the class names are params only
+    assert found[0].params["candidate_model"] == type(candidate).__name__
     assert found[0].fingerprint == result.fingerprint and found[0].status == "FINISHED"
     assert find_runs(tracking_uri=store_uri, experiment=exp, quantization="int8") == []
 

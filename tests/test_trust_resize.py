@@ -22,21 +22,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from numpy_expected import TORCH_TESTING_TOL, Source, expected, use_fold, wide
 from torch import nn
 
 from parity_tracker.capture.tags import call_base, module_tag
-from parity_tracker.compare import budget_scan, fused
+from parity_tracker.compare import budget_scan
 from parity_tracker.compare.core import compare_tensors
 from parity_tracker.tensor_checker import TensorChecker, module_register_tensor_checker
 
-# torch.testing's _DTYPE_PRECISIONS (written out, not imported from the code under test)
-_TOL = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1.3e-6, 1e-5),
-}
 _DTYPES = [
     torch.bool,
     torch.int8,
@@ -49,27 +42,9 @@ _DTYPES = [
 _SNAN = 0x7FB5C336  # a float32 signalling NaN (quiet bit clear): the w8 seed-103 value
 
 
-def _wide(t: torch.Tensor) -> np.ndarray:
-    """A private float64 / complex128 / int64 numpy copy of ``t``'s values."""
-    if t.dtype.is_complex:
-        return t.detach().to(torch.complex128, copy=True).numpy()
-    if t.dtype.is_floating_point:
-        return t.detach().to(torch.float64, copy=True).numpy()
-    return t.detach().to(torch.int64, copy=True).numpy()
-
-
 def _expected(ref: torch.Tensor, cand: torch.Tensor, mode: str) -> tuple[str, int]:
     """(status, mismatch count) from numpy: NaN matches NaN by position, inf the same inf."""
-    a, b = _wide(ref).reshape(-1), _wide(cand).reshape(-1)
-    with np.errstate(invalid="ignore"):
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        if mode == "allclose" and ref.dtype in _TOL:
-            rtol, atol = _TOL[ref.dtype]
-            bad = ~(same | (np.abs(b - a) <= atol + rtol * np.abs(a)))
-        else:
-            bad = ~same
-    status = "equal" if same.all() else ("mismatch" if bad.any() else "close")
-    return status, int(bad.sum())
+    return expected(ref, cand, mode)[:2]
 
 
 def _pair(dtype: torch.dtype, kind: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -91,7 +66,7 @@ def _pair(dtype: torch.dtype, kind: str, shape: tuple[int, ...]) -> tuple[torch.
     if kind == "mismatch":
         cand[5] = ~cand[5] if dtype == torch.bool else cand[5] + 1
     elif kind == "close":
-        rtol = _TOL[dtype][0]
+        rtol = TORCH_TESTING_TOL[dtype][0]
         cand = ref.to(torch.complex128 if dtype.is_complex else torch.float64) * (1 + rtol / 4)
         cand = cand.to(dtype)
     elif kind == "nonfinite":
@@ -104,23 +79,12 @@ def _pair(dtype: torch.dtype, kind: str, shape: tuple[int, ...]) -> tuple[torch.
     return ref.reshape(shape), cand.reshape(shape)
 
 
-class _Source(nn.Module):
-    """Returns a fresh tensor of ``values``: the model's own storage, captured as its output."""
-
-    def __init__(self, values: torch.Tensor) -> None:
-        super().__init__()
-        self.values = values
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.values.clone()
-
-
 class _Grow(nn.Module):
     """Keeps ``a``'s output and grows it with ``resize_`` at the start of its next forward."""
 
     def __init__(self, values: torch.Tensor) -> None:
         super().__init__()
-        self.a = _Source(values)
+        self.a = Source(values)
         self.kept: list[torch.Tensor] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,17 +93,6 @@ class _Grow(nn.Module):
             last.resize_(last.numel() + 7)  # raised: "Trying to resize storage that is not ..."
         self.kept.append(self.a(x))
         return x + 1
-
-
-def _use_fold(fold: str, monkeypatch) -> None:
-    """Pairs below ``fused.KERNEL_MIN`` through the numpy fold or the compiled loop."""
-    if fold == "numpy":
-        monkeypatch.setattr(fused, "kernel_loaded", lambda: False)
-        monkeypatch.setattr(fused, "kernel", lambda: None)
-        return
-    pytest.importorskip("numba")
-    if fused.kernel() is None:
-        pytest.skip("compiled loop disabled (PARITY_NO_KERNEL)")
 
 
 _MODEL_SHAPE = (64, 80)  # 5 KiB of bool, 40 KiB of complex64
@@ -160,7 +113,7 @@ def test_model_resizes_a_tensor_whose_differing_pair_was_compared(
     dtype, kind, mode, fold, monkeypatch
 ):
     """Eager checker, a pair that differs, then the model's own ``resize_`` of that tensor."""
-    _use_fold(fold, monkeypatch)
+    use_fold(fold, monkeypatch)
     # 4-64 KiB at every dtype here: compared at once, read where the model wrote it (smaller
     # captures are copied first, larger ones snapshotted copy-on-write)
     ref_v, cand_v = _pair(dtype, kind, _MODEL_SHAPE)
@@ -189,7 +142,7 @@ def test_model_resizes_a_tensor_whose_differing_pair_was_compared(
     if kind == "ulp":  # nextafter in [1, 2): exactly one ULP of the reference
         assert rows[module_tag("a")]["max_ulp"] == 1.0
     if kind == "scaled":  # SQNR from sums scaled by 2**660 (exact) in numpy float64
-        a, b = _wide(ref_v) * 2.0**660, _wide(cand_v) * 2.0**660
+        a, b = wide(ref_v) * 2.0**660, wide(cand_v) * 2.0**660
         sqnr = 10 * math.log10(float(np.sum(a * a)) / float(np.sum((b - a) ** 2)))
         assert rows[module_tag("a")]["sqnr_db"] == pytest.approx(sqnr, rel=1e-9)
 
@@ -219,7 +172,7 @@ _STORAGE_CASES = (
 )
 def test_compared_storages_stay_resizable(dtype, shape, kind, layout, fold, monkeypatch):
     """``compare_tensors`` leaves both sides' storages resizable, whatever the path taken."""
-    _use_fold(fold, monkeypatch)
+    use_fold(fold, monkeypatch)
     if kind == "nonfinite" and not (dtype.is_floating_point or dtype.is_complex):
         kind = "mismatch"
     ref_full, cand_full = _pair(dtype, "mismatch" if kind == "equal" else kind, shape)
@@ -282,7 +235,7 @@ def test_budget_scan_leaves_the_side_resizable(dtype):
     golden = torch.randn(5000, generator=g, dtype=torch.float64)
     side = golden.to(dtype, copy=True)
     gold = golden.clone().numpy()  # a private copy (numpy() would mark golden's storage)
-    want = (float(np.max(np.abs(_wide(side) - gold))), float(np.max(np.abs(gold))))
+    want = (float(np.max(np.abs(wide(side) - gold))), float(np.max(np.abs(gold))))
     assert budget_scan.fast_scan(side, golden) == want
     assert golden.untyped_storage().resizable()
     assert side.untyped_storage().resizable()

@@ -98,11 +98,12 @@ def print_run(
     worst = worst_tensors(result.modules, 5)
     if worst:
         table = Table(title="worst tensors", caption=f"sorted by: {WORST_ORDER}")
-        for col in ("tag", "step", "status", "max_abs_diff", "sqnr_db"):
+        numbers = worst_columns(s)
+        for col in ("tag", "step", "status", *numbers):
             table.add_column(col)
         for r in worst:
-            table.add_row(escape(str(r["tag"])), str(r["step"]), r["status"],
-                          fmt_n(r.get("max_abs_diff")), fmt_n(r.get("sqnr_db")))  # fmt: skip
+            cells = (fmt_n(r.get(col)) for col in numbers)
+            table.add_row(escape(str(r["tag"])), str(r["step"]), r["status"], *cells)
         con.print(table)
     if run_id:
         con.print(f"logged: run {run_id} in experiment {experiment!r} at {uri}")
@@ -110,6 +111,23 @@ def print_run(
             con.print(f"open it: {url}   |   {cli_exe()} report {run_id}")
         else:
             con.print(f"open it: {ui_command_line(uri)}   |   {cli_exe()} report {run_id}")
+
+
+#: The number columns of the worst-tensors table; a budget run adds ``BUDGET_COLUMNS``.
+WORST_COLUMNS = ("max_abs_diff", "sqnr_db")
+
+
+def worst_columns(summary: Mapping[str, Any]) -> tuple[str, ...]:
+    """The worst-tensors table's number columns for a run of ``summary["mode"]``.
+
+    A budget run (issue 15) shows its verdict's inputs after the reference-side columns: the
+    candidate's and PyTorch's own error against the float64 golden and their ratio
+    (``compare.columns.BUDGET_COLUMNS``); other modes only ``WORST_COLUMNS``.
+    """
+    from parity_tracker.compare.columns import BUDGET_COLUMNS
+    from parity_tracker.statuses import BUDGET
+
+    return (*WORST_COLUMNS, *(BUDGET_COLUMNS if summary.get("mode") == BUDGET else ()))
 
 
 def worst_ratio_line(summary: Mapping[str, Any]) -> str:

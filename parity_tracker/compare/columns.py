@@ -61,6 +61,11 @@ COMMON_FIELDS: tuple[pa.Field, ...] = (
     pa.field("error_ratio", _F64),
 )
 
+#: The error-budget columns (issue 15), in table order: the candidate's error against the float64
+#: golden, PyTorch's own (the twin's), and their ratio. Null in other modes; a budget run's CLI
+#: worst-tensors table and report module table show them (``mode`` ``budget`` only).
+BUDGET_COLUMNS = ("golden_max_abs_err", "twin_max_abs_err", "error_ratio")
+
 MODULES_SCHEMA = pa.schema(
     [
         *COMMON_FIELDS,

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from parity_tracker.compare.columns import (  # noqa: F401  (the schemas' owner; re-exported)
+    BUDGET_COLUMNS,
     COMMON_FIELDS,
     MODULES_SCHEMA,
     OPS_SCHEMA,
@@ -227,7 +228,7 @@ def _migrate_v2(table: pa.Table) -> pa.Table:
     v3 adds ``golden_max_abs_err``, ``twin_max_abs_err`` and ``error_ratio`` (issue 15); no run
     before v3 was compared by budget, so they are null for every earlier row.
     """
-    for name in ("golden_max_abs_err", "twin_max_abs_err", "error_ratio"):
+    for name in BUDGET_COLUMNS:
         if name not in table.column_names:
             table = table.append_column(name, pa.nulls(table.num_rows, pa.float64()))
     return table

@@ -25,11 +25,42 @@ BUDGET_NOTE = "; error budget against a float64 golden instead of a tolerance"
 #: (``run.budget``, amended 2026-12-01): its value, :func:`twin_reference_side`, says so.
 REFERENCE_SIDE = "reference_side"
 
+#: Run params naming the two sides by class (:func:`side_names`): what the report's title
+#: calls a run whose settings name no ``target`` / ``candidate`` (a ``run_parity`` of the
+#: caller's own models, a ``module:function`` target without a ``candidate`` setting).
+REFERENCE_MODEL, CANDIDATE_MODEL = "reference_model", "candidate_model"
+#: Both, for the readers that list settings (``RunInfo.settings``, the MLflow view's columns):
+#: the class names are facts of the run, not settings.
+SIDE_NAMES = (REFERENCE_MODEL, CANDIDATE_MODEL)
+
 #: Settings keys that are not part of the configuration fingerprint (run params measured by
-#: the adapters, e.g. graph breaks, are facts of the run, not configuration).
+#: the adapters, e.g. graph breaks, are facts of the run, not configuration; the sides' class
+#: names, so renaming a class keeps a configuration's baselines).
 NOT_FINGERPRINTED = frozenset(
-    {*ENV_KEYS, *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE), *MEASURED_PARAMS}
+    {
+        *ENV_KEYS,
+        *("mode", "mode_reason", "config_fingerprint", REFERENCE_SIDE),
+        *SIDE_NAMES,
+        *MEASURED_PARAMS,
+    }
 )
+
+
+def side_names(reference: Any, candidate: Any) -> dict[str, str]:
+    """``{REFERENCE_MODEL: ..., CANDIDATE_MODEL: ...}``: each side's class name.
+
+    A ``torch.compile``-d module (``OptimizedModule``) is named by the module it compiles,
+    ``"MyNet (torch.compile)"``; anything else (an ``nn.Module``, an ONNX or foreign candidate
+    wrapper) by ``type(side).__name__``.
+    """
+    return {REFERENCE_MODEL: _class_name(reference), CANDIDATE_MODEL: _class_name(candidate)}
+
+
+def _class_name(side: Any) -> str:
+    name = type(side).__name__
+    if name == "OptimizedModule" and hasattr(side, "_orig_mod"):  # torch._dynamo's wrapper
+        return f"{type(side._orig_mod).__name__} (torch.compile)"
+    return name
 
 
 def twin_reference_side(dtype: Any = None) -> str:

@@ -37,6 +37,7 @@ from parity_tracker.run.mode import (
     BUDGET_NOTE,
     REFERENCE_SIDE,
     choose_mode,
+    side_names,
     twin_reference_side,
 )
 from parity_tracker.run.result import RunResult
@@ -333,7 +334,9 @@ def run_parity(
         drive: ``drive(model, rec)`` for multi-step runs (see ``StepRecorder``).
         candidate_drive: a separate driver for the candidate (default: ``drive``).
         settings: the run's settings (target, candidate, quantization, cache, device, dtype,
-            distributed, ...), logged as MLflow params and used by ``mode="auto"``.
+            distributed, ...), logged as MLflow params and used by ``mode="auto"``. The run
+            adds ``reference_model`` / ``candidate_model`` (the sides' class names,
+            ``run.mode.side_names``; values given here win), left out of the fingerprint.
         mode: ``"auto"`` (``choose_mode``), ``"equal"``, ``"allclose"`` or ``"budget"`` (error
             budget, issue 15: golden and twin passes first, ``parity_tracker.run.budget``;
             ``auto`` falls back to allclose with the reason when the budget cannot run).
@@ -380,7 +383,9 @@ def run_parity(
 
     if not capture_ops:  # its records live until the check: no early collections (issue 19)
         raise_young(MODULE_YOUNG_THRESHOLD)
-    settings = dict(settings or {})
+    settings = {**(settings or {})}
+    for key, name in side_names(reference, candidate).items():  # the caller's names win
+        settings.setdefault(key, name)
     compiled = CompileStats(candidate) if is_compiled(candidate) else None
     if compiled is not None:  # before any side runs: a missing C++ compiler stops here
         compiled.start()

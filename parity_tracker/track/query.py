@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity_tracker.errors import InfrastructureError, InputError, ParityTrackerError
 from parity_tracker.run.environment import ENV_KEYS
-from parity_tracker.run.mode import baseline_key
+from parity_tracker.run.mode import SIDE_NAMES, baseline_key
 from parity_tracker.track.load import load_run as load_run
 from parity_tracker.track.records import RunHead as RunHead
 from parity_tracker.track.records import RunInfo as RunInfo
@@ -329,7 +329,7 @@ class RunStore:
             if exp is None:
                 return None
             runs = retry(client.search_runs, [exp.experiment_id], max_results=1000)
-            skip = {*ENV_KEYS, "mode_reason", "config_fingerprint", "mode"}
+            skip = {*ENV_KEYS, "mode_reason", "config_fingerprint", "mode", *SIDE_NAMES}
             keys = browse.setting_keys(
                 (r.data.params for r in runs if TAG_RUN_ID in r.data.tags), skip
             )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parity_tracker.run.environment import ENV_KEYS
+from parity_tracker.run.mode import SIDE_NAMES
 from parity_tracker.track.store import (
     TAG_COMPLETE,
     TAG_PASSED,
@@ -29,8 +30,9 @@ class RunInfo:
         start_time: milliseconds since the epoch (MLflow's unit).
         commit: ``mlflow.source.git.commit`` tag (None if unknown).
         branch: ``mlflow.source.git.branch`` tag (None if unknown).
-        settings: the params minus the environment, ``mode_reason`` and
-            ``config_fingerprint`` (``mode`` is kept: it is a setting of the contract).
+        settings: the params minus the environment, ``mode_reason``, ``config_fingerprint``
+            and the sides' class names (``run.mode.SIDE_NAMES``; ``mode`` is kept: it is a
+            setting of the contract).
         fingerprint: the ``config_fingerprint`` param.
         metrics: the logged metrics (latest values).
         status: MLflow run status (FINISHED, FAILED, KILLED, RUNNING).
@@ -65,7 +67,7 @@ class RunInfo:
     def from_mlflow(cls, run: Any) -> RunInfo:
         """Build from an ``mlflow.entities.Run``."""
         params, tags = dict(run.data.params), dict(run.data.tags)
-        skip = {*ENV_KEYS, "mode_reason", "config_fingerprint"}
+        skip = {*ENV_KEYS, "mode_reason", "config_fingerprint", *SIDE_NAMES}
         return cls(
             run_id=run.info.run_id,
             start_time=int(run.info.start_time or 0),
