@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from parity_tracker.capture.snapshot import COW_MIN_BYTES
 from parity_tracker.compare.batch import BULK_MAX_BYTES
 from parity_tracker.run import run_parity
 from parity_tracker.statuses import is_passing
@@ -1138,16 +1139,6 @@ def test_auto_fallback_after_a_twin_that_wrote_state():
     assert torch.equal(ref.table, ref2.table)
 
 
-_NUMPY_PARAM_BUG = (
-    "silent pass, pre-existing (also at 2392e9c), documented in Snapshotter.pin ('Not "
-    "covered: ... a write through a raw numpy/DLPack view taken before the capture'): a "
-    "parameter made by torch.from_numpy(arr) (or whose .numpy() view arr was taken before "
-    "the capture) is held by pin (lazy clone / reference) and "
-    "arr.fill(...) after the reference's capture makes its weight row 'equal'; only the "
-    "fused eager path's param_bytes (<= 4 KiB, capture/snapshot.py param_bytes) copies it"
-)
-
-
 @pytest.mark.parametrize("backing", ["from_numpy", "numpy_of_tensor"])
 @pytest.mark.parametrize("n", [4, BULK_MAX_BYTES // 4, 5000, 1 << 18])
 @pytest.mark.parametrize("config", sorted(_CONFIGS))
@@ -1156,8 +1147,6 @@ def test_write_through_a_numpy_view_made_before_the_capture(kind, config, n, bac
     """The reference's weight (or input) is a ``torch.from_numpy`` tensor; after its capture
     the caller writes the numpy array (a write torch never sees) to the candidate's values:
     the captured values differ at every element (weight) or at every element (input)."""
-    if kind == "parameter" and not (config == "fused" and n * 4 <= BULK_MAX_BYTES):
-        pytest.xfail(_NUMPY_PARAM_BUG)  # (imperative: strictness checked by the test below)
     checker = TensorChecker(verbose=False, **_CONFIGS[config])
     if backing == "from_numpy":
         arr = np.ones(n, dtype=np.float32)
@@ -1188,12 +1177,18 @@ def test_write_through_a_numpy_view_made_before_the_capture(kind, config, n, bac
         if (r["kind"] == want_kind if want_kind else r["kind"] not in ("input", "output"))
     ]
     ok = [("mismatch", n), ("error", None)] if kind == "input" else [("mismatch", n)]
+    if kind == "parameter" and n * 4 >= COW_MIN_BYTES:  # w11trust: hashed at capture, not copied
+        ok = [("mismatch", n), ("error", None)]
+        assert all(
+            "changed after it was captured" in r["message"] for r in hit if r["status"] == "error"
+        )
     assert hit and all((r["status"], r["mismatch_count"]) in ok for r in hit), hit  # never equal
 
 
-@pytest.mark.xfail(strict=True, reason=_NUMPY_PARAM_BUG)
 def test_numpy_backed_parameter_written_after_capture_deferred():
-    """The strict form of the bug above: deferred checker, 4-element weight."""
+    """The strict form of the bug above (a silent pass before w11trust: ``pin`` held the
+    weight as a lazy clone sharing the numpy array's buffer): deferred checker, 4-element
+    weight, now cloned at capture."""
     checker = TensorChecker(verbose=False)
     arr = np.ones(4, dtype=np.float32)
     ref, cand = Scale(4, 1.0), Scale(4, 2.0)

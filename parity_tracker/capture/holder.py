@@ -92,18 +92,15 @@ class Holder:
         :meth:`_hold_for_bulk` of the pair ``held_value`` (bytes) and ``value`` (the live
         capture ``new``) with its tests in the same order, those that cannot hold for a
         ``HeldBytes`` side left out (it is no copy-on-write snapshot and no pinned
-        parameter: ``Snapshotter.recorded_hash`` and ``_changed_param`` find it by identity
-        among the snapshotter's own objects), then ``HeldPairs.add_live`` with the capture's
+        parameter: ``Snapshotter.unverified`` finds those by identity among the
+        snapshotter's own objects), then ``HeldPairs.add_live`` with the capture's
         shape (``meta``). Holds the pair for the bulk comparison and releases both captures;
         False: nothing done (:meth:`_eager_compare` goes on from there).
         """
         c = self.c
         if c.eager_mode not in _BULK_MODES or c.align is not None or c.dump_mode is not _NOT:
             return False
-        snap = c._snap
-        if snap._hashes and snap.recorded_hash(value) is not None:
-            return False
-        if snap._pinned and snap._changed_param(value):
+        if c._snap.unverified(value):
             return False
         pairs = self._room()
         if pairs is None:
@@ -267,22 +264,18 @@ class Holder:
         ``allclose`` without ``align`` or a dump (the dump plan reads each verdict at once),
         that ``HeldPairs.add`` holds (small plain CPU tensors of one dtype and shape), and
         whose sides ``Snapshotter.verified`` would pass now whatever the comparison (no
-        copy-on-write snapshot, no pinned parameter written since its capture): that check is
-        made here, when the per-pair path makes it. ``HeldPairs.add`` copies both sides' bytes
-        now (the live side may be written later; the held snapshot is released now, as on the
-        per-pair path). Held bytes (both sides): at most ``min(PENDING_BYTES,
-        max_resident_bytes / 16)``, and :data:`PENDING_PAIRS` pairs; past that, the held pairs
-        are compared first.
+        copy-on-write snapshot or pinned parameter with a hash recorded at its capture, no
+        pinned parameter written since its capture: ``Snapshotter.unverified``).
+        ``HeldPairs.add`` copies both sides' bytes now (the live side may be written later;
+        the held snapshot is released now, as on the per-pair path). Held bytes (both
+        sides): at most ``min(PENDING_BYTES, max_resident_bytes / 16)``, and
+        :data:`PENDING_PAIRS` pairs; past that, the held pairs are compared first.
         """
         c = self.c
         if c.eager_mode not in _BULK_MODES or c.align is not None or c.dump_mode is not _NOT:
             return False
         snap = c._snap
-        if snap._hashes and (
-            snap.recorded_hash(ref) is not None or snap.recorded_hash(cand) is not None
-        ):  # (no copy-on-write snapshot at all: no recorded hash, nothing to look up)
-            return False
-        if snap._pinned and (snap._changed_param(ref) or snap._changed_param(cand)):
+        if snap.unverified(ref) or snap.unverified(cand):
             return False
         held = self._room()
         if held is None:

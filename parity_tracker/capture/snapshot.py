@@ -254,8 +254,11 @@ class Snapshotter:
         self._pinned: dict[int, tuple[weakref.ref, int]] = {}
         #: id(lazy clone of a parameter) -> (weak reference to it, the parameter's detached alias)
         self._pins: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        #: id(pin hold: lazy clone or parameter alias) -> (weak reference, content hash at pin)
+        self._pin_hashes: dict[int, tuple[weakref.ref, str]] = {}
         self._forget = _forgetter(self._seen)
         self._drop_pin, self._drop_pinned = _dropper(self._pins), _dropper(self._pinned)
+        self._drop_pin_hash = _dropper(self._pin_hashes)
         self._gone = _copy_gone(self._copies, self._hashes)
         #: largest tensor (bytes) :meth:`take` holds as its bytes (``HeldBytes``); 0: none. Set
         #: by the TensorChecker's holder in runs whose small pairs are compared in bulk.
@@ -373,20 +376,35 @@ class Snapshotter:
         return copy
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        """A parameter held without copying its bytes, still its value of capture time.
+        """A parameter held with its value of capture time, or with what proves it unchanged.
 
-        Parameters used to be held by reference (``t.detach()``): an in-place update between
-        two steps of a drive (a decode loop, ``torch.no_grad(): p.add_(...)``, ``p.data``)
-        then changed the captured value, and a weight that differed when it was used could be
-        reported ``equal``. A plain contiguous CPU parameter filling its storage is now held
-        as a lazy clone (≈ 1 µs, no bytes copied; torch copies the storage only if the
-        parameter is written through torch while the capture lives). Any other parameter (a
-        view of a flat buffer, GPU) stays a reference whose version counter is recorded: a
-        counted write makes its pair an ``error`` (:meth:`verified`). Not covered: an
-        uncounted write (``.data``, numpy) to such a parameter, or a write through a raw
-        numpy/DLPack view taken before the capture.
+        Three holds (issue 19; w11trust):
+
+        - a small plain CPU parameter filling its storage (:func:`_small_plain`: under
+          :data:`COW_MIN_BYTES`) is cloned: its capture-time values whatever is written to it
+          later, through torch or through a raw view (``torch.from_numpy``, ``.numpy()``,
+          DLPack, a pointer) taken before the capture;
+        - a plain contiguous CPU parameter filling its storage is a lazy clone (≈ 1 µs, no
+          bytes copied; torch copies the storage if either is written through torch while the
+          capture lives);
+        - any other parameter (a view of a flat buffer, GPU) stays a reference whose version
+          counter is recorded: a counted write makes its pair an ``error`` (:meth:`verified`).
+
+        The last two also record the content hash of the parameter's CPU bytes now (xxh3,
+        read in place: ≈ 0.03 ms per MiB). A write that torch does not see (through a raw view
+        or pointer taken before the capture, which reaches the lazy clone's shared buffer too,
+        or ``.data`` / numpy on a parameter held by reference) then makes the comparison an
+        ``error`` naming the change (:meth:`verified`), never a verdict on other values. The
+        check is free when the comparison hashes the side it compares (``Comparison.ref_hash``
+        / ``cand_hash``). Not covered: an uncounted write to a non-CPU parameter held by
+        reference (its bytes are not hashed).
         """
         d = t.detach()
+        if _small_plain(d) and d.storage_offset() == 0 and d.untyped_storage().nbytes() == d.nbytes:
+            copy = d.clone()
+            self._own(copy)
+            return copy
+        digest = content_hash_in_place(d) if d.is_cpu and digestible(d) else None
         if _COW and type(t) in (torch.Tensor, torch.nn.Parameter) and _whole_storage(d):
             try:
                 copy = _LAZY_CLONE(d)
@@ -394,17 +412,34 @@ class Snapshotter:
                 copy = None
             if copy is not None:
                 _keyed_by_id(self._pins, self._drop_pin, copy, d)
+                self._pin_digest(copy, d, digest)
                 return copy
         version = tensor_version(d)
         if version is not None:
             _keyed_by_id(self._pinned, self._drop_pinned, d, version)
+        self._pin_digest(d, None, digest)
         return d
+
+    def _pin_digest(self, copy: torch.Tensor, alias: torch.Tensor | None, digest) -> None:
+        """Record ``digest`` (the content hash at :meth:`pin`) for ``copy`` and ``alias``."""
+        if digest is None:
+            return
+        _keyed_by_id(self._pin_hashes, self._drop_pin_hash, copy, digest)
+        if alias is not None:
+            _keyed_by_id(self._pin_hashes, self._drop_pin_hash, alias, digest)
+
+    def pinned_hash(self, value: object) -> str | None:
+        """The content hash a :meth:`pin` hold (lazy clone or parameter alias) had when pinned."""
+        entry = self._pin_hashes.get(id(value))
+        return entry[1] if entry is not None and entry[0]() is value else None
 
     def unpin(self, value: Any) -> Any:
         """The parameter itself for a :meth:`pin` copy that still shares its buffer, else ``value``.
 
         Sharing the buffer means no write through torch reached either since the capture, so
-        the parameter holds the captured values. Comparing the copy would read it through
+        the parameter holds the captured values, unless a raw view taken before the capture
+        wrote the shared buffer (the hash recorded by :meth:`pin` is checked for either
+        value: :meth:`verified`). Comparing the copy would read it through
         numpy, which copies the whole weight while the parameter shares it (≈ +30 % run time
         on a 128 MiB weight-heavy model, w5trust); the caller drops the copy, then compares
         the parameter (no copy).
@@ -419,6 +454,18 @@ class Snapshotter:
         """True for a parameter held by reference (:meth:`pin`) written since its capture."""
         entry = self._pinned.get(id(value))
         return entry is not None and entry[0]() is value and value._version != entry[1]
+
+    def unverified(self, value: object) -> bool:
+        """True for a value :meth:`verified` must check (not comparable in bulk as it is).
+
+        A copy-on-write snapshot or a pinned parameter with a recorded hash, or a parameter
+        held by reference written since its capture.
+        """
+        if self._hashes and self.recorded_hash(value) is not None:
+            return True
+        if self._pin_hashes and self.pinned_hash(value) is not None:
+            return True
+        return bool(self._pinned) and self._changed_param(value)
 
     def _remember(self, key: int, t: torch.Tensor, version: int, copy: torch.Tensor) -> None:
         """Keep the reuse entry of ``t`` and its fresh ``copy`` (see :meth:`_reusable`)."""
@@ -508,6 +555,10 @@ class Snapshotter:
                         "at capture time was not kept; not compared"
                     ),
                 )
+            if self._pin_hashes:
+                h = self.pinned_hash(value)
+                if h is not None and hashed != h and content_hash(value) != h:
+                    return _changed_pin(tag, side, comp)
             h = self.recorded_hash(value)
             if h is None or hashed == h or content_hash(value) == h:
                 continue
@@ -537,7 +588,22 @@ class Snapshotter:
         self._hashes.clear()
         self._pinned.clear()
         self._pins.clear()
+        self._pin_hashes.clear()
         self._bytes_seen.clear()
+
+
+def _changed_pin(tag: str, side: str, comp: Comparison) -> Comparison:
+    """The ``error`` of a pinned parameter whose bytes differ from those hashed at its pin."""
+    return Comparison(
+        status="error",
+        mode=comp.mode,
+        message=(
+            f"{tag}: the {side}'s parameter changed after it was captured (its bytes differ "
+            "from those hashed at the capture: a write torch does not count, through a "
+            "numpy/DLPack view or pointer taken before the capture, .data or numpy); its "
+            "value at capture time was not kept; not compared"
+        ),
+    )
 
 
 def _forgetter(seen: dict[int, _Entry]) -> Callable[[_KeyRef], None]:

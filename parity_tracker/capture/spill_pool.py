@@ -22,13 +22,16 @@ never pooled again).
 Cost: the pool keeps up to :data:`POOL_BYTES` of free spill files (disk space, and page cache
 the kernel may write back) in a folder ``parity-spill-pool-<pid>-*`` of the system temporary
 folder (or of an explicit spill root outside it) until the process exits (removed then; the
-folder of a process that was killed is removed by the next process that makes one) or a run
+folder of a process that was killed is removed by the next process that makes one: its owner
+holds an ``fcntl.flock`` on the folder's lock file for as long as it lives, so a live owner in
+another pid namespace sharing the folder keeps it) or a run
 spills into another folder. A forked child never writes its parent's files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import mmap
 import os
@@ -115,6 +118,8 @@ class SpillPool:
         self._folder: Path | None = None  # the pool's own folder (``parity-spill-pool-*``)
         self._numbers = itertools.count()
         self._pid = os.getpid()
+        #: descriptors of the lock files of this process's pool folders (``_own_folder``)
+        self._lock_fds: list[int] = []
         self.reused = self.created = 0  # pack files taken from the pool / made new
 
     @property
@@ -174,31 +179,99 @@ class SpillPool:
     def _new_path(self, base: str) -> Path:
         if self._folder is None or not self._folder.is_dir():
             _remove_orphans(base)
-            prefix = f"{_PREFIX}{os.getpid()}-"
-            self._folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-            weakref.finalize(self, shutil.rmtree, self._folder, True)  # at exit at the latest
+            self._folder, fd = _own_folder(base)
+            self._lock_fds.append(fd)
+            # at exit at the latest; never by a forked child (the folder is its parent's)
+            weakref.finalize(self, _remove_own, self._folder, fd, os.getpid())
         return self._folder / f"pack-{next(self._numbers)}.bin"
 
     def _forget(self) -> None:
         for pack in self._free:
             os.close(pack.fd)  # this process's copy of the descriptor; the file is the parent's
             pack.fd = -1
+        # the parent's lock descriptors stay open (closing them is harmless in a forked child,
+        # but the last descriptor of a lock releases it): its folders stay locked while either
+        # process lives
         self._free, self._bytes, self._base, self._folder = [], 0, None, None
+        self._lock_fds = []
         self._pid = os.getpid()
 
 
 _PREFIX = "parity-spill-pool-"
+#: the lock file of a pool folder, ``flock``-ed by its owner for as long as it lives
+LOCK_NAME = ".owner.lock"
+
+
+def _own_folder(base: str) -> tuple[Path, int]:
+    """A new pool folder ``parity-spill-pool-<pid>-*`` in ``base``, and its locked descriptor.
+
+    The folder is made under another prefix, its :data:`LOCK_NAME` file created and locked
+    (``fcntl.flock``, exclusive), then renamed to the pool prefix (``rename`` is atomic):
+    every pool folder another process can see already has its owner's lock. The lock lives
+    as long as the descriptor (this process, or a forked child that still holds it).
+    """
+    work = tempfile.mkdtemp(prefix=f"parity-spill-new-{os.getpid()}-", dir=base)
+    fd = os.open(os.path.join(work, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+        os.replace(work, folder)  # over the empty folder just made: a name nobody else takes
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Path(folder), fd
+
+
+def _remove_own(folder: Path, fd: int, pid: int) -> None:
+    """Remove this process's pool ``folder``, then release its lock (not in a forked child)."""
+    if os.getpid() != pid:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _remove_orphans(base: str) -> None:
-    """Delete the pool folders in ``base`` of this user's processes that no longer exist."""
+    """Delete the pool folders in ``base`` of this user's processes that no longer exist.
+
+    An owner is alive while the :data:`LOCK_NAME` file of its folder is locked
+    (:func:`_remove_if_orphan`): that holds across pid namespaces sharing the folder, where
+    ``kill(pid, 0)`` of another namespace's pid says nothing (w11trust). A folder without a
+    lock file (made by an earlier version) falls back to that ``kill`` test.
+    """
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
             pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
             if not entry.name.startswith(_PREFIX) or not pid.isdigit():
                 continue
-            if entry.stat(follow_symlinks=False).st_uid == os.getuid() and not _alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
+            if entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                _remove_if_orphan(entry.path, int(pid))
+
+
+def _remove_if_orphan(path: str, pid: int) -> None:
+    """Remove the pool folder ``path`` (named for ``pid``) when its owner is gone.
+
+    Gone: a non-blocking exclusive ``flock`` of its :data:`LOCK_NAME` file succeeds (the
+    lock is held while removing, so a second scanner finds it locked, or the folder gone).
+    """
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:  # no lock file: an earlier version's folder
+        if not _alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    except OSError:  # not readable (or a link): left alone
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # locked: its owner (or a child that inherited the lock) is alive
+        os.close(fd)
+        return
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:
