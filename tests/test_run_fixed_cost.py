@@ -154,3 +154,19 @@ def test_clone_inputs_shortcut_copies_as_tree_map():
     assert copy.a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     mixed = _clone_inputs((x, 2, [y]))
     assert mixed[1] == 2 and isinstance(mixed[2], list) and torch.equal(mixed[2][0], y)
+
+
+@posix_only
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_copy_of_a_spawned_git_does_not_kill_the_parents_git(tmp_path, monkeypatch):
+    body = f"sleep 1; printf '{_STATUS}'"
+    bin_dir = _fake_git(tmp_path / "bin", body)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    git = environment._SpawnedGit.start(tmp_path, dict(os.environ))
+    child = os.fork()
+    if child == 0:  # the child's copy: reaped as its finalizer would at exit
+        git.reap()
+        os._exit(0)
+    os.waitpid(child, 0)
+    answer = git.answer()  # the parent's git ran to its end, unkilled
+    assert environment._parse_status_v2(answer)["git_commit"] == _OID

@@ -212,6 +212,7 @@ class _SpawnedGit:
 
     def __init__(self, pid: int, fd: int) -> None:
         self.pid, self.fd = pid, fd
+        self.owner = os.getpid()  # a forked child's copy never kills its parent's git
 
     @classmethod
     def start(cls, work: Path, env: dict[str, str]) -> _SpawnedGit | None:
@@ -267,11 +268,15 @@ class _SpawnedGit:
         return os.waitstatus_to_exitcode(status)
 
     def reap(self) -> None:
-        """Kill git if it still runs and wait for it; close the pipe (idempotent)."""
+        """Kill git if it still runs and wait for it; close the pipe (idempotent).
+
+        In a process forked after the start, only the pipe's copy is closed: git is the
+        parent's child (Popen's reap there finds no child and kills nothing either).
+        """
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self.pid > 0:
+        if self.pid > 0 and os.getpid() == self.owner:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
