@@ -153,7 +153,8 @@ class HeapTrimmer:
     def arm(self) -> None:
         """A run starts: trim only past the process's peak resident set as of now.
 
-        Called by every new capture store (``capture.store.BoundedStore``); ≈ 1 µs. An
+        Called by every new capture store (``capture.store.BoundedStore``); ≈ 14 µs (a
+        ``getrusage`` and a read of ``/proc/self/statm``, measured w11fix). An
         unknown peak (-1) leaves the floor as it was.
         """
         self._floor = max(self._floor, self._peak())

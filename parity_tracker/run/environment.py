@@ -9,8 +9,13 @@ imports mlflow.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import select
+import signal
 import subprocess
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -133,7 +138,7 @@ def _tf32(torch: Any) -> bool | None:
 def start_environment(cwd: str | os.PathLike[str] | None = None) -> Callable[[], dict[str, Any]]:
     """:func:`collect_environment` (no overrides), with git read while the caller works.
 
-    ``git status`` is started now, in the background (``subprocess.Popen``; with
+    ``git status`` is started now, in the background (:func:`_start_git`; with
     ``GIT_OPTIONAL_LOCKS=0``, as editors run it, so it never takes the index lock a user's own
     git command may need), and the torch flags are read now: the returned function waits for
     git (at most 10 s, then it is killed and the git keys are None) and gives the same dict
@@ -145,25 +150,153 @@ def start_environment(cwd: str | os.PathLike[str] | None = None) -> Callable[[],
 
     work = Path(cwd) if cwd is not None else Path.cwd()
     flags = torch_flags()
-    try:
-        proc: subprocess.Popen[str] | None = subprocess.Popen(
-            ["git", *_STATUS_V2], cwd=work, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
-        )  # fmt: skip
-    except OSError:
-        proc = None
+    git = _start_git(work)
 
     def finish() -> dict[str, Any]:
-        env = _parse_status_v2(_answer(proc))
+        env = _parse_status_v2(None if git is None else git.answer())
         if env is None:  # no git, no tree, before the first commit: the three questions
             env = _git_three(work)
         env.update(flags)
         env["parity_tracker_version"] = __version__
         return {k: env.get(k) for k in ENV_KEYS}
 
-    if proc is not None:  # never read (the caller raised first): killed and reaped, no zombie
-        weakref.finalize(finish, _reap, proc)
+    if git is not None:  # never read (the caller raised first): killed and reaped, no zombie
+        weakref.finalize(finish, git.reap)
     return finish
+
+
+#: seconds a background ``git status`` may take before it is killed (its git keys are None)
+GIT_TIMEOUT_S = 10.0
+
+
+def _start_git(work: Path) -> _SpawnedGit | _PopenGit | None:
+    """``git status`` (``_STATUS_V2``) of the tree at ``work``, started now; None: not started.
+
+    ``os.posix_spawnp`` where the platform has it (:class:`_SpawnedGit`), else
+    ``subprocess.Popen`` (:class:`_PopenGit`).
+    """
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    if hasattr(os, "posix_spawnp"):
+        return _SpawnedGit.start(work, env)
+    try:
+        proc = subprocess.Popen(
+            ["git", *_STATUS_V2], cwd=work, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=env,
+        )  # fmt: skip
+    except OSError:
+        return None
+    return _PopenGit(proc)
+
+
+#: the signals Popen's ``restore_signals`` sets back to their defaults in the child (Python
+#: ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across ``exec``)
+_RESTORED = tuple(
+    getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, n)
+)
+
+
+class _SpawnedGit:
+    """A ``git status`` started with ``os.posix_spawnp``: its pid and its stdout's read end.
+
+    Started as ``subprocess.Popen(["git", ...], cwd=work, stdout=PIPE, stderr=DEVNULL,
+    text=True, env=env)`` would start it (``git`` looked up on ``PATH`` as ``execvp`` does,
+    stdin inherited, the signals of ``restore_signals`` at their defaults, the answer decoded
+    as Popen's text mode decodes it), without Popen's Python-level set-up: ≈ 0.25 instead of
+    ≈ 0.56 ms of this process's CPU to start it and ≈ 0.02 instead of ≈ 0.045 ms to read it
+    (issue 19, measured with torch imported, medians of 15 alternating rounds of 20).
+    The working directory is given as ``git -C work`` (``posix_spawn`` has no ``cwd``; git
+    then runs as if started there). Unlike Popen's ``close_fds=True``, descriptors this
+    process marked inheritable stay open in git until it exits (Python opens none so, PEP
+    446); git reads none of them.
+    """
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid, self.fd = pid, fd
+        self.owner = os.getpid()  # a forked child's copy never kills its parent's git
+
+    @classmethod
+    def start(cls, work: Path, env: dict[str, str]) -> _SpawnedGit | None:
+        """The started git, or None when it could not be started (no ``git`` on PATH)."""
+        read, write = os.pipe()  # both ends non-inheritable (PEP 446): git gets stdout only
+        actions = [
+            (os.POSIX_SPAWN_DUP2, write, 1),
+            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+        ]
+        try:
+            pid = os.posix_spawnp("git", ["git", "-C", os.fspath(work), *_STATUS_V2], env,
+                                  file_actions=actions, setsigdef=_RESTORED)  # fmt: skip
+        except OSError:
+            os.close(read)
+            return None
+        finally:
+            os.close(write)
+        return cls(pid, read)
+
+    def answer(self) -> str | None:
+        """Git's stripped stdout; None when it failed or ran past ``GIT_TIMEOUT_S`` (killed)."""
+        data = self._read(time.monotonic() + GIT_TIMEOUT_S)
+        if data is None:
+            self.reap()
+            return None
+        if self._exit_code() != 0:
+            return None
+        return io.TextIOWrapper(io.BytesIO(data)).read().strip()  # as Popen's text mode reads
+
+    def _read(self, deadline: float) -> bytes | None:
+        """Everything git writes to stdout until it closes it; None past ``deadline``."""
+        poll, chunks = select.poll(), []
+        poll.register(self.fd, select.POLLIN)
+        try:
+            while (left := deadline - time.monotonic()) > 0 and poll.poll(left * 1000):
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+            return None
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _exit_code(self) -> int:
+        """Wait for git's exit: its exit code (0 when already reaped elsewhere, as Popen)."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:  # SIGCHLD ignored: the kernel reaped it (subprocess: 0)
+            return 0
+        finally:
+            self.pid = -1
+        return os.waitstatus_to_exitcode(status)
+
+    def reap(self) -> None:
+        """Kill git if it still runs and wait for it; close the pipe (idempotent).
+
+        In a process forked after the start, only the pipe's copy is closed: git is the
+        parent's child (Popen's reap there finds no child and kills nothing either).
+        """
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.pid > 0 and os.getpid() == self.owner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid = -1
+
+
+class _PopenGit:
+    """A ``git status`` started with ``subprocess.Popen`` (platforms without posix_spawnp)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    def answer(self) -> str | None:
+        """Git's stripped stdout; None when it failed or ran past ``GIT_TIMEOUT_S`` (killed)."""
+        return _answer(self.proc)
+
+    def reap(self) -> None:
+        """Kill git if it still runs and wait for it; close its stdout."""
+        _reap(self.proc)
 
 
 def _reap(proc: subprocess.Popen[str]) -> None:
@@ -179,7 +312,7 @@ def _answer(proc: subprocess.Popen[str] | None) -> str | None:
     if proc is None:
         return None
     try:
-        out, _ = proc.communicate(timeout=10)
+        out, _ = proc.communicate(timeout=GIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

@@ -119,10 +119,18 @@ class StepRecorder:
 
 
 def _clone_inputs(inputs: Any) -> Any:
-    """A deep copy of every tensor leaf (detached), structure and other leaves kept."""
+    """A deep copy of every tensor leaf (detached), structure and other leaves kept.
+
+    A plain tuple of plain tensors (or one plain tensor), the usual ``inputs``, is copied
+    without ``tree_map``'s pytree walk (≈ 4 instead of ≈ 10 µs, issue 19); the same copies.
+    """
     import torch
     from torch.utils._pytree import tree_map
 
+    if type(inputs) is torch.Tensor:
+        return inputs.detach().clone()
+    if type(inputs) is tuple and all(type(t) is torch.Tensor for t in inputs):
+        return tuple(t.detach().clone() for t in inputs)
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, inputs)
 
 
