@@ -417,9 +417,19 @@ def raw_write(s):
     ]
 
 
+def side_kinds(s):
+    """The reference and the candidate pass leaves of other kinds at the same tags."""
+    a, b = T(2), T(3)
+    ref = [a, (a, b), DC(a, b), 3, Cache([a]), DL(b), (a,), {"k": a}, None, a]
+    cand = [Cache([a]), (a,), (a, b), a, 3.5, b, DC(a), [a, b], a, DL(a)]
+    vals = ref if s == 0 else cand
+    return [[("f", (v,), {"kw": v}, (v, a)), ("g", (a,), {}, v)] for v in vals]
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
+        side_kinds,
         positional_count,
         kw_names_order,
         tensor_to_structs,
@@ -629,6 +639,59 @@ def test_recursion_tags_each_call_by_its_own_index():
     step0 = {k: r["status"] for k, r in rows.items() if k[1] == 0 and k[0].startswith("checker_f")}
     assert {k for k, v in step0.items() if v == "mismatch"} == want_mismatch
     assert {k for k, v in step0.items() if v == "equal"} == want_equal
+
+
+def _model_outputs(s):
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+    @dataclass
+    class Sub(CausalLMOutputWithPast):  # a subclass of a ModelOutput, one field more
+        extra: Any = None
+
+    a, b, c = T(2), T(3), T(5, s, True)
+    dc = DynamicCache()
+    vals = [
+        CausalLMOutputWithPast(logits=c),
+        CausalLMOutputWithPast(logits=c, loss=a),
+        CausalLMOutputWithPast(logits=c, past_key_values=dc),
+        CausalLMOutputWithPast(logits=a, hidden_states=(b, c)),
+        BaseModelOutputWithPast(last_hidden_state=c),
+        Sub(logits=c, extra=a),
+        Sub(logits=c),
+        CausalLMOutputWithPast(logits=c, attentions=(a, (b, c))),
+        (a, c),
+        CausalLMOutputWithPast(logits=c),
+    ]
+    return [[("g", (a,), {"past_key_values": dc, "mo": v}, v)] for v in vals]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["run_parity", "checker"])
+def test_model_outputs_equal_the_generic_walk(via, generic):
+    pytest.importorskip("transformers")
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    SCENARIOS["model_outputs"] = _model_outputs
+    try:
+        call = _via_run if via == "run_parity" else _via_checker
+        want = generic(lambda: call("model_outputs", False))
+        got = call("model_outputs", False)
+    finally:
+        del SCENARIOS["model_outputs"]
+    _assert_same_rows(got, want)
+    rows = _by_tag(got)
+    row = rows[("checker_g_output_logits", 0)]
+    assert (row["status"], row["mismatch_count"]) == ("mismatch", 1)
+    cache = (
+        "past_key_values"
+        if "past_key_values" in CausalLMOutputWithPast.__dataclass_fields__
+        else "cache"
+    )
+    assert rows[(f"checker_g_output_{cache}", 2)]["status"] == "skipped"  # a DynamicCache
+    assert rows[("checker_g_output_extra", 5)]["status"] == "equal"
+    outs = {t for t, s in rows if s == 6 and t.startswith("checker_g_output")}
+    assert outs == {"checker_g_output_logits"}  # None on both sides: no row
 
 
 # ----------------------------------------------------------------------------- llama-tiny
