@@ -17,6 +17,7 @@ hand or computed with numpy from private copies, never by the code under test.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections import OrderedDict, namedtuple
 from collections.abc import Mapping
@@ -692,6 +693,82 @@ def test_model_outputs_equal_the_generic_walk(via, generic):
     assert rows[("checker_g_output_extra", 5)]["status"] == "equal"
     outs = {t for t, s in rows if s == 6 and t.startswith("checker_g_output")}
     assert outs == {"checker_g_output_logits"}  # None on both sides: no row
+
+
+def _write(t: torch.Tensor, kind: str) -> None:
+    """Add 10 to ``t[0]`` (a float32 ``[1 … 4]``) in one of the ways a shortcut could miss."""
+    if kind == "numpy":  # a raw view: no version bump
+        t.numpy()[0] += 10
+    elif kind == "data":  # .data: its own version counter
+        t.data[0] += 10
+    elif kind == "ctypes":  # a raw pointer
+        ctypes.c_float.from_address(t.data_ptr()).value += 10
+    elif kind == "set_":  # other storage under the same object
+        new = t.clone()
+        new[0] += 10
+        t.set_(new)
+    elif kind == "inplace":
+        t[0] += 10
+    else:
+        raise AssertionError(kind)
+
+
+_WRITES = ["numpy", "data", "ctypes", "set_", "inplace"]
+
+
+@pytest.mark.parametrize("who", [0, 1], ids=["ref_writes", "cand_writes"])
+@pytest.mark.parametrize("kind", _WRITES)
+def test_a_write_inside_a_module_between_two_captures_is_seen(kind, who):
+    def make(s):
+        def write(m, args, kwargs):
+            if s == who:
+                _write(args[0], kind)
+            return args[0]
+
+        def write_child(m, args, kwargs):
+            if s == who:
+                _write(args[0][0], kind)
+            return args[0]
+
+        a0, a1, b = T(4), T(4), T(3)
+        t1 = (a1, b)
+        return [
+            [("f", (a0,), {}, ARG0), ("g", (a0,), {}, write), ("f", (a0,), {}, ARG0)],
+            [("f", (t1,), {}, t1), ("g", (t1,), {}, write_child), ("f", (t1,), {}, t1)],
+        ]
+
+    SCENARIOS["writes"] = make
+    try:
+        rows = _by_tag(_via_run("writes", False))
+    finally:
+        del SCENARIOS["writes"]
+    changed = {
+        ("checker_g", 0),
+        ("checker_f@1_input_0", 0),
+        ("checker_f@1", 0),
+        ("checker_g_output_0", 1),
+        ("checker_f@1_input_0.0", 1),
+        ("checker_f@1_output_0", 1),
+    }
+    same = {
+        ("checker_f_input_0", 0),
+        ("checker_f", 0),
+        ("checker_g_input_0", 0),
+        ("checker_f_input_0.0", 1),
+        ("checker_f_input_0.1", 1),
+        ("checker_f_output_0", 1),
+        ("checker_f_output_1", 1),
+        ("checker_g_input_0.0", 1),
+        ("checker_g_input_0.1", 1),
+        ("checker_g_output_1", 1),
+        ("checker_f@1_input_0.1", 1),
+        ("checker_f@1_output_1", 1),
+    }
+    for key in changed:
+        row = rows[key]
+        assert (row["status"], row["mismatch_count"], row["max_abs_diff"]) == ("mismatch", 1, 10.0)
+    for key in same:
+        assert rows[key]["status"] == "equal", key
 
 
 # ----------------------------------------------------------------------------- llama-tiny
