@@ -418,6 +418,27 @@ def raw_write(s):
     ]
 
 
+class Boom(ValueError):
+    pass
+
+
+def raises(s):
+    """The candidate's ``f`` raises in its second call of step 1 (its pre-hook ran, not its
+    forward hook); the reference's returns; the run stops there on the candidate's side."""
+    a, b, c = T(2), T(3), T(5, s, True)
+
+    def boom(m, args, kwargs):
+        if s == 1:
+            raise Boom("the candidate fails")
+        return (a, c)
+
+    return [
+        [("f", ((a, b),), {}, (a, c)), ("g", (a,), {}, DC(a, c))],
+        [("f", ((a, b),), {}, (a, c)), ("f", ((a, b, c),), {}, boom)],
+        [("f", ((a, b),), {}, (a, c)), ("g", (a,), {}, iter(()))],
+    ]
+
+
 def side_kinds(s):
     """The reference and the candidate pass leaves of other kinds at the same tags."""
     a, b = T(2), T(3)
@@ -430,6 +451,7 @@ def side_kinds(s):
 SCENARIOS = {
     f.__name__: f
     for f in (
+        raises,
         side_kinds,
         positional_count,
         kw_names_order,
@@ -505,9 +527,12 @@ def _via_checker(name: str, hooked: bool) -> list[dict]:
         torch.no_grad(),
     ):
         for side, model in ((0, ref), (1, cand)):
-            for k, calls in enumerate(SCENARIOS[name](side)):
-                checker.step = k
-                model(calls)
+            try:
+                for k, calls in enumerate(SCENARIOS[name](side)):
+                    checker.step = k
+                    model(calls)
+            except Boom:
+                assert name == "raises"
     return checker.check("equal").to_rows()
 
 
@@ -618,6 +643,26 @@ def test_a_mapping_registered_at_run_time_is_walked_from_its_next_call_on():
         assert (row["status"], row["mismatch_count"], row["ref_shape"]) == ("mismatch", 1, [5])
     assert ("checker_f_input_m", 2) not in rows
     assert ("checker_f_output_1", 2) not in rows
+
+
+def test_a_call_that_raises_keeps_its_inputs_and_misses_its_outputs():
+    rows = _by_tag(_via_run("raises", False))
+    got = {(t, s): r["status"] for (t, s), r in rows.items() if t.startswith("checker_f") and s}
+    assert got == {
+        ("checker_f_input_0.0", 1): "equal",
+        ("checker_f_input_0.1", 1): "equal",
+        ("checker_f_output_0", 1): "equal",
+        ("checker_f_output_1", 1): "mismatch",  # c
+        ("checker_f@1_input_0.0", 1): "equal",
+        ("checker_f@1_input_0.1", 1): "equal",
+        ("checker_f@1_input_0.2", 1): "mismatch",  # c, captured before the candidate raised
+        ("checker_f@1_output_0", 1): "missing_candidate",
+        ("checker_f@1_output_1", 1): "missing_candidate",
+        ("checker_f_input_0.0", 2): "missing_candidate",
+        ("checker_f_input_0.1", 2): "missing_candidate",
+        ("checker_f_output_0", 2): "missing_candidate",
+        ("checker_f_output_1", 2): "missing_candidate",
+    }
 
 
 def test_recursion_tags_each_call_by_its_own_index():
