@@ -101,6 +101,7 @@ def _map_class() -> type:
 
 # ----------------------------------------------------------------------------- the model
 ARG0 = "arg0"
+BETWEEN = "!"
 
 
 class Echo(nn.Module):
@@ -131,6 +132,9 @@ class Net(nn.Module):
 
     def forward(self, calls):
         for mod, args, kwargs, ret in calls:
+            if mod == BETWEEN:  # the parent's own code between two calls
+                ret()
+                continue
             m = self.get_submodule(mod)
             if isinstance(m, nn.Sequential):
                 m[0].q.append(ret)
@@ -808,6 +812,57 @@ def test_a_write_inside_a_module_between_two_captures_is_seen(kind, who):
         ("checker_g_output_1", 1),
         ("checker_f@1_input_0.1", 1),
         ("checker_f@1_output_1", 1),
+    }
+    for key in changed:
+        row = rows[key]
+        assert (row["status"], row["mismatch_count"], row["max_abs_diff"]) == ("mismatch", 1, 10.0)
+    for key in same:
+        assert rows[key]["status"] == "equal", key
+
+
+@pytest.mark.parametrize("who", [0, 1], ids=["ref_writes", "cand_writes"])
+@pytest.mark.parametrize("kind", _WRITES)
+def test_a_write_between_two_modules_is_seen_at_the_second_capture(kind, who):
+    """The object one module returned, written by the parent, then handed to the next module
+    (or to the same one again) under another tag: the second capture holds the new values."""
+
+    def make(s):
+        a0, a1, a2, b = T(4), T(4), T(4), T(3)
+
+        def w(t):
+            return (BETWEEN, (), {}, lambda: _write(t, kind) if s == who else None)
+
+        t1 = (a1, b)
+        return [
+            [("f", (a0,), {}, ARG0), w(a0), ("g", (a0,), {}, ARG0)],
+            [("f", (t1,), {}, t1), w(a1), ("g", (t1,), {"k": a1}, t1)],
+            [("f", (), {"x": a2}, DC(a2, b)), w(a2), ("f", (), {"x": a2}, DC(a2, b))],
+        ]
+
+    SCENARIOS["between"] = make
+    try:
+        rows = _by_tag(_via_run("between", False))
+    finally:
+        del SCENARIOS["between"]
+    changed = {
+        ("checker_g_input_0", 0),
+        ("checker_g", 0),
+        ("checker_g_input_0.0", 1),
+        ("checker_g_input_k", 1),
+        ("checker_g_output_0", 1),
+        ("checker_f@1_input_x", 2),
+        ("checker_f@1_output_x", 2),
+    }
+    same = {
+        ("checker_f_input_0", 0),
+        ("checker_f", 0),
+        ("checker_f_input_0.0", 1),
+        ("checker_f_output_0", 1),
+        ("checker_g_input_0.1", 1),
+        ("checker_g_output_1", 1),
+        ("checker_f_input_x", 2),
+        ("checker_f_output_x", 2),
+        ("checker_f@1_output_y", 2),
     }
     for key in changed:
         row = rows[key]
