@@ -121,6 +121,9 @@ class HookHandle:
 def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
     """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
 
+    A module whose ``forward`` is assigned to the instance (``m.forward = fn``) is called like
+    any other: it has a forward.
+
     Also False for the holder of a packed quantized module's parameters
     (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
     ``bias`` are captured unpacked, see :func:`parity_tracker.capture.leaves.packed_names`).
@@ -128,8 +131,8 @@ def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) 
     """
     if isinstance(mod, torch.jit.ScriptModule):
         return True
-    if type(mod).forward is torch.nn.Module.forward:
-        return False
+    if type(mod).forward is torch.nn.Module.forward and "forward" not in vars(mod):
+        return False  # a forward assigned to the instance is called: hooked (w11brk1)
     return _not_packed_holder(mod, classes)
 
 

@@ -99,6 +99,7 @@ class InstallPlan:
         "unhooked",
     )
     __slots__ += ("_child_get", "_children", "_classes", "_nones", "_refs", "_shape", "_types")
+    __slots__ += ("_forwards",)
     __slots__ += ("__weakref__", "_built")
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -120,6 +121,7 @@ class InstallPlan:
         for i, (raw_name, mod) in enumerate(first.values()):
             is_root = mod is model
             scripted, forward, plain, _ = facts[type(mod)]
+            forward = forward or "forward" in mod.__dict__  # assigned to the instance: called
             if not (is_root or scripted or (forward and not _packed_holder(mod, packed))):
                 continue  # a pure container, or a packed module's parameter holder
             name = module_display_name(raw_name, root)
@@ -152,6 +154,7 @@ class InstallPlan:
             empty = [i for i, d in enumerate(dicts) if not d]
             keys = [tuple(dicts[i]) for i in full]
             self._shape.append((_picker(full), keys, _picker(empty)))
+        self._forwards = _instance_forwards(list(map(_INSTANCE, mods)))
         self._nones = [
             (i, kind, name)
             for i, m in enumerate(mods)
@@ -188,9 +191,21 @@ class InstallPlan:
         for i, kind, name in self._nones:
             if stores[1 + kind][i].get(name) is not None:
                 return None  # a slot that held None holds a tensor now: it must be captured
-        if any(map(operator.contains, map(_INSTANCE, mods), itertools.repeat("_packed_params"))):
+        instance = list(map(_INSTANCE, mods))
+        if any(map(operator.contains, instance, itertools.repeat("_packed_params"))):
             return None
+        if _instance_forwards(instance) != self._forwards:
+            return None  # a forward assigned to (or deleted from) an instance: hooked or not
         return mods
+
+
+def _instance_forwards(instance: list[dict[str, Any]]) -> list[int]:
+    """The indices of the modules whose ``__dict__`` holds a ``forward`` of their own."""
+    return list(
+        itertools.compress(
+            itertools.count(), map(operator.contains, instance, itertools.repeat("forward"))
+        )
+    )
 
 
 def _picker(indices: list[int]) -> Any:
