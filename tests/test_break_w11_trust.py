@@ -17,6 +17,8 @@ view of its base taken before the capture) read ``equal``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,181 @@ def test_weight_changed_after_capture_is_never_equal(shape, layout, dtype, how, 
     numel = 9 * shape[0] * shape[1] if layout == "channels_last" else shape[0] * shape[1]
     row = _weight_row(_check(ref, cand, eager))
     _assert_verdict(row, how, numel)
+
+
+@pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
+@pytest.mark.parametrize("n", [8, 20000])
+def test_a_conjugate_view_weight_written_through_data_is_never_equal(n, eager):
+    """A weight that is ``x.conj()`` (the conjugate bit set): ``digestible`` refuses it."""
+    base = _rand((n,), torch.complex64)
+    ref_use = Use(base.conj())
+    assert ref_use.weight.is_conj()
+    new = (base.conj() + 1).resolve_conj()
+    ref = nn.Sequential(ref_use, After(lambda: ref_use.weight.data.copy_(new)))
+    cand = nn.Sequential(Use(new.clone()), After())
+    _assert_verdict(_weight_row(_check(ref, cand, eager)), "data", n)
+
+
+@pytest.mark.parametrize("capture_ops", [False, True], ids=["modules", "ops"])
+@pytest.mark.parametrize("how", ["numpy", "data"])
+def test_run_parity_gapped_weight_written_after_capture(capture_ops, how):
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    ref, cand = _models("gapped", (64, 64), torch.bfloat16, how)
+    res = run_parity(
+        ref, cand, (torch.ones(3),), mode="equal", dump_mode=DumpMode.NOT,
+        capture_ops=capture_ops, environment={"commit": "w11brk1"},
+    )  # fmt: skip
+    _assert_verdict(_weight_row(res.modules.to_pylist()), how, 64 * 64)
+
+
+@pytest.mark.parametrize("n", [8, 1 << 16])
+def test_a_weight_tied_in_the_reference_and_written_between_its_uses(n):
+    """One parameter used by two modules, set to ones through numpy between the uses; the
+    candidate's two weights are zeros then ones: the first use's row compares zeros with
+    zeros (``equal``, or an ``error`` when the write reached its hashed hold), the second's
+    ones with ones (``equal``)."""
+    p = nn.Parameter(torch.zeros(n))
+    arr = p.detach().numpy()
+    a, b = Use(torch.zeros(n)), Use(torch.zeros(n))
+    a.weight = b.weight = p
+    ref = nn.Sequential(a, After(lambda: arr.fill(1.0)), b)
+    cand = nn.Sequential(Use(torch.zeros(n)), After(), Use(torch.ones(n)))
+    for eager in ("equal", None):
+        arr.fill(0.0)
+        rows = {r["tag"]: r for r in _check(ref, cand, eager) if r["tag"].endswith(".weight")}
+        first, second = rows["checker_0.weight"], rows["checker_2.weight"]
+        assert first["status"] == ("equal" if n * 4 < 64 << 10 else "error"), first
+        assert (second["status"], second["mismatch_count"]) == ("equal", 0), second
+
+
+_RESIZE_BUG = (
+    "torch 2.13 copy-on-write resize_ bug (c10/core/impl/COW.cpp:124) reaches "
+    "capture/snapshot.py Snapshotter.pin: a >= COW_MIN_BYTES parameter is held as a lazy "
+    "clone, and one grown with .data.resize_ then written after its capture crashes"
+)
+
+
+class GrowWeight(nn.Module):
+    """Grows ``owner.weight`` by 4 elements through ``.data.resize_`` and writes them."""
+
+    def __init__(self, owner: nn.Module) -> None:
+        super().__init__()
+        self.owner = [owner]  # not a submodule
+
+    def forward(self, x):
+        w = self.owner[0].weight.data
+        n = w.numel()
+        w.resize_(n + 4)
+        w[n:] = 1.0
+        return x * 1.0
+
+
+def _grown(n: int):
+    ref_use, cand_use = Use(torch.zeros(n)), Use(torch.zeros(n))
+    return nn.Sequential(ref_use, GrowWeight(ref_use)), nn.Sequential(
+        cand_use, GrowWeight(cand_use)
+    )
+
+
+def test_a_small_weight_grown_after_its_capture_compares():
+    ref, cand = _grown(1000)
+    row = _weight_row(_check(ref, cand, None))
+    assert (row["status"], row["mismatch_count"]) == ("equal", 0), row
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_RESIZE_BUG)
+def test_a_large_weight_grown_after_its_capture_compares():
+    ref, cand = _grown(1 << 16)
+    row = _weight_row(_check(ref, cand, None))
+    assert (row["status"], row["mismatch_count"]) == ("equal", 0), row
+
+
+def test_a_large_weight_grown_after_its_capture_compares_with_the_way_out(monkeypatch):
+    import math
+
+    from parity_tracker.capture import snapshot
+
+    monkeypatch.setattr(snapshot, "COW_MIN_BYTES", math.inf)
+    ref, cand = _grown(1 << 16)
+    row = _weight_row(_check(ref, cand, None))
+    assert (row["status"], row["mismatch_count"]) == ("equal", 0), row
+
+
+# -- the spill pool's lock ---------------------------------------------------------------------
+
+
+def _spill_arange(n: int = 64):
+    from parity_tracker.capture.spill_pool import PooledSpillDir
+
+    return PooledSpillDir(None).append(torch.from_numpy(np.arange(n, dtype=np.float32)))
+
+
+def test_a_file_system_without_flock_still_spills(fresh_pool, tmp_path, monkeypatch):
+    """Lustre mounted ``noflock`` (ENOSYS), NFS without lockd (ENOLCK): every spill raised
+    (an op-level run then read its candidate as never called); now the folder has no lock
+    file and the sweep falls back to ``kill(pid, 0)``, as before the lock."""
+    import errno
+
+    from parity_tracker.capture import spill_pool
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(spill_pool.fcntl, "flock", no_flock)
+    rec = _spill_arange()
+    folder = rec.pack.path.parent
+    assert np.array_equal(rec.load().numpy(), np.arange(64, dtype=np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+    assert not (folder / spill_pool.LOCK_NAME).exists()
+    spill_pool._remove_orphans(str(tmp_path))  # named for this live process: kept
+    assert np.array_equal(rec.load().numpy(), np.arange(64, dtype=np.float32))
+
+
+def test_an_earlier_versions_folder_goes_by_its_pid(fresh_pool, tmp_path):
+    from parity_tracker.capture import spill_pool
+
+    dead = tmp_path / f"{spill_pool._PREFIX}{4194305 + 1000}-old"  # above pid_max: no process
+    live = tmp_path / f"{spill_pool._PREFIX}{os.getpid()}-old"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "pack-0.bin").write_bytes(b"x" * 16)
+    spill_pool._remove_orphans(str(tmp_path))
+    assert not dead.exists() and (live / "pack-0.bin").exists()
+
+
+def test_a_lock_file_that_is_a_link_is_left_alone(fresh_pool, tmp_path):
+    from parity_tracker.capture import spill_pool
+
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    odd = tmp_path / f"{spill_pool._PREFIX}{4194305 + 1000}-link"
+    odd.mkdir()
+    (odd / spill_pool.LOCK_NAME).symlink_to(target)
+    spill_pool._remove_orphans(str(tmp_path))
+    assert odd.is_dir() and target.exists()
+
+
+def test_a_forked_child_never_frees_its_parents_folder(fresh_pool, tmp_path):
+    """The child spills into a folder of its own, sweeps (the parent's folder is locked by
+    the parent and by the child's inherited descriptor) and exits; the parent's folder, its
+    lock and its record survive."""
+    from parity_tracker.capture import spill_pool
+
+    rec = _spill_arange()
+    folder = rec.pack.path.parent
+    pid = os.fork()
+    if pid == 0:  # the child: its own folder, a sweep, then a plain exit (finalizers run)
+        code = 1
+        try:
+            child = _spill_arange(8)
+            spill_pool._remove_orphans(str(tmp_path))
+            code = 0 if child.pack.path.parent != folder and folder.is_dir() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    spill_pool._remove_orphans(str(tmp_path))
+    assert folder.is_dir()
+    assert np.array_equal(rec.load().numpy(), np.arange(64, dtype=np.float32))
