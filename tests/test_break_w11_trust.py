@@ -175,16 +175,44 @@ HASHED = ["whole", "offset", "transposed", "channels_last"]
 HOWS = ["numpy", "data", "no_grad", "data_swap", "write_back"]
 
 
-@pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
-@pytest.mark.parametrize("how", HOWS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.complex64])
-@pytest.mark.parametrize("layout", SILENT + HASHED)
-@pytest.mark.parametrize("shape", [(4, 8), (256, 128)], ids=["small", "large"])
-def test_weight_changed_after_capture_is_never_equal(shape, layout, dtype, how, eager):
-    ref, cand = _models(layout, shape, dtype, how)
+DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.complex64]
+SHAPES = pytest.mark.parametrize("shape", [(4, 8), (256, 128)], ids=["small", "large"])
+EAGER = pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
+
+
+def _weight_case(shape, layout, dtype, how, eager, as_buffer=False):
+    ref, cand = _models(layout, shape, dtype, how, as_buffer)
     numel = 9 * shape[0] * shape[1] if layout == "channels_last" else shape[0] * shape[1]
     row = _weight_row(_check(ref, cand, eager))
     _assert_verdict(row, how, numel)
+
+
+@EAGER
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", SILENT)
+@SHAPES
+def test_a_view_weight_changed_after_capture_is_never_equal(shape, layout, dtype, how, eager):
+    """The silent pass (fixed): views with gaps or overlaps, every dtype."""
+    _weight_case(shape, layout, dtype, how, eager)
+
+
+@EAGER
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", HASHED)
+@SHAPES
+def test_a_dense_weight_changed_after_capture_is_never_equal(shape, layout, dtype, how, eager):
+    _weight_case(shape, layout, dtype, how, eager)
+
+
+@EAGER
+@pytest.mark.parametrize("how", ["numpy", "write_back"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["whole", "gapped", "overlap", "channels_last"])
+@SHAPES
+def test_a_buffer_changed_after_capture_is_never_equal(shape, layout, dtype, how, eager):
+    _weight_case(shape, layout, dtype, how, eager, as_buffer=True)
 
 
 @pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
@@ -363,3 +391,48 @@ def test_a_forked_child_never_frees_its_parents_folder(fresh_pool, tmp_path):
     spill_pool._remove_orphans(str(tmp_path))
     assert folder.is_dir()
     assert np.array_equal(rec.load().numpy(), np.arange(64, dtype=np.float32))
+
+
+class _Stepped(nn.Module):
+    """Its weight used at two steps; ``change()`` runs after the first (a decode loop)."""
+
+    def __init__(self, w: torch.Tensor, change=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(w)
+        self.change = change
+
+    def forward(self, x):
+        return x + self.weight.sum().float()
+
+
+def _two_steps(m: nn.Module, rec) -> None:
+    for step in range(2):
+        rec(step)
+        m(torch.ones(3))
+        if step == 0 and m.change is not None:
+            m.change()
+
+
+@pytest.mark.parametrize("mode", ["equal", "allclose"])
+@pytest.mark.parametrize("how", ["numpy", "data"])
+@pytest.mark.parametrize("layout,shape", [
+    ("whole", (4, 8)), ("whole", (256, 128)), ("gapped", (64, 64)), ("transposed", (256, 128)),
+])  # fmt: skip
+def test_a_decode_loop_weight_changed_between_steps_is_never_equal(layout, shape, how, mode):
+    """Step 0: the reference's capture-time weight vs the candidate's (every element + 1):
+    ``mismatch`` or ``error``; step 1: both the changed values (``equal``). The tag's status
+    over its steps is its first failing one: never ``equal``."""
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    view, base = _layout(layout, shape, torch.float32)
+    new = view + 1
+    ref = _Stepped(view)
+    ref.change = _changer(how, lambda: ref.weight, view, base, new)
+    cand = _Stepped(new.clone())
+    res = run_parity(
+        ref, cand, drive=_two_steps, mode=mode, dump_mode=DumpMode.NOT,
+        environment={"commit": "w11brk1"},
+    )  # fmt: skip
+    rows = [r for r in res.modules.to_pylist() if r["tag"] == "checker_weight"]
+    assert rows and all(r["status"] != "equal" for r in rows), rows
