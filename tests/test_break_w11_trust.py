@@ -466,3 +466,37 @@ def test_a_weight_used_by_an_instance_forward_is_captured_when_used():
     cand = nn.Sequential(_bare(torch.ones(8)), After())
     row = _weight_row(_check(ref, cand, "equal"))
     assert (row["status"], row["mismatch_count"]) == ("mismatch", 8), row
+
+
+class Tagged(torch.Tensor):
+    """A plain-storage tensor subclass (no ``__torch_dispatch__``: ``as_subclass``)."""
+
+
+class _TaggedUse(nn.Module):
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(w.as_subclass(Tagged), requires_grad=False)
+
+    def forward(self, x):
+        return x + self.weight.sum().as_subclass(torch.Tensor)
+
+
+@pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
+@pytest.mark.parametrize("n", [8, 1 << 16])
+@pytest.mark.parametrize("how", ["numpy", "data", "unchanged"])
+def test_a_subclass_weight_written_after_capture_is_never_equal(how, n, eager):
+    """A weight of a ``torch.Tensor`` subclass was held by reference unhashed: zeros when
+    used, ones afterwards through numpy (or ``.data``), against the candidate's ones, read
+    ``equal``. Expected: ``mismatch`` (n of n) or the ``error``; unchanged (zeros against
+    zeros): ``equal``."""
+    ref_use = _TaggedUse(torch.zeros(n))
+    arr = ref_use.weight.detach().as_subclass(torch.Tensor).numpy()
+    change = {
+        "numpy": lambda: arr.fill(1.0),
+        "data": lambda: ref_use.weight.data.fill_(1.0),
+        "unchanged": None,
+    }[how]
+    ref = nn.Sequential(ref_use, After(change))
+    cand = nn.Sequential(_TaggedUse(torch.zeros(n) if change is None else torch.ones(n)), After())
+    row = _weight_row(_check(ref, cand, eager))
+    _assert_verdict(row, "write_back" if change is None else how, n)

@@ -405,7 +405,7 @@ class Snapshotter:
             copy = d.clone()
             self._own(copy)
             return copy
-        digest = content_hash_in_place(d) if _pin_hashable(d) else None
+        digest = _pin_digest(d) if _pin_hashable(d) else None
         if _COW and type(t) in (torch.Tensor, torch.nn.Parameter) and _whole_storage(d):
             try:
                 copy = _LAZY_CLONE(d)
@@ -601,14 +601,31 @@ def _pin_hashable(d: torch.Tensor) -> bool:
     ``as_strided`` view or a conjugate view is held by reference, so an uncounted write to it
     (``.data``, a numpy view taken before the capture) read ``equal`` unless its C-order
     contents are hashed (a copy of the view, ``content_hash``; w11brk1).
+
+    A subclass without a ``__torch_dispatch__`` of its own (``as_subclass``, ``_make_subclass``:
+    the tensor's own storage under another Python type) too: it was held by reference unhashed
+    and a numpy write after its capture read ``equal`` (w11brk1).
     """
     return (
         d.is_cpu
-        and type(d) in (torch.Tensor, torch.nn.Parameter)
+        and (
+            type(d) in (torch.Tensor, torch.nn.Parameter)
+            or type(d).__torch_dispatch__ is torch.Tensor.__torch_dispatch__
+        )
         and d.layout == torch.strided
         and not d.is_quantized
         and not d.is_nested
     )
+
+
+def _pin_digest(d: torch.Tensor) -> str | None:
+    """``content_hash_in_place(d)``; None where a subclass's ``__torch_function__`` refuses."""
+    if type(d) in (torch.Tensor, torch.nn.Parameter):
+        return content_hash_in_place(d)
+    try:
+        return content_hash(d)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return None
 
 
 def _changed_pin(tag: str, side: str, comp: Comparison) -> Comparison:
