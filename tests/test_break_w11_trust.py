@@ -519,3 +519,23 @@ def test_wrapper_subclass_tensors_that_differ_are_never_equal():
     zeros = two_tensor.TwoTensor(torch.zeros(8), torch.zeros(8))
     ones = two_tensor.TwoTensor(torch.ones(8), torch.ones(8))
     assert compare_tensors(zeros, ones, mode="equal").status != "equal"
+
+
+def test_a_lock_file_that_is_a_fifo_never_hangs_the_sweep(tmp_path):
+    """Opening a FIFO for reading waits for a writer: every process's first spill in that
+    temporary folder hung in ``_remove_if_orphan``. The sweep runs in a child here (a hang
+    fails the test on its timeout instead of stalling the suite)."""
+    import subprocess
+    import sys
+
+    from parity_tracker.capture import spill_pool
+
+    odd = tmp_path / f"{spill_pool._PREFIX}{4194305 + 1000}-fifo"  # above pid_max: no process
+    odd.mkdir()
+    os.mkfifo(odd / spill_pool.LOCK_NAME)
+    code = (
+        "import sys; from parity_tracker.capture import spill_pool as s; "
+        "s._remove_orphans(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
+    assert not odd.exists()  # its lock was free: an orphan, removed

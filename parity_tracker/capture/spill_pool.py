@@ -278,7 +278,8 @@ def _remove_if_orphan(path: str, pid: int) -> None:
     lock is held while removing, so a second scanner finds it locked, or the folder gone).
     """
     try:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO: no wait
+        fd = os.open(os.path.join(path, LOCK_NAME), flags)
     except FileNotFoundError:  # no lock file: an earlier version's folder
         if not _alive(pid):
             shutil.rmtree(path, ignore_errors=True)
