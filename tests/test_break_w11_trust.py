@@ -539,3 +539,30 @@ def test_a_lock_file_that_is_a_fifo_never_hangs_the_sweep(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
     assert not odd.exists()  # its lock was free: an orphan, removed
+
+
+def test_checkers_in_four_threads_keep_their_own_pins():
+    """Four threads, each its own checker and models (layouts and writes of the cases above),
+    ten rounds each: every verdict as in one thread."""
+    import threading
+
+    cases = [
+        ("gapped", (64, 64), "data"), ("whole", (256, 128), "numpy"),
+        ("whole", (4, 8), "numpy"), ("transposed", (256, 128), "write_back"),
+    ]  # fmt: skip
+    failures: list[str] = []
+
+    def work(layout, shape, how):
+        try:
+            for _ in range(10):
+                ref, cand = _models(layout, shape, torch.float32, how)
+                _assert_verdict(_weight_row(_check(ref, cand, "equal")), how, shape[0] * shape[1])
+        except BaseException as exc:  # reported below
+            failures.append(f"{layout} {how}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=c) for c in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not failures, failures
