@@ -17,6 +17,7 @@ view of its base taken before the capture) read ``equal``.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -566,3 +567,45 @@ def test_checkers_in_four_threads_keep_their_own_pins():
     for t in threads:
         t.join(timeout=300)
     assert not failures, failures
+
+
+@pytest.mark.parametrize("n", [8, 1 << 16])
+def test_a_weight_shared_by_reference_and_candidate_written_between_their_uses(n):
+    """One parameter in both models: zeros at the reference's use, set to ones through numpy
+    before the candidate's. Captured zeros vs ones: ``mismatch`` (n of n) or the ``error``
+    (a hashed hold the write reached); with no write: ``equal``."""
+    for write in (True, False):
+        p = nn.Parameter(torch.zeros(n))
+        arr = p.detach().numpy()
+        ref_use, cand_use = Use(torch.zeros(n)), Use(torch.zeros(n))
+        ref_use.weight = cand_use.weight = p
+        ref = nn.Sequential(ref_use, After(functools.partial(arr.fill, 1.0) if write else None))
+        cand = nn.Sequential(cand_use, After())
+        row = _weight_row(_check(ref, cand, "equal"))
+        _assert_verdict(row, "numpy" if write else "write_back", n)
+
+
+@pytest.mark.parametrize("capture_ops", [False, True], ids=["modules", "ops"])
+@pytest.mark.parametrize(
+    "layout,shape", [("whole", (4, 8)), ("whole", (256, 128)), ("gapped", (64, 64))]
+)
+def test_back_to_back_runs_see_a_weight_changed_between_them(layout, shape, capture_ops):
+    """Three ``run_parity`` runs of the same models in one process; between the first and the
+    second the reference's weight gets + 1 through numpy, between the second and the third its
+    old bytes back: ``equal``, ``mismatch`` at every element, ``equal``."""
+    from parity_tracker.run import run_parity
+    from parity_tracker.tensor_checker import DumpMode
+
+    view, base = _layout(layout, shape, torch.float32)
+    arr, old = _raw(base), _raw(base).copy()
+    ref, cand = nn.Sequential(Use(view), After()), nn.Sequential(Use(view.clone()), After())
+    seen = []
+    for k in range(3):
+        res = run_parity(
+            ref, cand, (torch.ones(3),), mode="equal", dump_mode=DumpMode.NOT,
+            capture_ops=capture_ops, environment={"commit": "w11brk1"},
+        )  # fmt: skip
+        row = _weight_row(res.modules.to_pylist())
+        seen.append((row["status"], row["mismatch_count"]))
+        arr[...] = old + 1 if k == 0 else old
+    assert seen == [("equal", 0), ("mismatch", shape[0] * shape[1]), ("equal", 0)]
