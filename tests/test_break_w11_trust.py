@@ -609,3 +609,26 @@ def test_back_to_back_runs_see_a_weight_changed_between_them(layout, shape, capt
         seen.append((row["status"], row["mismatch_count"]))
         arr[...] = old + 1 if k == 0 else old
     assert seen == [("equal", 0), ("mismatch", shape[0] * shape[1]), ("equal", 0)]
+
+
+@pytest.mark.parametrize("eager", ["equal", None], ids=["eager", "deferred"])
+@pytest.mark.parametrize("how", ["replace", "data_swap", "in_place"])
+@pytest.mark.parametrize("n", [8, 1 << 16])
+def test_a_buffer_replaced_or_written_after_capture(n, how, eager):
+    """Zeros when used; afterwards the module's buffer is another tensor of ones, gets a
+    ``.data`` of ones, or is filled with ones in place; the candidate's is ones: the captured
+    zeros differ at all n elements (``mismatch``, n)."""
+    use = Use(torch.zeros(n), as_buffer=True)
+
+    def change():
+        if how == "replace":
+            use.weight = torch.ones(n)
+        elif how == "data_swap":
+            use.weight.data = torch.ones(n)
+        else:
+            use.weight.fill_(1.0)
+
+    ref = nn.Sequential(use, After(change))
+    cand = nn.Sequential(Use(torch.ones(n), as_buffer=True), After())
+    row = _weight_row(_check(ref, cand, eager))
+    assert (row["status"], row["mismatch_count"]) == ("mismatch", n), row
