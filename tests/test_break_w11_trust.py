@@ -504,13 +504,14 @@ def test_a_subclass_weight_written_after_capture_is_never_equal(how, n, eager):
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # not strict: the bytes read are the wrapper's uninitialized storage
     reason=(
         "compare/convert.py _from_tensor keeps a wrapper tensor subclass (its own "
         "__torch_dispatch__, no storage of its own: data_ptr() == 0, e.g. torch's TwoTensor) "
         "as it is, and the comparison core reads it as equal values with different hashes "
         "('values equal but not bitwise identical'): a wrapper-subclass weight of zeros reads "
-        "equal to one of ones (pre-existing, not w11trust's)"
+        "equal to one of ones (pre-existing, not w11trust's; the hashes differ run to run: "
+        "the core reads the wrapper's own uninitialized storage, so the verdict is random)"
     ),
 )
 def test_wrapper_subclass_tensors_that_differ_are_never_equal():

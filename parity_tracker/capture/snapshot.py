@@ -619,8 +619,11 @@ def _pin_hashable(d: torch.Tensor) -> bool:
 
 
 def _pin_digest(d: torch.Tensor) -> str | None:
-    """``content_hash_in_place(d)``; None where a subclass's ``__torch_function__`` refuses."""
-    if type(d) in (torch.Tensor, torch.nn.Parameter):
+    """``content_hash_in_place(d)``; None where ``content_hash`` refuses the view or subclass.
+
+    (A refusal leaves the parameter held as before this check: never a failed capture.)
+    """
+    if type(d) in (torch.Tensor, torch.nn.Parameter) and digestible(d):
         return content_hash_in_place(d)
     try:
         return content_hash(d)
