@@ -391,20 +391,21 @@ class Snapshotter:
           counter is recorded: a counted write makes its pair an ``error`` (:meth:`verified`).
 
         The last two also record the content hash of the parameter's CPU bytes now (xxh3,
-        read in place: ≈ 0.03 ms per MiB). A write that torch does not see (through a raw view
-        or pointer taken before the capture, which reaches the lazy clone's shared buffer too,
-        or ``.data`` / numpy on a parameter held by reference) then makes the comparison an
-        ``error`` naming the change (:meth:`verified`), never a verdict on other values. The
-        check is free when the comparison hashes the side it compares (``Comparison.ref_hash``
-        / ``cand_hash``). Not covered: an uncounted write to a non-CPU parameter held by
-        reference (its bytes are not hashed).
+        read in place: ≈ 0.03 ms per MiB; a view with gaps or overlaps, or a conjugate view,
+        through its C-order copy: :func:`_pin_hashable`). A write that torch does not see
+        (through a raw view or pointer taken before the capture, which reaches the lazy
+        clone's shared buffer too, or ``.data`` / numpy on a parameter held by reference)
+        then makes the comparison an ``error`` naming the change (:meth:`verified`), never a
+        verdict on other values. The check is free when the comparison hashes the side it
+        compares (``Comparison.ref_hash`` / ``cand_hash``). Not covered: an uncounted write
+        to a non-CPU parameter held by reference (its bytes are not hashed).
         """
         d = t.detach()
         if _small_plain(d) and d.storage_offset() == 0 and d.untyped_storage().nbytes() == d.nbytes:
             copy = d.clone()
             self._own(copy)
             return copy
-        digest = content_hash_in_place(d) if d.is_cpu and digestible(d) else None
+        digest = _pin_digest(d) if _pin_hashable(d) else None
         if _COW and type(t) in (torch.Tensor, torch.nn.Parameter) and _whole_storage(d):
             try:
                 copy = _LAZY_CLONE(d)
@@ -590,6 +591,44 @@ class Snapshotter:
         self._pins.clear()
         self._pin_hashes.clear()
         self._bytes_seen.clear()
+
+
+def _pin_hashable(d: torch.Tensor) -> bool:
+    """A CPU tensor :meth:`Snapshotter.pin` hashes: plain, strided, not quantized, any layout.
+
+    Not only :func:`~parity_tracker.compare.hashing.digestible` ones: a parameter that is a
+    view with gaps (a column slice of a flat buffer, ``w[:, ::2]``), an overlapping
+    ``as_strided`` view or a conjugate view is held by reference, so an uncounted write to it
+    (``.data``, a numpy view taken before the capture) read ``equal`` unless its C-order
+    contents are hashed (a copy of the view, ``content_hash``; w11brk1).
+
+    A subclass without a ``__torch_dispatch__`` of its own (``as_subclass``, ``_make_subclass``:
+    the tensor's own storage under another Python type) too: it was held by reference unhashed
+    and a numpy write after its capture read ``equal`` (w11brk1).
+    """
+    return (
+        d.is_cpu
+        and (
+            type(d) in (torch.Tensor, torch.nn.Parameter)
+            or type(d).__torch_dispatch__ is torch.Tensor.__torch_dispatch__
+        )
+        and d.layout == torch.strided
+        and not d.is_quantized
+        and not d.is_nested
+    )
+
+
+def _pin_digest(d: torch.Tensor) -> str | None:
+    """``content_hash_in_place(d)``; None where ``content_hash`` refuses the view or subclass.
+
+    (A refusal leaves the parameter held as before this check: never a failed capture.)
+    """
+    if type(d) in (torch.Tensor, torch.nn.Parameter) and digestible(d):
+        return content_hash_in_place(d)
+    try:
+        return content_hash(d)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return None
 
 
 def _changed_pin(tag: str, side: str, comp: Comparison) -> Comparison:

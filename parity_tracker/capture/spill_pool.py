@@ -208,19 +208,40 @@ def _own_folder(base: str) -> tuple[Path, int]:
     The folder is made under another prefix, its :data:`LOCK_NAME` file created and locked
     (``fcntl.flock``, exclusive), then renamed to the pool prefix (``rename`` is atomic):
     every pool folder another process can see already has its owner's lock. The lock lives
-    as long as the descriptor (this process, or a forked child that still holds it).
+    as long as the descriptor (this process, or a forked child that still holds it). Where
+    the file system has no ``flock``, no lock file and descriptor -1 (:func:`_locked`).
     """
     work = tempfile.mkdtemp(prefix=f"parity-spill-new-{os.getpid()}-", dir=base)
-    fd = os.open(os.path.join(work, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.path.join(work, LOCK_NAME)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = _locked(fd, lock)
         folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
         os.replace(work, folder)  # over the empty folder just made: a name nobody else takes
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         shutil.rmtree(work, ignore_errors=True)
         raise
     return Path(folder), fd
+
+
+def _locked(fd: int, lock: str) -> int:
+    """``fd`` with its exclusive ``flock`` taken; -1 (lock file removed) where flock fails.
+
+    A file system without ``flock`` (Lustre mounted ``noflock``: ENOSYS; NFS without lock
+    daemon: ENOLCK) leaves the folder without a lock file, like an earlier version's: the
+    sweep then falls back to ``kill(pid, 0)`` (:func:`_remove_if_orphan`), as before the lock
+    existed, instead of every spill raising (w11brk1).
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # a fresh file nobody else opened: never EWOULDBLOCK, flock unsupported
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        return -1
+    return fd
 
 
 def _remove_own(folder: Path, fd: int, pid: int) -> None:
@@ -228,8 +249,9 @@ def _remove_own(folder: Path, fd: int, pid: int) -> None:
     if os.getpid() != pid:
         return
     shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.close(fd)
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _remove_orphans(base: str) -> None:
@@ -256,7 +278,8 @@ def _remove_if_orphan(path: str, pid: int) -> None:
     lock is held while removing, so a second scanner finds it locked, or the folder gone).
     """
     try:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO: no wait
+        fd = os.open(os.path.join(path, LOCK_NAME), flags)
     except FileNotFoundError:  # no lock file: an earlier version's folder
         if not _alive(pid):
             shutil.rmtree(path, ignore_errors=True)
