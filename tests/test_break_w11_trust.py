@@ -448,16 +448,6 @@ def _bare(w: torch.Tensor) -> nn.Module:
     return m
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "capture/hooks.py _has_forward (and capture/install_plan.py's per-class facts): a "
-        "module whose class keeps nn.Module.forward is taken for a container and not hooked, "
-        "even when its instance has a forward of its own; its weight is then captured at the "
-        "end of the root's forward (modules._capture_unused), after a later write, and a "
-        "weight that differed when used reads equal (pre-existing, not w11trust's)"
-    ),
-)
 def test_a_weight_used_by_an_instance_forward_is_captured_when_used():
     """The reference's weight is zeros when used and set to ones through numpy afterwards;
     the candidate's is ones: at use, 8 of 8 elements differ (``mismatch``, 8)."""
@@ -503,17 +493,6 @@ def test_a_subclass_weight_written_after_capture_is_never_equal(how, n, eager):
     _assert_verdict(row, "write_back" if change is None else how, n)
 
 
-@pytest.mark.xfail(
-    strict=False,  # not strict: the bytes read are the wrapper's uninitialized storage
-    reason=(
-        "compare/convert.py _from_tensor keeps a wrapper tensor subclass (its own "
-        "__torch_dispatch__, no storage of its own: data_ptr() == 0, e.g. torch's TwoTensor) "
-        "as it is, and the comparison core reads it as equal values with different hashes "
-        "('values equal but not bitwise identical'): a wrapper-subclass weight of zeros reads "
-        "equal to one of ones (pre-existing, not w11trust's; the hashes differ run to run: "
-        "the core reads the wrapper's own uninitialized storage, so the verdict is random)"
-    ),
-)
 def test_wrapper_subclass_tensors_that_differ_are_never_equal():
     two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
     from parity_tracker.compare.core import compare_tensors
