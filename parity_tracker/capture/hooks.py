@@ -22,7 +22,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from parity_tracker.capture.hook_marks import mark_capture_hook
-from parity_tracker.capture.install_plan import plan_for
+from parity_tracker.capture.install_plan import has_forward, plan_for
 from parity_tracker.capture.leaves import has_packed_params, packed_names
 from parity_tracker.capture.modules import CaptureLog, ModuleSite
 from parity_tracker.capture.tags import ROOT_NAME
@@ -121,8 +121,8 @@ class HookHandle:
 def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) -> bool:
     """False for pure containers (ModuleList, ModuleDict, ...) that are never called.
 
-    A module whose ``forward`` is assigned to the instance (``m.forward = fn``) is called like
-    any other: it has a forward.
+    A module whose ``forward`` is assigned to the instance is called like any other
+    (:func:`~parity_tracker.capture.install_plan.has_forward`, the one owner of that rule).
 
     Also False for the holder of a packed quantized module's parameters
     (``LinearPackedParams``: an identity ``forward`` never called; its owner's ``weight`` and
@@ -131,8 +131,8 @@ def _has_forward(mod: torch.nn.Module, classes: dict[type, bool] | None = None) 
     """
     if isinstance(mod, torch.jit.ScriptModule):
         return True
-    if type(mod).forward is torch.nn.Module.forward and "forward" not in vars(mod):
-        return False  # a forward assigned to the instance is called: hooked (w11brk1)
+    if not has_forward(mod, type(mod).forward is not torch.nn.Module.forward):
+        return False
     return _not_packed_holder(mod, classes)
 
 

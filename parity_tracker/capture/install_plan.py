@@ -53,6 +53,16 @@ _INSTANCE = operator.attrgetter("__dict__")
 _PRE, _POST = torch.nn.Module.register_forward_pre_hook, torch.nn.Module.register_forward_hook
 
 
+def has_forward(mod: torch.nn.Module, class_forward: bool) -> bool:
+    """Whether ``mod`` is called (the one owner of this rule; ``hooks._has_forward`` uses it).
+
+    True when its class defines a ``forward`` (``class_forward``, from :func:`class_facts`) or
+    a ``forward`` was assigned to the instance (w11brk1: such a module was taken for a
+    container, and a write to its weight after its use read ``equal``).
+    """
+    return class_forward or "forward" in mod.__dict__
+
+
 def class_facts(cls: type) -> tuple[bool, bool, bool, bool]:
     """``(TorchScript, defines a forward, nn.Module's hook registration, plannable)`` of a class.
 
@@ -121,7 +131,7 @@ class InstallPlan:
         for i, (raw_name, mod) in enumerate(first.values()):
             is_root = mod is model
             scripted, forward, plain, _ = facts[type(mod)]
-            forward = forward or "forward" in mod.__dict__  # assigned to the instance: called
+            forward = has_forward(mod, forward)
             if not (is_root or scripted or (forward and not _packed_holder(mod, packed))):
                 continue  # a pure container, or a packed module's parameter holder
             name = module_display_name(raw_name, root)
